@@ -1,0 +1,65 @@
+# finetune-operator: every entry point a developer or CI needs. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/.cache/cluster/bin:$(PATH)
+export PYTHONUNBUFFERED := 1
+
+# The pinned sets: the trainer image and CI install from the same files (CI may differ only in
+# torch's CUDA flavour: the image takes torch from the cu118 index, CI from the default index).
+PINS := trainer_image/requirements.txt operator/requirements.txt tests/requirements.txt
+STAMP := $(VENV)/.installed
+
+.PHONY: help dev test test-fast lint crds crds-check cluster-up cluster-down demo bench soak images-lint clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml $(PINS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade 'pip>=24'
+	$(PY) -m pip install -q $(addprefix -c ,$(PINS)) -e '.[operator,trainer,cli,dev]'
+	touch $@
+
+dev: $(STAMP) ## create .venv with everything the tests need (from nothing)
+
+test: $(STAMP) ## run every test (sets itself up; starts and stops the local control plane)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP) ## tests that need neither the control plane nor the trainer
+	$(PY) -m pytest -m "not cluster and not trainer" $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff + mypy --strict
+	$(VENV)/bin/ruff check operator trainer_image tests hack bench
+	$(VENV)/bin/ruff format --check operator trainer_image tests hack bench
+	$(VENV)/bin/mypy --strict operator/finetune_api operator/finetune_operator operator/finetune_cli
+
+crds: $(STAMP) ## regenerate crds/ and the chart's copy from the API models
+	$(PY) -m finetune_api.generate
+
+crds-check: $(STAMP) ## fail when the committed CRDs differ from the models
+	$(PY) -m finetune_api.generate --check
+
+cluster-up: $(STAMP) ## start etcd, kube-apiserver, controller-manager, scheduler, KWOK nodes, node agent
+	$(PY) -m hack.cluster up
+
+cluster-down: ## stop everything cluster-up started and remove its state
+	@test -x $(PY) && $(PY) -m hack.cluster down || true
+
+demo: $(STAMP) ## install the chart on the local control plane and watch a tiny job train
+	hack/demo.sh
+
+bench: $(STAMP) ## (GPU machine) reference recipe vs our trainer; writes bench/results/*.json
+	$(PY) -m bench.run $(BENCH_ARGS)
+
+soak: $(STAMP) ## long chaos, fuzz and load runs (not in CI)
+	$(PY) -m pytest -m soak tests/reliability $(PYTEST_ARGS)
+
+images-lint: $(STAMP) ## hadolint both Dockerfiles
+	$(VENV)/bin/hadolint operator/Dockerfile trainer_image/Dockerfile
+
+clean: cluster-down ## remove the venv and caches of this checkout
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

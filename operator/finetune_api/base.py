@@ -1,0 +1,67 @@
+"""Shared pieces of the API models: the base class and the Kubernetes-shaped field types."""
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+
+class ApiModel(BaseModel):
+    """Frozen, camelCase on the wire, snake_case in Python; unknown fields are errors.
+
+    `extra="forbid"` is what turns a typo such as `lora.rank` into an error instead of a
+    silently ignored field; the CRD gets the same effect from structural pruning plus
+    kubectl's strict field validation.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+def _number_to_string(value: Any) -> Any:
+    # YAML turns `cpu: 4` into an int; Kubernetes quantities accept both spellings.
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_number_to_string),
+    Field(pattern=QUANTITY_PATTERN, max_length=32),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+        }
+    ),
+]
+
+# DNS-1123 subdomain: the rule for names of PVCs, Secrets, PriorityClasses.
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ResourceName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+
+# A relative path inside a volume: no leading slash, no `..` segment, so a spec can never
+# point a mount outside its claim.
+RELATIVE_PATH_PATTERN = r"^(([^/]+)(/[^/]+)*)?$"
+RelativePath = Annotated[str, Field(max_length=1024, pattern=RELATIVE_PATH_PATTERN)]
+
+ShortString = Annotated[str, Field(min_length=1, max_length=253)]
+LabelMap = Annotated[
+    dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]],
+    Field(max_length=32),
+]
+
+AnyObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]

@@ -1,0 +1,25 @@
+"""Names that identify the FineTuneJob API on the wire."""
+
+from typing import Final
+
+GROUP: Final = "finetune.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "FineTuneJob"
+PLURAL: Final = "finetunejobs"
+SINGULAR: Final = "finetunejob"
+SHORT_NAMES: Final = ("ftj",)
+CATEGORIES: Final = ("finetune",)
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+# Child objects are named after the job; Job pods inherit the name in a label, and label
+# values stop at 63 characters, so the job name leaves room for the longest suffix we add.
+MAX_NAME_LENGTH: Final = 52
+
+# Labels every child carries, so `kubectl get all -l finetune.dev/job=NAME` finds them.
+LABEL_JOB: Final = f"{GROUP}/job"
+LABEL_COMPONENT: Final = f"{GROUP}/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "finetune-operator"
+
+DEFAULT_IMAGE: Final = "ghcr.io/finetune-operator/trainer:0.1.0"

@@ -1,0 +1,220 @@
+"""Generate the CustomResourceDefinition from the pydantic models.
+
+pydantic emits JSON Schema 2020-12; the API server wants a *structural* OpenAPI v3 schema:
+no `$ref`, no nullable unions, boolean exclusive bounds, no `additionalProperties: false`,
+no `propertyNames`. This module does that translation and adds what only Kubernetes has:
+CEL transition rules for immutability, printer columns, the status subresource.
+"""
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel
+
+from .constants import (
+    CATEGORIES,
+    CRD_NAME,
+    GROUP,
+    KIND,
+    MAX_NAME_LENGTH,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
+from .spec import MUTABLE_AFTER_START, FineTuneJobSpec
+from .status import FineTuneJobStatus
+
+Schema = dict[str, Any]
+
+IMMUTABLE_MESSAGE = (
+    "is immutable once the job exists (only suspend, activeDeadlineSeconds and "
+    "ttlSecondsAfterFinished may change); delete and recreate the FineTuneJob to change it"
+)
+
+PRINTER_COLUMNS: list[Schema] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {
+        "name": "Progress",
+        "type": "number",
+        "format": "float",
+        "jsonPath": ".status.progress.percent",
+        "description": "Percent of steps done.",
+    },
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
+    {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpus"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _resolve(node: Any, defs: Schema) -> Any:
+    """Inline `$ref`s and flatten `X | None` unions, recursively."""
+    if isinstance(node, list):
+        return [_resolve(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    ref = node.pop("$ref", None)
+    if ref is not None:
+        target = copy.deepcopy(defs[ref.rsplit("/", 1)[-1]])
+        merged = {**target, **node}
+        if "x-kubernetes-validations" in target and "x-kubernetes-validations" in node:
+            merged["x-kubernetes-validations"] = target["x-kubernetes-validations"] + node["x-kubernetes-validations"]
+        node = merged
+    if "anyOf" in node and not node.get("x-kubernetes-int-or-string"):
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        del node["anyOf"]
+        if node.get("default", 0) is None:
+            del node["default"]
+        if len(options) == 1:
+            inner = _resolve(options[0], defs)
+            node = {**inner, **{k: v for k, v in node.items() if k in ("description", "default")}}
+            if "x-kubernetes-validations" in inner:
+                node["x-kubernetes-validations"] = inner["x-kubernetes-validations"]
+        else:
+            node["anyOf"] = options
+    return {k: _resolve(v, defs) for k, v in node.items()}
+
+
+def _clean(node: Any) -> Any:
+    """Drop JSON-Schema-only keywords and convert bounds to OpenAPI v3."""
+    if isinstance(node, list):
+        return [_clean(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out: Schema = {}
+    for key, value in node.items():
+        if key in ("title", "$defs", "propertyNames", "discriminator"):
+            continue
+        if key == "additionalProperties" and value is False:
+            continue
+        if key == "exclusiveMinimum" and not isinstance(value, bool):
+            out["minimum"], out["exclusiveMinimum"] = value, True
+            continue
+        if key == "exclusiveMaximum" and not isinstance(value, bool):
+            out["maximum"], out["exclusiveMaximum"] = value, True
+            continue
+        if key == "const":
+            out["enum"] = [value]
+            continue
+        if key == "default" and value is None:
+            continue
+        out[key] = _clean(value)
+    if out.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+    return out
+
+
+def structural_schema(model: type[BaseModel]) -> Schema:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    result: Schema = _clean(_resolve(raw, defs))
+    return result
+
+
+def _default_empty_objects(node: Schema) -> None:
+    """Give optional sub-objects without required fields `default: {}`.
+
+    The API server applies defaults only inside objects that exist; `lora: {}` as a default
+    makes `r: 8` and friends appear even when the user wrote no `lora:` at all.
+    """
+    required = set(node.get("required", []))
+    for name, prop in node.get("properties", {}).items():
+        if prop.get("type") == "object" and "properties" in prop:
+            _default_empty_objects(prop)
+            if name not in required and not prop.get("required") and "default" not in prop:
+                prop["default"] = {}
+
+
+def _immutability(spec: Schema) -> None:
+    optional_rules = []
+    required = set(spec.get("required", []))
+    for name, prop in spec["properties"].items():
+        if name in MUTABLE_AFTER_START:
+            continue
+        prop.setdefault("x-kubernetes-validations", []).append(
+            {"rule": "self == oldSelf", "message": IMMUTABLE_MESSAGE}
+        )
+        if name not in required and "default" not in prop:
+            optional_rules.append(
+                {
+                    "rule": f"has(self.{name}) == has(oldSelf.{name})",
+                    "message": f"{name} {IMMUTABLE_MESSAGE}",
+                    "fieldPath": f".{name}",
+                }
+            )
+    spec.setdefault("x-kubernetes-validations", []).extend(optional_rules)
+
+
+def spec_schema() -> Schema:
+    schema = structural_schema(FineTuneJobSpec)
+    _default_empty_objects(schema)
+    _immutability(schema)
+    return schema
+
+
+def status_schema() -> Schema:
+    return structural_schema(FineTuneJobStatus)
+
+
+def openapi_schema() -> Schema:
+    return {
+        "type": "object",
+        "description": "A QLoRA fine-tuning run: model, data, adapter shape and the GPUs to train on.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema(),
+            "status": status_schema(),
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+                "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters "
+                "(it names the Job, its pods and their labels)",
+            }
+        ],
+    }
+
+
+def crd() -> Schema:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": CRD_NAME,
+            "labels": {"app.kubernetes.io/name": "finetune-operator", "app.kubernetes.io/part-of": "finetune-operator"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": list(CATEGORIES),
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
+        },
+    }
+
+
+def render_yaml() -> str:
+    import yaml
+
+    header = "# Generated from operator/finetune_api by `make crds`. Do not edit by hand.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)

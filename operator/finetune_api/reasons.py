@@ -1,0 +1,62 @@
+"""How the trainer tells the operator why it stopped: exit code + termination message.
+
+The trainer exits with one of these codes and writes `Reason: message` to the termination
+log; the operator's podFailurePolicy fails the Job at once on the non-retryable codes and
+its status logic turns the reason into the Failed condition. Shared here so both sides
+agree by construction.
+"""
+
+from enum import IntEnum
+from typing import Final
+
+TERMINATION_LOG: Final = "/dev/termination-log"
+
+
+class ExitReason(IntEnum):
+    # Retryable: the next attempt resumes from the last complete checkpoint.
+    TrainerError = 1
+    # Not retryable: the same input fails the same way on every attempt.
+    InvalidConfig = 10
+    InvalidData = 11
+    NonFiniteLoss = 12
+    WontFit = 13
+    OutOfMemory = 14
+    UnsupportedHardware = 15
+    # A bf16/fp16 tensor in an fp32 run: a library cast something; Pascal would die on it.
+    PrecisionViolation = 16
+
+
+NON_RETRYABLE: Final = frozenset(
+    {
+        ExitReason.InvalidConfig,
+        ExitReason.InvalidData,
+        ExitReason.NonFiniteLoss,
+        ExitReason.WontFit,
+        ExitReason.OutOfMemory,
+        ExitReason.UnsupportedHardware,
+        ExitReason.PrecisionViolation,
+    }
+)
+
+
+def termination_message(reason: ExitReason, message: str) -> str:
+    """One line, `Reason: message`, short enough for the kubelet's 4 KiB limit."""
+    flat = " ".join(message.split())
+    return f"{reason.name}: {flat}"[:4000]
+
+
+def parse_termination_message(text: str | None) -> tuple[str | None, str]:
+    """(reason, message) from a termination message; reason None when it is not ours."""
+    if not text:
+        return None, ""
+    head, sep, rest = text.strip().partition(":")
+    if sep and head in ExitReason.__members__:
+        return head, rest.strip()
+    return None, text.strip()
+
+
+def reason_for_exit_code(code: int) -> str | None:
+    try:
+        return ExitReason(code).name
+    except ValueError:
+        return None

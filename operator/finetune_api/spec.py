@@ -1,0 +1,322 @@
+"""`FineTuneJob.spec`: what a user asks for. The one definition the CRD, `ftjob validate`,
+the operator and the trainer all read.
+
+Cross-field rules exist twice on purpose: as pydantic validators (offline `ftjob validate`,
+the operator, the trainer) and as CEL rules in `x-kubernetes-validations` (admission). Both
+carry the same message text, and tests feed the same wrong specs to both.
+"""
+
+from typing import Annotated, Literal, Self
+
+from pydantic import ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
+
+from .base import (
+    AnyObject,
+    ApiModel,
+    LabelMap,
+    Quantity,
+    RelativePath,
+    ResourceName,
+    ShortString,
+)
+from .gpus import (
+    HALF_PRECISIONS,
+    LABEL_VALUE_PATTERN,
+    PASCAL_PRODUCT_PATTERN,
+    is_pascal,
+    pascal_precision_message,
+)
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    entry: JsonDict = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+ONE_SOURCE = "exactly one of pvc or hub must be set"
+
+
+# --- sources -------------------------------------------------------------------------------
+
+
+class PvcSource(ApiModel):
+    """A folder on an existing PersistentVolumeClaim, mounted read-only."""
+
+    claim_name: ResourceName = Field(description="Name of the PersistentVolumeClaim.")
+    path: RelativePath = Field(
+        default="", description="Path inside the claim: a folder for a model, a file or folder for data."
+    )
+
+
+class HubSource(ApiModel):
+    """A Hugging Face Hub repository, downloaded by the trainer (network access needed)."""
+
+    id: Annotated[
+        str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?$")
+    ] = Field(description="Repository id, e.g. meta-llama/Llama-3.3-70B-Instruct.")
+    revision: Annotated[str, Field(min_length=1, max_length=256)] = Field(
+        default="main", description="Branch, tag or commit."
+    )
+    token_secret: ResourceName | None = Field(
+        default=None,
+        description="Secret (same namespace) holding the Hub token under key `token`; "
+        "it reaches the trainer only as an environment variable from the Secret.",
+    )
+
+
+class HubDatasetSource(HubSource):
+    """A Hugging Face Hub dataset, downloaded by the trainer (network access needed)."""
+
+    split: Annotated[str, Field(min_length=1, max_length=128)] = Field(
+        default="train", description="Dataset split to train on."
+    )
+
+
+class _OneSource(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [_cel("has(self.pvc) != has(self.hub)", ONE_SOURCE)]}
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        # Subclasses declare `pvc` and `hub` with their own types; look them up by name.
+        present = [name for name in ("pvc", "hub") if getattr(self, name, None) is not None]
+        if len(present) != 1:
+            raise ValueError(ONE_SOURCE)
+        return self
+
+
+class ModelSource(_OneSource):
+    pvc: PvcSource | None = None
+    hub: HubSource | None = None
+
+
+class DatasetSource(_OneSource):
+    pvc: PvcSource | None = None
+    hub: HubDatasetSource | None = None
+
+
+# --- what to train -------------------------------------------------------------------------
+
+
+class ModelSpec(ApiModel):
+    source: ModelSource = Field(description="Where the base model (a Hugging Face folder) comes from.")
+
+
+DatasetFormat = Literal["alpaca", "sharegpt", "messages", "text", "completion"]
+
+
+class DatasetSpec(ApiModel):
+    source: DatasetSource = Field(description="Where the training data comes from.")
+    format: DatasetFormat = Field(
+        description="alpaca (instruction/input/output), sharegpt (conversations), messages "
+        "(role/content, rendered with the model's chat template), text, completion (prompt/completion)."
+    )
+    eval_fraction: Annotated[float, Field(gt=0, le=0.5)] | None = Field(
+        default=None, description="Fraction of samples held out to report eval loss."
+    )
+
+
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+class LoraSpec(ApiModel):
+    r: Annotated[int, Field(ge=1, le=256)] = Field(default=8, description="LoRA rank.")
+    alpha: Annotated[int, Field(ge=1, le=4096)] = Field(default=16, description="LoRA scaling numerator.")
+    dropout: Annotated[float, Field(ge=0, le=1)] = Field(default=0.05, description="Dropout on the LoRA path.")
+    target_modules: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=128)]], Field(min_length=1, max_length=64)
+    ] = Field(default=list(DEFAULT_TARGET_MODULES), description="Module names that get adapters.")
+
+
+class QuantizationSpec(ApiModel):
+    type: Literal["nf4", "fp4", "none"] = Field(default="nf4", description="4-bit weight format, or none.")
+    double_quant: bool = Field(default=True, description="Quantise the quantisation constants too.")
+
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+LrScheduler = Literal["cosine", "linear", "constant", "constant_with_warmup", "cosine_with_min_lr", "polynomial"]
+Optimizer = Literal["paged_adamw_8bit", "paged_adamw_32bit", "adamw_8bit", "adamw_torch", "adafactor", "sgd"]
+BOTH_LENGTHS = "set either epochs or maxSteps, not both"
+
+
+class TrainingSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [_cel("!(has(self.epochs) && has(self.maxSteps))", BOTH_LENGTHS)]
+        }
+    )
+
+    epochs: Annotated[float, Field(gt=0, le=1000)] | None = Field(
+        default=None, description="Passes over the data (1 when neither epochs nor maxSteps is set)."
+    )
+    max_steps: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
+        default=None, description="Optimizer steps to run; replaces epochs."
+    )
+    learning_rate: Annotated[float, Field(gt=0, le=1)] = Field(default=2e-4, description="Peak learning rate.")
+    lr_scheduler: LrScheduler = Field(default="cosine", description="Learning-rate schedule after warmup.")
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=0.1, description="Fraction of steps spent warming up."
+    )
+    batch_size: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=1, description="Samples per device per micro-step."
+    )
+    gradient_accumulation: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=8, description="Micro-steps per optimizer step."
+    )
+    max_length: Annotated[int, Field(ge=16, le=131072)] = Field(
+        default=2048, description="Tokens per sample; longer samples are truncated and counted."
+    )
+    packing: bool = Field(default=False, description="Pack short samples into full-length sequences.")
+    gradient_checkpointing: bool = Field(default=True, description="Recompute activations to save memory.")
+    optimizer: Optimizer = Field(default="paged_adamw_8bit", description="Optimizer.")
+    weight_decay: Annotated[float, Field(ge=0, le=1)] = Field(default=0.0, description="AdamW weight decay.")
+    max_grad_norm: Annotated[float, Field(gt=0, le=1000)] = Field(default=1.0, description="Gradient clipping norm.")
+    logging_steps: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        default=1, description="Optimizer steps between progress reports."
+    )
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = Field(default=42, description="Seed for data order and init.")
+
+    @model_validator(mode="after")
+    def _one_length(self) -> Self:
+        if self.epochs is not None and self.max_steps is not None:
+            raise ValueError(BOTH_LENGTHS)
+        return self
+
+
+class CheckpointSpec(ApiModel):
+    every_steps: Annotated[int, Field(ge=1, le=10_000_000)] = Field(
+        default=100, description="Optimizer steps between checkpoints."
+    )
+    keep: Annotated[int, Field(ge=2, le=100)] = Field(
+        default=3, description="Complete checkpoints kept (at least 2, so one survives a torn write)."
+    )
+
+
+# --- where results go ----------------------------------------------------------------------
+
+
+class OutputPvc(ApiModel):
+    claim_name: ResourceName = Field(description="An existing PersistentVolumeClaim, mounted read-write.")
+    path: RelativePath = Field(default="", description="Folder inside the claim; defaults to the job's name.")
+
+
+class OutputStorage(ApiModel):
+    size: Quantity = Field(description="Size of the PVC the operator creates, e.g. 50Gi.")
+    storage_class_name: ResourceName | None = Field(
+        default=None, description="StorageClass; the default class if unset."
+    )
+    delete_with_job: bool = Field(
+        default=False, description="Delete the created PVC with the FineTuneJob (outputs survive by default)."
+    )
+
+
+ONE_OUTPUT = "exactly one of pvc or storage must be set"
+
+
+class OutputSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [_cel("has(self.pvc) != has(self.storage)", ONE_OUTPUT)]}
+    )
+
+    pvc: OutputPvc | None = None
+    storage: OutputStorage | None = None
+    merge: bool = Field(default=False, description="Also write the adapter merged into the base model.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        if (self.pvc is None) == (self.storage is None):
+            raise ValueError(ONE_OUTPUT)
+        return self
+
+
+# --- where it runs -------------------------------------------------------------------------
+
+
+class ResourcesSpec(ApiModel):
+    gpus: Annotated[int, Field(ge=0, le=64)] = Field(default=4, description="GPUs for the pod (0 = CPU).")
+    gpu_product: Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)] = Field(
+        default="Tesla-P40", description="Value of the node label nvidia.com/gpu.product."
+    )
+    cpu: Quantity | None = Field(default=None, description="CPU request and limit.")
+    memory: Quantity | None = Field(default=None, description="Memory request and limit.")
+
+
+class Toleration(ApiModel):
+    key: Annotated[str, Field(max_length=317)] | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: Annotated[str, Field(max_length=63)] | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class PlacementSpec(ApiModel):
+    node_selector: LabelMap = Field(default_factory=dict, description="Extra node labels the pod requires.")
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
+        default_factory=list, description="Extra tolerations (the GPU taint is tolerated already)."
+    )
+    affinity: AnyObject | None = Field(default=None, description="A core/v1 Affinity, passed through.")
+    priority_class_name: ResourceName | None = Field(default=None, description="PriorityClass of the pod.")
+    queue_name: Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)] | None = Field(
+        default=None, description="Kueue LocalQueue; the Job is created suspended for Kueue to admit."
+    )
+
+
+# --- the whole spec ------------------------------------------------------------------------
+
+_PASCAL_RULE = (
+    f"!(self.precision in ['bf16', 'fp16']) || !self.resources.gpuProduct.matches('{PASCAL_PRODUCT_PATTERN}')"
+)
+
+
+class FineTuneJobSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    _PASCAL_RULE,
+                    "precision bf16/fp16 is not supported on Pascal GPUs (no bf16; fp16 mixed "
+                    "precision breaks QLoRA there); use precision: fp32 or auto",
+                    ".precision",
+                )
+            ]
+        }
+    )
+
+    model: ModelSpec = Field(description="The base model.")
+    dataset: DatasetSpec = Field(description="The training data.")
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapter shape.")
+    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec, description="Weight quantisation.")
+    precision: Precision = Field(default="auto", description="Compute precision; auto = fp32 on GPUs without bf16.")
+    training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimisation settings.")
+    checkpoints: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoint cadence and retention.")
+    output: OutputSpec = Field(description="Where the adapter, checkpoints and logs go.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="GPUs, CPU and memory.")
+    placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Scheduling constraints.")
+    image: ShortString | None = Field(default=None, description="Trainer image; the operator's default if unset.")
+    suspend: bool = Field(
+        default=False, description="Suspend the job (pods removed; resume continues from the last checkpoint)."
+    )
+    backoff_limit: Annotated[int, Field(ge=0, le=100)] = Field(
+        default=3, description="Retries of retryable failures (each resumes from the last checkpoint)."
+    )
+    active_deadline_seconds: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="Wall-clock limit for the whole job."
+    )
+    ttl_seconds_after_finished: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="Delete the finished Job (not the FineTuneJob) after this long."
+    )
+
+    @model_validator(mode="after")
+    def _pascal_precision(self) -> Self:
+        if self.precision in HALF_PRECISIONS and is_pascal(self.resources.gpu_product):
+            raise ValueError(pascal_precision_message(self.resources.gpu_product, self.precision))
+        return self
+
+
+# Fields a running job may still change. Everything else is frozen by a CEL transition rule
+# once the operator has recorded `status.startTime`.
+MUTABLE_AFTER_START = ("suspend", "activeDeadlineSeconds", "ttlSecondsAfterFinished")

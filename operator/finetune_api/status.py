@@ -1,0 +1,64 @@
+"""`FineTuneJob.status`: written by the operator (phase, conditions, restarts, times, output)
+and by the trainer (progress, lastCheckpoint). Shaped after the Kubernetes API conventions:
+conditions keyed by type with one-word reasons; `phase` is only a printer-column convenience.
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from .base import ApiModel
+
+Phase = Literal["Pending", "Queued", "Running", "Suspended", "Succeeded", "Failed"]
+TERMINAL_PHASES: tuple[Phase, ...] = ("Succeeded", "Failed")
+
+ConditionType = Literal["Validated", "Scheduled", "Running", "Complete", "Failed", "Suspended"]
+
+Message = Annotated[str, Field(max_length=32768)]
+Timestamp = Annotated[str, Field(max_length=64, description="RFC 3339 time.")]
+
+
+class Condition(ApiModel):
+    type: Annotated[str, Field(max_length=64)]
+    status: Literal["True", "False", "Unknown"]
+    reason: Annotated[str, Field(max_length=128)] = ""
+    message: Message = ""
+    last_transition_time: Timestamp | None = None
+    observed_generation: int | None = None
+
+
+class Progress(ApiModel):
+    step: int | None = None
+    total_steps: int | None = None
+    epoch: float | None = None
+    percent: float | None = None
+    loss: float | None = None
+    learning_rate: float | None = None
+    tokens_per_second: float | None = None
+    eta_seconds: float | None = None
+    updated_at: Timestamp | None = None
+
+
+class CheckpointRef(ApiModel):
+    step: int | None = None
+    path: Annotated[str, Field(max_length=4096)] | None = None
+    time: Timestamp | None = None
+
+
+class OutputPaths(ApiModel):
+    adapter_path: Annotated[str, Field(max_length=4096)] | None = None
+    merged_path: Annotated[str, Field(max_length=4096)] | None = None
+    claim_name: Annotated[str, Field(max_length=253)] | None = None
+
+
+class FineTuneJobStatus(ApiModel):
+    phase: Phase | None = None
+    conditions: Annotated[list[Condition], Field(max_length=16)] = Field(default_factory=list)
+    observed_generation: int | None = None
+    progress: Progress | None = None
+    last_checkpoint: CheckpointRef | None = None
+    restarts: int | None = None
+    start_time: Timestamp | None = None
+    completion_time: Timestamp | None = None
+    output: OutputPaths | None = None
+    message: Message | None = None

@@ -1,0 +1,28 @@
+"""What the trainer reads: the validated spec plus where things are mounted.
+
+The operator renders this into the job's ConfigMap; `ftjob run` builds it from a local
+workdir. One model for both, so the pod and the laptop take the same code path.
+"""
+
+from typing import Annotated
+
+from pydantic import Field
+
+from .base import ApiModel
+from .spec import FineTuneJobSpec
+
+
+class RuntimePaths(ApiModel):
+    model: Annotated[str, Field(min_length=1)] = Field(
+        description="Folder of the base model, or a Hub id when downloading."
+    )
+    dataset: Annotated[str, Field(min_length=1)] = Field(description="Dataset file or folder, or a Hub id.")
+    output: Annotated[str, Field(min_length=1)] = Field(description="Writable output folder.")
+    cache: str | None = Field(default=None, description="HF cache folder (hub downloads).")
+
+
+class TrainerConfig(ApiModel):
+    job_name: str = Field(description="FineTuneJob name, for status patches and logs.")
+    namespace: str | None = Field(default=None, description="Namespace of the FineTuneJob; None when run locally.")
+    spec: FineTuneJobSpec
+    paths: RuntimePaths

@@ -1,0 +1,1 @@
+"""`ftjob` (also `kubectl finetune`): the user's command line for FineTuneJobs."""

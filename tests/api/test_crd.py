@@ -1,0 +1,84 @@
+"""The committed CRD is exactly what the models generate, and the schema is structural."""
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from finetune_api import crd
+from finetune_api.generate import TARGETS, stale_targets
+
+
+def test_committed_crds_match_the_models() -> None:
+    stale = stale_targets(crd.render_yaml())
+    assert not stale, f"run `make crds`: {[str(p) for p in stale]}"
+
+
+def test_chart_copy_is_identical() -> None:
+    assert len({Path(t).read_text() for t in TARGETS}) == 1
+
+
+def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(node, dict):
+        out.append((path, node))
+        for key, value in node.get("properties", {}).items():
+            out.extend(_walk(value, f"{path}.{key}"))
+        if isinstance(node.get("items"), dict):
+            out.extend(_walk(node["items"], f"{path}[]"))
+        if isinstance(node.get("additionalProperties"), dict):
+            out.extend(_walk(node["additionalProperties"], f"{path}{{}}"))
+    return out
+
+
+def test_schema_is_structural_and_bounded() -> None:
+    schema = crd.openapi_schema()
+    for path, node in _walk(schema["properties"]["spec"], "spec"):
+        assert "$ref" not in node and "title" not in node, path
+        assert node.get("additionalProperties") is not False, path
+        if not node.get("x-kubernetes-int-or-string") and not node.get("x-kubernetes-preserve-unknown-fields"):
+            assert "type" in node, f"{path} has no type"
+            assert "anyOf" not in node, path
+        if node.get("type") == "string" and "enum" not in node:
+            assert "maxLength" in node, f"{path} is an unbounded string"
+        if node.get("type") == "array":
+            assert "maxItems" in node, f"{path} is an unbounded list"
+
+
+def test_defaults_enums_and_rules_are_carried() -> None:
+    spec = crd.spec_schema()
+    lora = spec["properties"]["lora"]
+    assert lora["default"] == {}
+    assert lora["properties"]["r"] == {
+        "default": 8,
+        "description": "LoRA rank.",
+        "maximum": 256,
+        "minimum": 1,
+        "type": "integer",
+    } | {k: v for k, v in lora["properties"]["r"].items() if k == "x-kubernetes-validations"}
+    assert lora["properties"]["targetModules"]["minItems"] == 1
+    assert spec["properties"]["quantization"]["properties"]["type"]["enum"] == ["nf4", "fp4", "none"]
+    assert spec["properties"]["training"]["properties"]["learningRate"]["exclusiveMinimum"] is True
+    rules = [r["rule"] for r in spec["properties"]["model"]["properties"]["source"]["x-kubernetes-validations"]]
+    assert "has(self.pvc) != has(self.hub)" in rules
+    assert any("Tesla-P" in r["rule"] for r in spec["x-kubernetes-validations"])
+    assert {"rule": "self == oldSelf", "message": crd.IMMUTABLE_MESSAGE} in spec["properties"]["lora"][
+        "x-kubernetes-validations"
+    ]
+    assert "x-kubernetes-validations" not in spec["properties"]["suspend"]
+
+
+def test_crd_names_and_columns() -> None:
+    body = yaml.safe_load(crd.render_yaml())
+    names = body["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"]) == ("FineTuneJob", "finetunejobs", ["ftj"])
+    version = body["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Phase",
+        "Progress",
+        "Step",
+        "Loss",
+        "GPUs",
+        "Age",
+    ]
