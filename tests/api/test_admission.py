@@ -68,7 +68,7 @@ def test_admission_rejects_each_wrong_spec(
     with pytest.raises(ApiException) as failure:
         _create(custom, namespace, _with(change))
     message = json.loads(failure.value.body)["message"]
-    field = ADMISSION_FIELD.get(case, expected.split(":")[0])
+    field = ADMISSION_FIELD.get(case, expected.split(":", maxsplit=1)[0])
     assert field in message, message
 
 
