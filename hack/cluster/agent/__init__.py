@@ -1,0 +1,38 @@
+"""The node agent: test support that stands in for the kubelet on node `local-0` (not product code).
+
+There is no container runtime here, so for each pod the scheduler binds to `local-0` the agent
+runs every container's command/args as a local root process inside a private mount namespace
+(`unshare -m`), with the pod's volumes bind-mounted at the real in-pod paths:
+
+  PVC            -> the bound PV's folder, `.cache/cluster/volumes/<namespace>/<claim>/`
+  ConfigMap/Secret/projected/downwardAPI -> files written under the pod's folder
+  serviceAccountToken (incl. the automatic kube-api-access volume) -> a TokenRequest token
+                    bound to the pod, so /var/run/secrets/kubernetes.io/serviceaccount/ is real
+  emptyDir (medium Memory too, e.g. /dev/shm) -> a folder under the pod's folder
+  terminationMessagePath (/dev/termination-log) -> a per-container file; its content becomes
+                    the container's `terminated.message`
+
+The process gets exactly the pod's env (env, envFrom, valueFrom secretKeyRef/configMapKeyRef/
+fieldRef/resourceFieldRef, `$(VAR)` expansion), plus what a kubelet and image would add:
+KUBERNETES_SERVICE_HOST/PORT pointing at the local API server, HOSTNAME, HOME (a per-pod
+folder), PATH with the checkout's `.venv/bin` first (so `python`, `kopf`, `ftjob` are the
+project's), and KUBECONFIG (a kubeconfig that reads the pod's mounted token) when the pod
+mounts a service-account token.
+
+Decisions a kubelet would make differently, on purpose:
+- Processes run as root even when the pod asks for `runAsUser`: the interpreter lives under a
+  home folder other users cannot enter on dev machines, and PodSecurity admission already
+  checks the field at the API. Volume folders are world-writable, so nothing depends on it.
+- The image is ignored; a container without `command` fails with StartError (the agent cannot
+  know an image's entrypoint).
+- Mount points missing on the host (e.g. /mnt/model, /etc/finetune) are created there as empty
+  folders or files; the mounts themselves stay private to the pod's namespace.
+- Probes are not run; a running container is Ready.
+- Logs go to `.cache/cluster/pods/<namespace>_<pod>_<uid>/<container>.log`; the agent serves
+  them as the kubelet's containerLogs endpoint, so `kubectl logs` works.
+- restartPolicy Always/OnFailure restart the container with back-off 1 s, 2 s, ... 30 s
+  (the kubelet goes to 5 min), reported as restartCount, lastState and CrashLoopBackOff.
+
+On deletion the agent sends SIGTERM, then SIGKILL to the process group after the grace period, reports the
+final state and removes the pod, as the kubelet does.
+"""

@@ -1,0 +1,257 @@
+"""`up` and `down`: the order things start and stop in, and what "ready" means."""
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import ssl
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import binaries, pki, processes
+from .control_plane import (
+    ClusterState,
+    Ports,
+    admin_ssl_context,
+    apiserver_args,
+    controller_manager_args,
+    etcd_args,
+    http_ok,
+    kubeconfig,
+    kwok_args,
+    scheduler_args,
+    wait_until,
+)
+from .layout import LOCAL_NODE, Layout
+from .nodes import gpu_nodes
+from .storage import storage_class
+
+# Stop order: the node agent first (it stops its pods' processes), the storage last.
+DAEMONS = ("node-agent", "provisioner", "kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+
+
+def _say(message: str) -> None:
+    print(f"cluster: {message}", file=sys.stderr, flush=True)
+
+
+def running(layout: Layout) -> bool:
+    """True when this checkout's cluster is up and answering (then `up` has nothing to do)."""
+    if not (layout.state.is_file() and layout.kubeconfig.is_file()):
+        return False
+    if not all(processes.alive(layout, name) for name in DAEMONS):
+        return False
+    state = ClusterState.load(layout.state)
+    return http_ok(f"{state.server}/readyz", admin_ssl_context(pki.Pki(layout.pki)))
+
+
+def _apply(layout: Layout) -> Any:
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+
+    # Its own configuration: `up` may run inside a test session, whose global client config is not ours to set.
+    configuration = client.Configuration()
+    config.load_kube_config(str(layout.kubeconfig), client_configuration=configuration)
+    api = client.ApiClient(configuration)
+    core = client.CoreV1Api(api)
+    storage = client.StorageV1Api(api)
+    for create, body in [(storage.create_storage_class, storage_class())] + [
+        (core.create_node, n) for n in gpu_nodes()
+    ]:
+        try:
+            create(body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    return core
+
+
+def _nodes_ready(core: Any, expected: set[str]) -> bool:
+    ready = set()
+    for node in core.list_node().items:
+        if any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
+            ready.add(node.metadata.name)
+    return expected <= ready
+
+
+def _default_account(core: Any) -> bool:
+    from kubernetes.client.rest import ApiException
+
+    try:
+        core.read_namespaced_service_account("default", "default")
+        core.read_namespaced_config_map("kube-root-ca.crt", "default")
+    except ApiException:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _locked(layout: Layout) -> Iterator[None]:
+    """One `up`/`down` at a time per cluster: several test sessions share a checkout's cluster."""
+    layout.lock.parent.mkdir(parents=True, exist_ok=True)
+    with layout.lock.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def up() -> int:
+    """Start the cluster unless it runs; one started here has no session-owned mark, so sessions leave it up."""
+    layout = Layout.for_repo()
+    with _locked(layout):
+        _up_locked(layout)
+    return 0
+
+
+def _up_locked(layout: Layout) -> None:
+    started = time.monotonic()
+    found = binaries.ensure(layout)
+    if running(layout):
+        _say(f"already running; kubeconfig {layout.kubeconfig} ({time.monotonic() - started:.1f}s)")
+        return
+    if layout.pids.is_dir() or layout.state.exists():
+        _say("cleaning up a previous cluster that is not healthy")
+        _down_locked(layout)
+    try:
+        _start(layout, found, started)
+    except BaseException:
+        # Never leave half a cluster running: the next `up` starts from nothing.
+        _down_locked(layout)
+        raise
+
+
+def _start(layout: Layout, found: dict[str, Path], started: float) -> None:
+    for folder in (layout.logs, layout.pids, layout.volumes, layout.pods, layout.etcd_data):
+        folder.mkdir(parents=True, exist_ok=True)
+    layout.etcd_data.chmod(0o700)
+    certs = pki.create(layout.pki)
+    ports = Ports.free()
+    state = ClusterState(ports)
+    state.save(layout.state)
+    layout.kubeconfig.write_text(yaml.safe_dump(kubeconfig(state.server, certs)))
+    layout.kubeconfig.chmod(0o600)
+    context = admin_ssl_context(certs)
+
+    def alive(name: str) -> Callable[[], bool]:
+        return lambda: processes.alive(layout, name)
+
+    processes.start(layout, "etcd", etcd_args(found["etcd"], layout, ports))
+    wait_until("etcd", lambda: http_ok(f"http://127.0.0.1:{ports.etcd_client}/health"), 30, alive("etcd"))
+    processes.start(layout, "kube-apiserver", apiserver_args(found["kube-apiserver"], certs, ports))
+    # Generous: on a busy 2-core machine the API server has needed over a minute.
+    wait_until("kube-apiserver", lambda: http_ok(f"{state.server}/readyz", context), 240, alive("kube-apiserver"))
+    _say(f"API server ready at {state.server} ({time.monotonic() - started:.1f}s)")
+    processes.start(
+        layout,
+        "kube-controller-manager",
+        controller_manager_args(found["kube-controller-manager"], layout, certs, ports),
+    )
+    processes.start(layout, "kube-scheduler", scheduler_args(found["kube-scheduler"], layout, ports))
+    core = _apply(layout)
+    processes.start(layout, "kwok", kwok_args(found["kwok"], layout, ports))
+    python = sys.executable
+    processes.start(layout, "provisioner", [python, "-m", "hack.cluster.storage"])
+    processes.start(layout, "node-agent", [python, "-m", "hack.cluster.agent"])
+    # The controllers serve healthz with their own self-signed certificates.
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+
+    def healthz(port: int) -> Callable[[], bool]:
+        return lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure)
+
+    wait_until("kube-controller-manager", healthz(ports.controller_manager), 120, alive("kube-controller-manager"))
+    wait_until("kube-scheduler", healthz(ports.scheduler), 120, alive("kube-scheduler"))
+    wait_until("the default ServiceAccount", lambda: _default_account(core), 120)
+    expected = {n["metadata"]["name"] for n in gpu_nodes()} | {LOCAL_NODE}
+    wait_until("nodes Ready", lambda: _nodes_ready(core, expected), 120, alive("kwok"))
+    wait_until("node agent", alive("node-agent"), 1)
+    wait_until("provisioner", alive("provisioner"), 1)
+    _say(f"up in {time.monotonic() - started:.1f}s; export KUBECONFIG={layout.kubeconfig}")
+
+
+def _stop_pod_processes(layout: Layout) -> None:
+    """Processes of pods the agent could not stop (it was killed): stop them by recorded pid."""
+    from .agent.runner import process_start_time
+
+    if not layout.pods.is_dir():
+        return
+    for record_file in layout.pods.glob("*/*.pid.json"):
+        try:
+            record = json.loads(record_file.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = record.get("pid")
+        if isinstance(pid, int) and process_start_time(pid) == record.get("starttime"):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def down() -> int:
+    layout = Layout.for_repo()
+    with _locked(layout):
+        _down_locked(layout)
+    _say("down; every process it started is stopped and its state removed")
+    return 0
+
+
+def _down_locked(layout: Layout) -> None:
+    processes.stop_all(layout, DAEMONS)
+    _stop_pod_processes(layout)
+    if layout.root.is_dir():
+        for entry in layout.root.iterdir():
+            if entry != layout.bin:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+
+
+def _session_file(layout: Layout, pid: int) -> Path:
+    return layout.sessions / f"{pid}.json"
+
+
+def _live_sessions(layout: Layout) -> list[Path]:
+    from .agent.runner import process_start_time
+
+    live = []
+    for path in layout.sessions.glob("*.json") if layout.sessions.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if process_start_time(record["pid"]) == record["starttime"]:
+            live.append(path)
+    return live
+
+
+def join_session(pid: int) -> bool:
+    """A test session starts using the cluster (starting it if needed); True when this call started it."""
+    from .agent.runner import process_start_time
+
+    layout = Layout.for_repo()
+    with _locked(layout):
+        started_here = not running(layout)
+        if started_here:
+            _up_locked(layout)
+            layout.session_owned.write_text("")
+        layout.sessions.mkdir(parents=True, exist_ok=True)
+        record = {"pid": pid, "starttime": process_start_time(pid)}
+        _session_file(layout, pid).write_text(json.dumps(record))
+    return started_here
+
+
+def leave_session(pid: int) -> bool:
+    """A test session is done; the last one out stops a cluster that sessions started. True when stopped."""
+    layout = Layout.for_repo()
+    with _locked(layout):
+        _session_file(layout, pid).unlink(missing_ok=True)
+        if layout.session_owned.exists() and not _live_sessions(layout):
+            _down_locked(layout)
+            return True
+    return False

@@ -1,0 +1,105 @@
+"""The node agent's pure parts: env resolution, mounts and the launch script (no cluster needed)."""
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hack.cluster.agent.pod_env import ConfigPending, container_env, expand
+from hack.cluster.agent.pod_plan import ContainerPlan, Mount, StartError, argv_for, launch_script, mounts_for
+from hack.cluster.agent.volumes import LocalVolume
+from hack.cluster.control_plane import KWOK_STAGES
+
+POD: dict[str, Any] = {
+    "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"app": "x"}},
+    "spec": {"nodeName": "local-0", "serviceAccountName": "sa"},
+    "status": {},
+}
+
+
+def lookup(kind: str, namespace: str, name: str) -> dict[str, str] | None:
+    data = {("configmap", "cm"): {"a": "1", "b": "2"}, ("secret", "s"): {"token": "t0p"}}
+    return data.get((kind, name))
+
+
+def test_expand_follows_kubernetes_rules() -> None:
+    env = {"A": "x"}
+    assert expand("$(A)-$(B)-$$(A)-$$", env) == "x-$(B)-$(A)-$"
+
+
+def test_env_resolves_refs_in_order() -> None:
+    container = {
+        "envFrom": [{"configMapRef": {"name": "cm"}, "prefix": "CM_"}],
+        "env": [
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}},
+            {"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+            {"name": "BOTH", "value": "$(NAME)/$(CM_a)"},
+            {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+            {"name": "OPT", "valueFrom": {"secretKeyRef": {"name": "missing", "key": "k", "optional": True}}},
+        ],
+        "resources": {"limits": {"cpu": "1500m"}},
+    }
+    env = container_env(POD, container, lookup, {"PATH": "/bin"})
+    assert env == {
+        "PATH": "/bin",
+        "CM_a": "1",
+        "CM_b": "2",
+        "TOKEN": "t0p",
+        "NAME": "p",
+        "APP": "x",
+        "BOTH": "p/1",
+        "CPU": "2",
+    }
+
+
+def test_missing_required_key_waits_for_config() -> None:
+    container = {"env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "nope"}}}]}
+    with pytest.raises(ConfigPending, match="nope"):
+        container_env(POD, container, lookup, {})
+
+
+def test_container_without_command_cannot_start() -> None:
+    with pytest.raises(StartError, match="command"):
+        argv_for({"name": "main", "args": ["x"]}, {})
+
+
+def test_mounts_put_parents_first_and_honour_read_only(tmp_path: Path) -> None:
+    volumes = {"out": LocalVolume(tmp_path / "out"), "model": LocalVolume(tmp_path / "model", read_only=True)}
+    container = {
+        "name": "main",
+        "volumeMounts": [
+            {"name": "out", "mountPath": "/mnt/output/run", "subPath": "run"},
+            {"name": "model", "mountPath": "/mnt/model"},
+        ],
+    }
+    mounts = mounts_for(container, volumes, tmp_path / "term", {})
+    assert [m.target for m in mounts] == ["/mnt/model", "/dev/termination-log", "/mnt/output/run"]
+    assert mounts[0].read_only and not mounts[2].read_only
+    assert (tmp_path / "out" / "run").is_dir()
+
+
+def test_launch_script_is_valid_shell_and_quotes_everything(tmp_path: Path) -> None:
+    plan = ContainerPlan(
+        name="main",
+        argv=("echo", "it's $HOME", "a b"),
+        env={"V": "x'y z\nnext"},
+        workdir="/",
+        mounts=(Mount(tmp_path / "src", "/mnt/a b", read_only=True, is_file=False),),
+        termination_log=tmp_path / "t",
+        setup_error=tmp_path / "e",
+        log=tmp_path / "l",
+        staging=tmp_path / "stage",
+    )
+    script = launch_script(plan)
+    assert subprocess.run(["sh", "-n"], input=script, text=True, check=False).returncode == 0
+    assert "mount -o remount,bind,ro '/mnt/a b'" in script
+    assert "'it'\"'\"'s $HOME'" in script
+
+
+def test_kwok_stages_parse_and_cover_the_pod_life() -> None:
+    stages = [doc for doc in yaml.safe_load_all(KWOK_STAGES.read_text()) if doc]
+    names = {s["metadata"]["name"] for s in stages}
+    assert {"node-initialize", "pod-ready", "pod-complete", "pod-fail", "pod-delete"} <= names
