@@ -2,7 +2,7 @@
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 
@@ -52,12 +52,30 @@ ResourceName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SU
 
 # A relative path inside a volume: no leading slash, no `..` segment, so a spec can never
 # point a mount outside its claim.
-RELATIVE_PATH_PATTERN = r"^(([^/]+)(/[^/]+)*)?$"
+_SEGMENT = r"(\.{3,}|[^/]*[^/.][^/]*)"  # any name but "." and ".."
+RELATIVE_PATH_PATTERN = rf"^({_SEGMENT}(/{_SEGMENT})*)?$"
 RelativePath = Annotated[str, Field(max_length=1024, pattern=RELATIVE_PATH_PATTERN)]
 
+
+def _positive(quantity: str) -> str:
+    number = quantity.rstrip("mkMGTPEi")
+    if float(number) <= 0:
+        raise ValueError("must be greater than zero")
+    return quantity
+
+
+PositiveQuantity = Annotated[Quantity, AfterValidator(_positive)]
+
 ShortString = Annotated[str, Field(min_length=1, max_length=253)]
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 LabelMap = Annotated[
-    dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]],
+    dict[
+        Annotated[str, Field(max_length=317, pattern=LABEL_KEY_PATTERN)],
+        Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)],
+    ],
     Field(max_length=32),
 ]
 

@@ -84,6 +84,12 @@ def _clean(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     out: Schema = {}
+    if "patternProperties" in node:
+        # Map keys with a pattern: the API server has no patternProperties, so the values'
+        # schema becomes additionalProperties and the key pattern is checked by the models only.
+        node = {k: v for k, v in node.items() if k != "patternProperties"} | {
+            "additionalProperties": next(iter(node["patternProperties"].values()))
+        }
     for key, value in node.items():
         if key in ("title", "$defs", "propertyNames", "discriminator"):
             continue

@@ -12,8 +12,6 @@ PASCAL_PRODUCT_PATTERN: Final = (
 )
 _PASCAL = re.compile(PASCAL_PRODUCT_PATTERN)
 
-# Label values: at most 63 characters of alphanumerics, '-', '_' and '.', alphanumeric at both ends.
-LABEL_VALUE_PATTERN: Final = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 HALF_PRECISIONS: Final = ("bf16", "fp16")
 

@@ -12,17 +12,17 @@ from pydantic import ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 
 from .base import (
+    LABEL_VALUE_PATTERN,
     AnyObject,
     ApiModel,
     LabelMap,
-    Quantity,
+    PositiveQuantity,
     RelativePath,
     ResourceName,
     ShortString,
 )
 from .gpus import (
     HALF_PRECISIONS,
-    LABEL_VALUE_PATTERN,
     PASCAL_PRODUCT_PATTERN,
     is_pascal,
     pascal_precision_message,
@@ -205,7 +205,19 @@ class OutputPvc(ApiModel):
 
 
 class OutputStorage(ApiModel):
-    size: Quantity = Field(description="Size of the PVC the operator creates, e.g. 50Gi.")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "quantity(string(self.size)).isGreaterThan(quantity('0'))",
+                    "size must be greater than zero",
+                    ".size",
+                )
+            ]
+        }
+    )
+
+    size: PositiveQuantity = Field(description="Size of the PVC the operator creates, e.g. 50Gi.")
     storage_class_name: ResourceName | None = Field(
         default=None, description="StorageClass; the default class if unset."
     )
@@ -241,8 +253,8 @@ class ResourcesSpec(ApiModel):
     gpu_product: Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)] = Field(
         default="Tesla-P40", description="Value of the node label nvidia.com/gpu.product."
     )
-    cpu: Quantity | None = Field(default=None, description="CPU request and limit.")
-    memory: Quantity | None = Field(default=None, description="Memory request and limit.")
+    cpu: PositiveQuantity | None = Field(default=None, description="CPU request and limit.")
+    memory: PositiveQuantity | None = Field(default=None, description="Memory request and limit.")
 
 
 class Toleration(ApiModel):

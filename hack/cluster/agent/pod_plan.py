@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ..layout import REPO_ROOT
 from .pod_env import expand
 from .volumes import LocalVolume
 
@@ -120,6 +121,14 @@ def launch_script(plan: ContainerPlan) -> str:
         lines.append(f"mount --bind {stage} {target} || fail {q('bind mount ' + mount.target)}")
         if mount.read_only:
             lines.append(f"mount -o remount,bind,ro {target} || fail {q('read-only ' + mount.target)}")
+    # A pod mount over a parent of the checkout (an emptyDir at /tmp while the repo lives under
+    # /tmp, as in a CI clone) would hide the project's .venv that `python` resolves to: stage the
+    # checkout before the pod's mounts and put it back on top of them afterwards.
+    repo = PurePosixPath(str(REPO_ROOT))
+    if any(repo.is_relative_to(PurePosixPath(mount.target)) for mount in plan.mounts):
+        stage = q(str(plan.staging / "repo"))
+        lines.insert(4, f"mkdir -p {stage} && mount --bind {q(str(repo))} {stage} || fail 'staging the checkout'")
+        lines.append(f"mkdir -p {q(str(repo))} && mount --bind {stage} {q(str(repo))} || fail 'restoring the checkout'")
     lines.append(f"cd {q(plan.workdir)} || fail {q('workingDir ' + plan.workdir)}")
     env = " ".join(q(f"{key}={value}") for key, value in plan.env.items())
     lines.append("exec 9>&-")

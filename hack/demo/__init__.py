@@ -1,0 +1,1 @@
+"""Helpers of `make demo` (hack/demo.sh): the loss-curve plot."""

@@ -1,0 +1,70 @@
+"""`ftjob check-data --format F [--tokenizer PATH] FILE`: the trainer's data check, before any GPU hour.
+
+Prints every bad record as `FILE: line N: field: problem` and exits 1; a clean file prints a
+one-line summary (and over-length warnings) and exits 0.
+"""
+
+import argparse
+from pathlib import Path
+
+from .errors import CliError
+
+FORMATS = ("alpaca", "sharegpt", "messages", "text", "completion")
+
+
+def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = commands.add_parser(
+        "check-data",
+        help="check a training data file line by line",
+        description="Check a dataset file (JSON Lines, JSON or Parquet) the way the trainer does before training.",
+    )
+    parser.add_argument("file", metavar="FILE")
+    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("--tokenizer", metavar="PATH", help="model folder: also check special tokens and lengths")
+    parser.add_argument("--max-length", type=int, default=2048, help="tokens per sample (spec.training.maxLength)")
+    parser.add_argument("--packing", action="store_true", help="as with spec.training.packing")
+    parser.set_defaults(handler=run)
+
+
+def _load_tokenizer(path: str) -> tuple[object, object | None]:
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CliError(f"--tokenizer {path}: no such folder")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError) as exc:
+        raise CliError(f"--tokenizer {path}: cannot load a tokenizer: {str(exc).splitlines()[0]}") from None
+    model_config = AutoConfig.from_pretrained(str(folder)) if (folder / "config.json").is_file() else None
+    return tokenizer, model_config
+
+
+def run(args: argparse.Namespace) -> int:
+    from finetune_trainer.data.checks import check_records
+    from finetune_trainer.data.records import DataSourceError, read_records
+
+    tokenizer, model_config = _load_tokenizer(args.tokenizer) if args.tokenizer else (None, None)
+    try:
+        report = check_records(
+            read_records(Path(args.file)),
+            args.format,
+            tokenizer=tokenizer,
+            model_config=model_config,
+            max_length=args.max_length if tokenizer is not None else None,
+            packing=args.packing,
+        )
+    except DataSourceError as exc:
+        raise CliError(str(exc)) from None
+    for problem in report.problems:
+        print(f"{args.file}: {problem}")
+    for warning in report.warnings:
+        print(f"{args.file}: warning: {warning}")
+    if report.problems:
+        print(f"{args.file}: {len(report.problems)} problem(s) in {report.total} records")
+        return 1
+    print(f"{args.file}: {len(report.samples)} samples OK ({args.format})")
+    return 0

@@ -1,0 +1,144 @@
+"""`ftjob logs NAME [-f]`: the trainer output of the job's current attempt (its newest pod).
+
+Reads through the standard pod log API (the kubelet serves it). Where no kubelet serves logs,
+as on a development control plane whose node agent runs pods as local processes, `--logs-dir`
+(or $FTJOB_POD_LOGS_DIR) names the agent's folder of `<namespace>_<pod>_<uid>/<container>.log`
+files, and the logs are read from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from finetune_api.constants import LABEL_COMPONENT, LABEL_JOB
+
+from . import kube
+from .display import TERMINAL
+from .errors import CliError
+
+TRAINER_CONTAINER = "trainer"
+POLL_SECONDS = 0.5
+API_TIMEOUT_SECONDS = 15
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "logs",
+        help="print the trainer's logs",
+        description="Print the logs of the job's current attempt (its newest trainer pod).",
+    )
+    parser.add_argument("name", metavar="NAME")
+    parser.add_argument("-f", "--follow", action="store_true", help="keep printing until the pod ends")
+    parser.add_argument("-c", "--container", help=f"container (default: {TRAINER_CONTAINER})")
+    parser.add_argument(
+        "--logs-dir",
+        metavar="DIR",
+        default=os.environ.get("FTJOB_POD_LOGS_DIR"),
+        help="folder of local pod logs, for clusters without a kubelet log endpoint ($FTJOB_POD_LOGS_DIR)",
+    )
+    kube.add_options(parser)
+    parser.set_defaults(handler=run)
+
+
+def _created(pod: Any) -> float:
+    stamp = pod.metadata.creation_timestamp
+    return stamp.timestamp() if stamp is not None else 0.0
+
+
+def current_pod(cluster: kube.Cluster, name: str) -> Any | None:
+    with kube.api_errors(cluster, f"pods of finetunejob {name}"):
+        pods = cluster.core().list_namespaced_pod(cluster.namespace, label_selector=f"{LABEL_JOB}={name}").items
+    trainers = [
+        p for p in pods if (p.metadata.labels or {}).get(LABEL_COMPONENT, TRAINER_CONTAINER) == TRAINER_CONTAINER
+    ]
+    return max(trainers, key=_created, default=None)
+
+
+def _container(pod: Any, wanted: str | None) -> str:
+    names = [c.name for c in pod.spec.containers]
+    if wanted:
+        if wanted not in names:
+            raise CliError(f"pod {pod.metadata.name} has no container {wanted} (it has {', '.join(names)})")
+        return wanted
+    return TRAINER_CONTAINER if TRAINER_CONTAINER in names else names[0]
+
+
+def _wait_for_pod(cluster: kube.Cluster, name: str, follow: bool) -> Any:
+    while True:
+        pod = current_pod(cluster, name)
+        if pod is not None:
+            return pod
+        phase = (kube.get_job(cluster, name).get("status") or {}).get("phase") or "Pending"
+        if not follow or phase in TERMINAL:
+            raise CliError(f"finetunejob {name} has no trainer pod (phase {phase})")
+        time.sleep(POLL_SECONDS * 2)
+
+
+def _local_log(logs_dir: str | None, pod: Any, container: str) -> Path | None:
+    if not logs_dir:
+        return None
+    path = Path(logs_dir) / f"{pod.metadata.namespace}_{pod.metadata.name}_{pod.metadata.uid}" / f"{container}.log"
+    return path if path.is_file() else None
+
+
+def _pod_done(cluster: kube.Cluster, pod: Any) -> bool:
+    with kube.api_errors(cluster, f"pod {pod.metadata.name}"):
+        fresh = cluster.core().read_namespaced_pod(pod.metadata.name, cluster.namespace)
+    return fresh.status.phase in TERMINAL
+
+
+def _tail_file(cluster: kube.Cluster, pod: Any, path: Path, follow: bool) -> None:
+    with path.open("rb") as source:
+        while True:
+            chunk = source.read()
+            if chunk:
+                sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+                sys.stdout.flush()
+            if not follow:
+                return
+            if not chunk and _pod_done(cluster, pod):
+                rest = source.read()
+                sys.stdout.write(rest.decode("utf-8", errors="replace"))
+                return
+            time.sleep(POLL_SECONDS)
+
+
+def _from_api(cluster: kube.Cluster, pod: Any, container: str, follow: bool) -> None:
+    from kubernetes import watch as watch_module
+
+    watch: Any = watch_module  # untyped in the client
+
+    core = cluster.core()
+    if not follow:
+        text = core.read_namespaced_pod_log(
+            pod.metadata.name, cluster.namespace, container=container, _request_timeout=API_TIMEOUT_SECONDS
+        )
+        sys.stdout.write(text if isinstance(text, str) else str(text))
+        return
+    for line in watch.Watch().stream(
+        core.read_namespaced_pod_log, pod.metadata.name, cluster.namespace, container=container
+    ):
+        print(line, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster = kube.connect(args)
+    kube.get_job(cluster, args.name)  # a clear "not found" before looking for pods
+    pod = _wait_for_pod(cluster, args.name, args.follow)
+    container = _container(pod, args.container)
+    try:
+        with kube.api_errors(cluster, f"logs of pod {pod.metadata.name}"):
+            _from_api(cluster, pod, container, args.follow)
+        return 0
+    except CliError:
+        # No kubelet answered for the node: use the node agent's files when they are there.
+        local = _local_log(args.logs_dir, pod, container)
+        if local is None:
+            raise
+    _tail_file(cluster, pod, local, args.follow)
+    return 0

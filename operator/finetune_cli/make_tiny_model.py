@@ -1,0 +1,39 @@
+"""`ftjob make-tiny-model DIR`: a tiny random-init Llama and tokenizer, made here with no download."""
+
+import argparse
+from pathlib import Path
+
+from .errors import CliError
+
+
+def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = commands.add_parser(
+        "make-tiny-model",
+        help="write a tiny random-init Llama (for tests and demos)",
+        description="Write a tiny random-init Llama with a locally trained tokenizer into DIR; "
+        "optionally a small learnable Alpaca dataset too.",
+    )
+    parser.add_argument("dir", metavar="DIR")
+    parser.add_argument("--dataset", metavar="FILE", help="also write a learnable Alpaca JSON Lines file here")
+    parser.add_argument("--samples", type=int, default=256, help="records in --dataset (default 256)")
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.hidden < 16 or args.hidden % 16:
+        raise CliError(f"--hidden {args.hidden}: must be a multiple of 16 (4 heads of a 4-bit block)")
+    if args.vocab < 300:
+        raise CliError(f"--vocab {args.vocab}: at least 300 (256 byte tokens plus merges)")
+    from finetune_trainer.tiny_model import make_tiny_model, write_alpaca
+
+    folder = make_tiny_model(
+        Path(args.dir), hidden=args.hidden, layers=args.layers, vocab_size=args.vocab, seed=args.seed
+    )
+    print(f"model: {folder}")
+    if args.dataset:
+        print(f"dataset: {write_alpaca(Path(args.dataset), args.samples, args.seed)}")
+    return 0

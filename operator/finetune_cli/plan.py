@@ -1,0 +1,217 @@
+"""`ftjob plan FILE`: will the job fit its GPUs, in which mode, and how long will an epoch take.
+
+The model's config.json comes from `--model-config`, or from the job's model source when it is
+on disk here (a PVC folder under `--volumes`, $FTJOB_VOLUMES or the current folder), or from
+the planner's table of well-known Hub models. Exit status: 0 fits, 3 does not fit, 1 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from finetune_api import FineTuneJob, ManifestError, parse_file
+from finetune_api.problems import format_problems
+from finetune_trainer.planning import (
+    Hardware,
+    ModelConfigError,
+    Plan,
+    known_model,
+    lookup,
+    make_plan,
+    shape_from_config,
+)
+from finetune_trainer.planning.gpu_products import known_names
+from finetune_trainer.planning.memory import Recipe
+from finetune_trainer.planning.preflight import product_for, recipe_from_spec
+from finetune_trainer.planning.report import render
+
+from .errors import CliError
+
+DOES_NOT_FIT = 3
+BYTES_PER_TOKEN = 4  # a rough average for English text with Llama-3's tokenizer
+
+
+def _bool(flag: str, text: str | None) -> bool | None:
+    if text is None:
+        return None
+    value = text.strip().lower()
+    if value in ("true", "yes", "1", "on"):
+        return True
+    if value in ("false", "no", "0", "off"):
+        return False
+    raise CliError(f"{flag}: expected true or false, got {text!r}")
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "plan",
+        help="check that a job fits its GPUs and estimate its speed",
+        description="Per-GPU memory (quantised weights, embeddings/head, LoRA + optimizer, activations, "
+        "temporaries, logits), the mode it would use, tokens/s and time per epoch. "
+        "Exit 0 when it fits, 3 when it does not.",
+    )
+    parser.add_argument("file", metavar="FILE.yaml")
+    parser.add_argument("--model-config", metavar="PATH", help="the model's config.json (or its folder)")
+    parser.add_argument("--volumes", metavar="DIR", help="folder holding PVCs as DIR/<claimName>/ ($FTJOB_VOLUMES)")
+    parser.add_argument("--gpus", type=int, metavar="N", help="GPUs per pod (default: spec.resources.gpus)")
+    parser.add_argument("--gpu-product", metavar="NAME", help=f"GPU product; known: {', '.join(known_names())}")
+    parser.add_argument("--gpu-memory-gib", type=float, metavar="X", help="memory per GPU (default: the product's)")
+    parser.add_argument("--fp32-tflops", type=float, metavar="X", help="FP32 peak per GPU (default: the product's)")
+    parser.add_argument("--max-length", type=int, metavar="L")
+    parser.add_argument("--batch-size", type=int, metavar="B")
+    parser.add_argument("--lora-r", type=int, metavar="R")
+    parser.add_argument("--gradient-checkpointing", metavar="true|false")
+    parser.add_argument("--mode", choices=("auto", "device_map", "data_parallel", "fsdp"), default="auto")
+    parser.add_argument(
+        "--attention",
+        choices=("materialised", "memory_efficient"),
+        default="materialised",
+        help="materialised: FP32 SDPA/eager keep the heads x seq x seq probabilities (default)",
+    )
+    parser.add_argument("--loss-chunk-tokens", type=int, metavar="N", help="compute the loss N tokens at a time")
+    parser.add_argument("--tokens", type=int, metavar="N", help="tokens in one epoch of the dataset")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.set_defaults(handler=run)
+
+
+def _read_json(path: Path, label: str) -> dict[str, Any]:
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CliError(f"{label} {path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{label} {path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"{label} {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise CliError(f"{label} {path}: expected a JSON object")
+    return data
+
+
+def _volume_roots(args: argparse.Namespace) -> list[Path]:
+    roots = [args.volumes, os.environ.get("FTJOB_VOLUMES"), "."]
+    return [Path(r) for r in roots if r]
+
+
+def model_config(job: FineTuneJob, args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    if args.model_config:
+        return _read_json(Path(args.model_config), "--model-config"), args.model_config
+    source = job.spec.model.source
+    if source.pvc is not None:
+        candidates = [root / source.pvc.claim_name / source.pvc.path / "config.json" for root in _volume_roots(args)]
+        for candidate in candidates:
+            if candidate.is_file():
+                return _read_json(candidate, "model config"), str(candidate)
+        looked = ", ".join(str(c) for c in candidates)
+        raise CliError(
+            f"spec.model.source.pvc: the model's config.json is not here (looked at {looked}); "
+            "pass --model-config PATH or --volumes DIR"
+        )
+    assert source.hub is not None
+    known = known_model(source.hub.id)
+    if known is None:
+        raise CliError(
+            f"spec.model.source.hub: no offline config for {source.hub.id}; pass --model-config PATH "
+            "(the repository's config.json)"
+        )
+    return known, source.hub.id
+
+
+def epoch_tokens(job: FineTuneJob, args: argparse.Namespace) -> tuple[int | None, str]:
+    if args.tokens is not None:
+        if args.tokens < 1:
+            raise CliError("--tokens: must be at least 1")
+        return args.tokens, "given"
+    source = job.spec.dataset.source
+    if source.pvc is None:
+        return None, ""
+    for root in _volume_roots(args):
+        path = root / source.pvc.claim_name / source.pvc.path
+        if path.is_file():
+            size = path.stat().st_size
+        elif path.is_dir() and source.pvc.path:
+            size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        else:
+            continue
+        return max(1, size // BYTES_PER_TOKEN), f"estimated from {size:,} bytes of {path}"
+    return None, ""
+
+
+def _check_positive(name: str, value: int | float | None) -> None:
+    if value is not None and value <= 0:
+        raise CliError(f"{name}: must be positive, got {value}")
+
+
+def plan_job(job: FineTuneJob, args: argparse.Namespace) -> tuple[Plan | None, str]:
+    for flag in ("gpu_memory_gib", "fp32_tflops", "max_length", "batch_size", "lora_r", "loss_chunk_tokens"):
+        _check_positive("--" + flag.replace("_", "-"), getattr(args, flag))
+    if args.gpus is not None and args.gpus < 0:
+        raise CliError(f"--gpus: must be 0 or more, got {args.gpus}")
+    spec = job.spec
+    gpus = spec.resources.gpus if args.gpus is None else args.gpus
+    if gpus == 0:
+        return (
+            None,
+            "spec.resources.gpus is 0: the job trains on the CPU, there is no GPU memory to plan (try --gpus N)",
+        )
+    if args.gpu_product and lookup(args.gpu_product) is None:
+        raise CliError(f"--gpu-product {args.gpu_product}: unknown product; known: {', '.join(known_names())}")
+    product = product_for(args.gpu_product, spec.resources.gpu_product)
+    if args.fp32_tflops:
+        product = replace(product, fp32_tflops=args.fp32_tflops)
+    config, origin = model_config(job, args)
+    try:
+        shape = shape_from_config(config, name=origin)
+    except ModelConfigError as exc:
+        raise CliError(f"{origin}: {exc}") from None
+    recipe: Recipe = recipe_from_spec(spec, product, args.attention)
+    overrides = {
+        "max_length": args.max_length,
+        "batch_size": args.batch_size,
+        "lora_r": args.lora_r,
+        "gradient_checkpointing": _bool("--gradient-checkpointing", args.gradient_checkpointing),
+        "loss_chunk_tokens": args.loss_chunk_tokens,
+    }
+    recipe = replace(recipe, **{k: v for k, v in overrides.items() if v is not None})
+    tokens, token_origin = epoch_tokens(job, args)
+    memory = args.gpu_memory_gib or product.memory_gib
+    plan = make_plan(shape, recipe, Hardware(gpus, product, memory), mode=args.mode, epoch_tokens=tokens)
+    return plan, token_origin
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        documents = parse_file(args.file)
+    except ManifestError as exc:
+        raise CliError(f"{args.file}: {exc}") from None
+    results: list[dict[str, Any]] = []
+    texts: list[str] = []
+    all_fit = True
+    for doc in documents:
+        source = args.file if len(documents) == 1 else f"{args.file}[{doc.index}]"
+        if doc.job is None:
+            raise CliError("; ".join(format_problems(doc.problems, source)))
+        plan, token_origin = plan_job(doc.job, args)
+        name = doc.job.metadata.name or doc.job.metadata.generate_name or ""
+        if plan is None:
+            results.append({"name": name, "fits": True, "mode": "cpu", "per_gpu": [], "message": token_origin})
+            texts.append(f"{source}: {token_origin}")
+            continue
+        all_fit = all_fit and plan.fits
+        results.append({"name": name, **plan.to_dict(), "tokens_source": token_origin or None})
+        text = render(plan)
+        if token_origin and token_origin != "given":
+            text += f"\n          (epoch tokens {token_origin}, ~{BYTES_PER_TOKEN} bytes per token)"
+        texts.append(f"{source}: {name}\n{text}")
+    if args.json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+    else:
+        print("\n\n".join(texts))
+    return 0 if all_fit else DOES_NOT_FIT

@@ -1,0 +1,87 @@
+"""`ftjob run FILE.yaml --workdir DIR`: run a FineTuneJob here, with no cluster.
+
+Each PVC claim maps to `DIR/<claimName>/`, exactly as the pod mounts it, and the trainer runs
+in this process through the same entry point as in the pod: what works here works there.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from finetune_api import ManifestError, parse_file
+from finetune_api.problems import format_problems
+from finetune_api.spec import FineTuneJobSpec
+from finetune_api.trainer_config import RuntimePaths, TrainerConfig
+
+from .errors import CliError
+
+# The claim the operator creates for `output.storage` is named `<job>-output`.
+STORAGE_CLAIM_SUFFIX = "-output"
+
+
+def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = commands.add_parser(
+        "run",
+        help="train a FineTuneJob locally (each PVC claim is DIR/<claimName>/)",
+        description="Run a FineTuneJob on this machine with the in-image trainer; rerun to resume "
+        "from the last complete checkpoint.",
+    )
+    parser.add_argument("file", metavar="FILE.yaml")
+    parser.add_argument("--workdir", required=True, metavar="DIR", help="folder holding one sub-folder per claim")
+    parser.set_defaults(handler=run)
+
+
+def _join(root: Path, relative: str) -> str:
+    return str(root / relative) if relative else str(root)
+
+
+def local_paths(name: str, spec: FineTuneJobSpec, workdir: Path) -> RuntimePaths:
+    model, data, out = spec.model.source, spec.dataset.source, spec.output
+    if out.pvc is not None:
+        output = workdir / out.pvc.claim_name / (out.pvc.path or name)
+    else:
+        output = workdir / f"{name}{STORAGE_CLAIM_SUFFIX}" / name
+    uses_hub = model.hub is not None or data.hub is not None
+    return RuntimePaths(
+        model=_join(workdir / model.pvc.claim_name, model.pvc.path) if model.pvc else model.hub.id if model.hub else "",
+        dataset=_join(workdir / data.pvc.claim_name, data.pvc.path) if data.pvc else data.hub.id if data.hub else "",
+        output=str(output),
+        cache=str(workdir / ".hf-cache") if uses_hub else None,
+    )
+
+
+def local_config(path: str, workdir: Path) -> TrainerConfig:
+    try:
+        documents = parse_file(path)
+    except ManifestError as exc:
+        raise CliError(f"{path}: {exc}") from None
+    if len(documents) != 1:
+        raise CliError(f"{path}: expected one FineTuneJob, found {len(documents)} documents")
+    doc = documents[0]
+    if doc.job is None:
+        raise CliError("; ".join(format_problems(doc.problems, path)))
+    name = doc.job.metadata.name or "local"
+    return TrainerConfig(
+        job_name=name, namespace=None, spec=doc.job.spec, paths=local_paths(name, doc.job.spec, workdir)
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    workdir = Path(args.workdir).resolve()
+    if not workdir.is_dir():
+        raise CliError(f"--workdir {args.workdir}: no such folder")
+    config = local_config(args.file, workdir)
+    state = workdir / ".ftjob" / config.job_name
+    state.mkdir(parents=True, exist_ok=True)
+    config_path = state / "config.json"
+    config_path.write_text(json.dumps(config.model_dump(by_alias=True, exclude_none=True), indent=2), encoding="utf-8")
+    # Imported here: `ftjob validate` must not pay for torch.
+    from finetune_trainer.entry import main as trainer_main
+
+    code = trainer_main(["--config", str(config_path), "--termination-log", str(state / "termination-log")])
+    if code == 0:
+        print(f"done: outputs in {config.paths.output}")
+    else:
+        reason = (state / "termination-log").read_text(encoding="utf-8") if (state / "termination-log").exists() else ""
+        print(f"failed (exit {code}): {reason}")
+    return code

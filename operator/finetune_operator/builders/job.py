@@ -1,0 +1,219 @@
+"""The batch/v1 Job that runs the trainer: placement, mounts, security, retries."""
+
+from typing import Any, Final
+
+from finetune_api.gpus import is_pascal
+from finetune_api.reasons import NON_RETRYABLE, TERMINATION_LOG
+from finetune_api.spec import FineTuneJobSpec
+
+from ..children import KUEUE_QUEUE_LABEL, Owner, config_map_name, job_name, labels, metadata, service_account_name
+from ..settings import Settings
+from .paths import (
+    CONFIG_DIR,
+    CONFIG_PATH,
+    DATASET_MOUNT,
+    HUB_CACHE,
+    MODEL_MOUNT,
+    OUTPUT_MOUNT,
+    SHM_MOUNT,
+    TMP_MOUNT,
+)
+from .pvc import output_claim_name
+
+CONTAINER: Final = "trainer"
+COMMAND: Final = ("python", "-m", "finetune_trainer", "--config", CONFIG_PATH)
+HUB_TOKEN_ENV: Final = "HF_TOKEN"
+DATASET_HUB_TOKEN_ENV: Final = "HF_DATASET_TOKEN"
+HUB_TOKEN_KEY: Final = "token"
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Fail at once on exits that would fail the same way again; never count disruptions."""
+    return {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": CONTAINER,
+                    "operator": "In",
+                    "values": sorted(int(code) for code in NON_RETRYABLE),
+                },
+            },
+            # Preemption, node drain, eviction: not the trainer's fault; the retry resumes.
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]
+    }
+
+
+def _secret_env(name: str, secret: str) -> dict[str, Any]:
+    # The Hub token reaches the pod only this way: never in args, annotations or the ConfigMap.
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": HUB_TOKEN_KEY}}}
+
+
+def environment(spec: FineTuneJobSpec) -> list[dict[str, Any]]:
+    model_hub = spec.model.source.hub
+    data_hub = spec.dataset.source.hub
+    env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        # The root filesystem is read-only; libraries that write under $HOME get the tmp volume.
+        {"name": "HOME", "value": TMP_MOUNT},
+        {"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if model_hub is None and data_hub is None:
+        # Nothing to download: a pod must never hang on the network.
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    else:
+        env.append({"name": "HF_HOME", "value": HUB_CACHE})
+    if spec.resources.gpus > 0 and is_pascal(spec.resources.gpu_product):
+        # torch.compile / Triton need compute capability 7.0; Pascal is 6.1.
+        env.append({"name": "TORCHDYNAMO_DISABLE", "value": "1"})
+    model_secret = model_hub.token_secret if model_hub else None
+    data_secret = data_hub.token_secret if data_hub else None
+    if model_secret:
+        env.append(_secret_env(HUB_TOKEN_ENV, model_secret))
+    if data_secret and data_secret != model_secret:
+        env.append(_secret_env(DATASET_HUB_TOKEN_ENV if model_secret else HUB_TOKEN_ENV, data_secret))
+    return env
+
+
+def resources(spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
+    limits: dict[str, Any] = {}
+    cpu = spec.resources.cpu or settings.default_cpu
+    memory = spec.resources.memory or settings.default_memory
+    if cpu:
+        limits["cpu"] = cpu
+    if memory:
+        limits["memory"] = memory
+    if spec.resources.gpus > 0:
+        limits[settings.gpu_resource] = str(spec.resources.gpus)
+    # Requests equal limits: a training pod that gets squeezed mid-run loses hours of work.
+    return {"limits": limits, "requests": dict(limits)} if limits else {}
+
+
+def volumes(
+    owner: Owner, spec: FineTuneJobSpec, settings: Settings
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    vols: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_map_name(owner.name)}},
+        {"name": "output", "persistentVolumeClaim": {"claimName": output_claim_name(owner, spec)}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "output", "mountPath": OUTPUT_MOUNT},
+        {"name": "shm", "mountPath": SHM_MOUNT},
+        {"name": "tmp", "mountPath": TMP_MOUNT},
+    ]
+    for name, source, mount in (
+        ("model", spec.model.source.pvc, MODEL_MOUNT),
+        ("dataset", spec.dataset.source.pvc, DATASET_MOUNT),
+    ):
+        if source is not None:
+            vols.append({"name": name, "persistentVolumeClaim": {"claimName": source.claim_name, "readOnly": True}})
+            mounts.append({"name": name, "mountPath": mount, "readOnly": True})
+    return vols, mounts
+
+
+def security_contexts(settings: Settings) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Pod and container contexts that pass Pod Security `restricted`."""
+    uid = settings.trainer_uid
+    pod = {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    container = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    return pod, container
+
+
+def placement(spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
+    user = spec.placement
+    node_selector = dict(user.node_selector)
+    tolerations: list[dict[str, Any]] = []
+    if spec.resources.gpus > 0:
+        # The GPU product wins over a user label of the same key: it is what the job asked for.
+        node_selector[settings.gpu_product_label] = spec.resources.gpu_product
+        tolerations.extend(dict(t) for t in settings.gpu_tolerations)
+    tolerations.extend(t.model_dump(by_alias=True, exclude_none=True) for t in user.tolerations)
+    out: dict[str, Any] = {}
+    if node_selector:
+        out["nodeSelector"] = node_selector
+    if tolerations:
+        out["tolerations"] = tolerations
+    if user.affinity:
+        out["affinity"] = user.affinity
+    if user.priority_class_name:
+        out["priorityClassName"] = user.priority_class_name
+    return out
+
+
+def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
+    pod_labels = labels(owner.name)
+    job_meta = metadata(owner, job_name(owner.name))
+    queue = spec.placement.queue_name
+    if queue:
+        job_meta["labels"][KUEUE_QUEUE_LABEL] = queue
+    vols, mounts = volumes(owner, spec, settings)
+    pod_security, container_security = security_contexts(settings)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image or settings.trainer_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": list(COMMAND),
+        "env": environment(spec),
+        "volumeMounts": mounts,
+        "securityContext": container_security,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    res = resources(spec, settings)
+    if res:
+        container["resources"] = res
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": service_account_name(owner.name),
+        # The trainer patches its own status with this token.
+        "automountServiceAccountToken": True,
+        "securityContext": pod_security,
+        "containers": [container],
+        "volumes": vols,
+        # Time for the trainer to finish a checkpoint write on SIGTERM (suspend, preemption).
+        "terminationGracePeriodSeconds": 120,
+        **placement(spec, settings),
+    }
+    job_spec: dict[str, Any] = {
+        "backoffLimit": spec.backoff_limit,
+        "completions": 1,
+        "parallelism": 1,
+        # Kueue admits a queued Job by unsuspending it.
+        "suspend": spec.suspend or queue is not None,
+        "podFailurePolicy": pod_failure_policy(),
+        # A replacement pod starts only once the failed one is gone: two trainers never share
+        # the output folder.
+        "podReplacementPolicy": "Failed",
+        "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+    }
+    if spec.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    if spec.ttl_seconds_after_finished is not None:
+        job_spec["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": job_meta, "spec": job_spec}
+
+
+def mutable_fields(spec: FineTuneJobSpec) -> dict[str, Any]:
+    """The Job fields that follow the FineTuneJob after creation (the rest is immutable)."""
+    return {
+        "activeDeadlineSeconds": spec.active_deadline_seconds,
+        "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
+    }

@@ -1,0 +1,66 @@
+"""Names, labels and owner references of a FineTuneJob's children.
+
+Names are derived from the job's name only, so a reconcile that runs twice (an operator
+restart mid-way) finds the children the first run made instead of making new ones.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from finetune_api.constants import (
+    API_VERSION,
+    KIND,
+    LABEL_COMPONENT,
+    LABEL_JOB,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
+
+COMPONENT_TRAINER = "trainer"
+COMPONENT_OUTPUT = "output"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The FineTuneJob a child belongs to: enough for an ownerReference and the names."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        # No blockOwnerDeletion: it would need `update` on finetunejobs/finalizers, and the
+        # garbage collector deletes the children in the background either way.
+        return {"apiVersion": API_VERSION, "kind": KIND, "name": self.name, "uid": self.uid, "controller": True}
+
+
+def job_name(job: str) -> str:
+    return job
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-trainer-config"
+
+
+def service_account_name(job: str) -> str:
+    return f"{job}-trainer"
+
+
+def role_name(job: str) -> str:
+    return f"{job}-trainer"
+
+
+def output_pvc_name(job: str) -> str:
+    return f"{job}-output"
+
+
+def labels(job: str, component: str = COMPONENT_TRAINER) -> dict[str, str]:
+    return {LABEL_JOB: job, LABEL_COMPONENT: component, LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def metadata(owner: Owner, name: str, component: str = COMPONENT_TRAINER, *, owned: bool = True) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": owner.namespace, "labels": labels(owner.name, component)}
+    if owned:
+        meta["ownerReferences"] = [owner.reference()]
+    return meta

@@ -1,0 +1,132 @@
+"""kopf wiring: every trigger (the job's own events, its Job's and pods' events, a periodic
+resync) runs the same level-based reconcile. Handlers stay thin on purpose.
+
+No change-detection handlers and no timers: those need kopf's per-object state and a
+finalizer, and a finalizer would block deleting a job while the operator is down. Deletion is
+the garbage collector's work (owner references on every child).
+"""
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from finetune_api.constants import GROUP, LABEL_JOB, PLURAL, VERSION
+
+from . import metrics
+from .kube import Kube, load_config
+from .reconcile import Reconciler
+from .settings import Settings, from_env
+
+logger = logging.getLogger(__name__)
+
+ANNOTATION_PREFIX = GROUP
+FINALIZER = f"{GROUP}/finalizer"
+
+
+class _State:
+    """What startup builds and the handlers use; one per process."""
+
+    settings: Settings | None = None
+    reconciler: Reconciler | None = None
+    resync: asyncio.Task[None] | None = None
+
+
+STATE = _State()
+
+
+def configure(settings: kopf.OperatorSettings, ours: Settings) -> None:
+    """kopf settings that must be right from the first start (changing them later needs a migration)."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    # Against silently frozen watches: the server closes each watch, the client gives up on a
+    # hung one, and a stream with no events at all for this long is restarted.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.watching.inactivity_timeout = 600
+    settings.networking.request_timeout = 60
+    # One replica (Deployment strategy Recreate); peering objects would need extra CRDs and RBAC.
+    settings.peering.standalone = True
+    # The resources we serve are fixed; watching CRDs for new ones would need cluster-wide RBAC.
+    settings.scanning.disabled = True
+    # Our Events say what happened; kopf's per-handler "succeeded" Events would only add noise.
+    settings.posting.level = logging.WARNING
+    # Reconciles wait on the API server, not the CPU: enough threads to keep many jobs moving.
+    settings.execution.max_workers = 16
+
+
+def _reconcile(namespace: str | None, name: str | None) -> None:
+    if STATE.reconciler is None or not namespace or not name:
+        return
+    STATE.reconciler.trigger(namespace, name)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    ours = STATE.settings or from_env()
+    STATE.settings = ours
+    configure(settings, ours)
+    metrics.serve(ours.metrics_port)
+    kube = Kube(await asyncio.to_thread(load_config))
+    STATE.reconciler = Reconciler(kube, ours)
+    STATE.resync = asyncio.create_task(_resync_forever(ours))
+    logger.info(
+        "finetune-operator started: %s, trainer image %s",
+        "cluster-wide" if ours.clusterwide else f"namespaces {', '.join(ours.namespaces)}",
+        ours.trainer_image,
+    )
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    if STATE.resync is not None:
+        STATE.resync.cancel()
+
+
+@kopf.on.probe(id="reconciler")
+def probe(**_: Any) -> bool:
+    return STATE.reconciler is not None
+
+
+async def _resync_forever(settings: Settings) -> None:
+    """Reconcile every job now and then, so status converges even after missed events."""
+    while True:
+        await asyncio.sleep(settings.resync_seconds)
+        reconciler = STATE.reconciler
+        if reconciler is None:
+            continue
+        try:
+            jobs = await asyncio.to_thread(reconciler.kube.list_finetunejobs, settings.namespaces)
+        except Exception as exc:  # the loop must survive an API outage
+            logger.warning("resync: listing FineTuneJobs failed: %s", exc)
+            continue
+        for namespace, name in jobs:
+            try:
+                await asyncio.to_thread(reconciler.trigger, namespace, name)
+            except Exception as exc:
+                logger.warning("resync: %s/%s: %s", namespace, name, exc)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def finetunejob_event(type: str | None, name: str | None, namespace: str | None, **_: Any) -> None:
+    if type == "DELETED":
+        if STATE.reconciler is not None and namespace and name:
+            STATE.reconciler.forget(namespace, name)
+        return
+    _reconcile(namespace, name)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})
+def job_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+    _reconcile(namespace, labels.get(LABEL_JOB))
+
+
+@kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
+def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+    _reconcile(namespace, labels.get(LABEL_JOB))

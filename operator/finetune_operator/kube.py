@@ -1,0 +1,179 @@
+"""The operator's only door to the API server: a few typed calls, errors counted in metrics.
+
+Everything comes back as plain camelCase dicts (as on the wire), so the pure status logic
+reads the same shapes in unit tests and in the cluster.
+"""
+
+import datetime
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from finetune_api.constants import GROUP, KIND, LABEL_JOB, PLURAL, VERSION
+
+from . import metrics
+
+logger = logging.getLogger(__name__)
+COMPONENT = "finetune-operator"
+
+Body = dict[str, Any]
+
+
+def load_config() -> client.ApiClient:
+    """In-cluster config in a pod, else the kubeconfig (KUBECONFIG) as kubectl would use."""
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    configuration = client.Configuration.get_default_copy()
+    # One connection per reconcile thread (see handlers: max_workers), plus the resync loop.
+    configuration.connection_pool_maxsize = 32
+    return client.ApiClient(configuration)
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.rbac = client.RbacAuthorizationV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self._create: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+            "ConfigMap": (self.core.create_namespaced_config_map, self.core.read_namespaced_config_map),
+            "ServiceAccount": (self.core.create_namespaced_service_account, self.core.read_namespaced_service_account),
+            "PersistentVolumeClaim": (
+                self.core.create_namespaced_persistent_volume_claim,
+                self.core.read_namespaced_persistent_volume_claim,
+            ),
+            "Role": (self.rbac.create_namespaced_role, self.rbac.read_namespaced_role),
+            "RoleBinding": (self.rbac.create_namespaced_role_binding, self.rbac.read_namespaced_role_binding),
+            "Job": (self.batch.create_namespaced_job, self.batch.read_namespaced_job),
+        }
+
+    @staticmethod
+    def _plain(response: Any) -> Body:
+        # Raw responses (`_preload_content=False`): the object exactly as on the wire (RFC 3339
+        # times as the server wrote them), and no model objects built only to be turned back.
+        result: Body = json.loads(response.data)
+        return result
+
+    def _call(self, verb: str, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            metrics.API_ERRORS.labels(verb=verb, kind=kind, code=str(exc.status)).inc()
+            raise
+
+    def create_or_get(self, body: Body) -> tuple[Body, bool]:
+        """Create the object, or return the existing one of that name: (object, created)."""
+        kind = body["kind"]
+        namespace = body["metadata"]["namespace"]
+        create, read = self._create[kind]
+        try:
+            return self._plain(create(namespace, body, _preload_content=False)), True
+        except ApiException as exc:
+            if exc.status != 409:
+                metrics.API_ERRORS.labels(verb="create", kind=kind, code=str(exc.status)).inc()
+                raise
+        found = self._call("get", kind, read, body["metadata"]["name"], namespace, _preload_content=False)
+        return self._plain(found), False
+
+    def get_job(self, namespace: str, name: str) -> Body | None:
+        try:
+            return self._plain(
+                self._call("get", "Job", self.batch.read_namespaced_job, name, namespace, _preload_content=False)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_job(self, namespace: str, name: str, patch: Body) -> Body:
+        return self._plain(
+            self._call("patch", "Job", self.batch.patch_namespaced_job, name, namespace, patch, _preload_content=False)
+        )
+
+    def list_pods(self, namespace: str, job: str) -> list[Body]:
+        pods = self._call(
+            "list",
+            "Pod",
+            self.core.list_namespaced_pod,
+            namespace,
+            label_selector=f"{LABEL_JOB}={job}",
+            _preload_content=False,
+        )
+        items: list[Body] = self._plain(pods).get("items") or []
+        return items
+
+    def get_finetunejob(self, namespace: str, name: str) -> Body | None:
+        try:
+            found: Body = self._call(
+                "get", KIND, self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
+            )
+            return found
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list_finetunejobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
+        items: list[Body] = []
+        if namespaces:
+            for ns in namespaces:
+                found = self._call("list", KIND, self.custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL)
+                items.extend(found.get("items") or [])
+        else:
+            found = self._call("list", KIND, self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
+            items.extend(found.get("items") or [])
+        return [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items]
+
+    def patch_status(self, namespace: str, name: str, patch: Body) -> None:
+        self._call(
+            "patch",
+            f"{KIND}/status",
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"status": patch},
+        )
+
+    def post_event(self, owner: Body, type_: str, reason: str, message: str) -> None:
+        meta = owner["metadata"]
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": owner.get("apiVersion"),
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._call("create", "Event", self.core.create_namespaced_event, meta["namespace"], body)
+            metrics.EVENTS_POSTED.labels(reason=reason).inc()
+        except ApiException as exc:
+            # An Event is worth less than the reconcile that produced it.
+            logger.warning(
+                "could not post event %s on %s/%s: HTTP %s", reason, meta["namespace"], meta["name"], exc.status
+            )

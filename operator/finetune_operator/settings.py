@@ -1,0 +1,164 @@
+"""Operator settings: what the platform team decides once (the chart sets them as env vars).
+
+Every setting has an environment variable (the Helm chart's values feed them) and most have a
+command-line flag that wins over it. A bad value stops the operator with one line naming the
+variable, never a traceback.
+"""
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from finetune_api.base import QUANTITY_PATTERN
+from finetune_api.constants import DEFAULT_IMAGE
+
+DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+)
+
+# Environment variables, one per setting; the chart writes exactly these names.
+ENV_TRAINER_IMAGE = "FINETUNE_TRAINER_IMAGE"
+ENV_IMAGE_PULL_POLICY = "FINETUNE_IMAGE_PULL_POLICY"
+ENV_GPU_PRODUCT_LABEL = "FINETUNE_GPU_PRODUCT_LABEL"
+ENV_GPU_RESOURCE = "FINETUNE_GPU_RESOURCE"
+ENV_GPU_TOLERATIONS = "FINETUNE_GPU_TOLERATIONS"
+ENV_DEFAULT_CPU = "FINETUNE_DEFAULT_CPU"
+ENV_DEFAULT_MEMORY = "FINETUNE_DEFAULT_MEMORY"
+ENV_SHM_SIZE = "FINETUNE_SHM_SIZE"
+ENV_TRAINER_UID = "FINETUNE_TRAINER_UID"
+ENV_NAMESPACES = "FINETUNE_NAMESPACES"
+ENV_METRICS_PORT = "FINETUNE_METRICS_PORT"
+ENV_HEALTH_PORT = "FINETUNE_HEALTH_PORT"
+ENV_LOG_LEVEL = "FINETUNE_LOG_LEVEL"
+ENV_LOG_FORMAT = "FINETUNE_LOG_FORMAT"
+ENV_RESYNC_SECONDS = "FINETUNE_RESYNC_SECONDS"
+# Test hook only (acceptance: operator killed between two creates). Names the child kind after
+# whose creation the process exits hard, e.g. "ConfigMap". Never set it in production.
+ENV_CRASH_AFTER = "FINETUNE_TEST_CRASH_AFTER"
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("json", "text")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+
+
+class SettingsError(ValueError):
+    """One line naming the setting and what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    trainer_image: str = DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    gpu_product_label: str = "nvidia.com/gpu.product"
+    gpu_resource: str = "nvidia.com/gpu"
+    gpu_tolerations: tuple[dict[str, Any], ...] = DEFAULT_GPU_TOLERATIONS
+    default_cpu: str | None = None
+    default_memory: str | None = None
+    shm_size: str = "8Gi"
+    trainer_uid: int = 1000
+    namespaces: tuple[str, ...] = field(default_factory=tuple)
+    metrics_port: int = 8000
+    health_port: int = 8080
+    log_level: str = "INFO"
+    log_format: str = "json"
+    resync_seconds: float = 30.0
+    crash_after: str | None = None
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+
+def _port(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}: expected a port number, got {raw!r}") from None
+    if not 0 <= value <= 65535:
+        raise SettingsError(f"{name}: port {value} is outside 0-65535")
+    return value
+
+
+def _choice(name: str, raw: str, choices: tuple[str, ...], *, upper: bool = False) -> str:
+    value = raw.upper() if upper else raw
+    if value not in choices:
+        raise SettingsError(f"{name}: expected one of {', '.join(choices)}, got {raw!r}")
+    return value
+
+
+def _quantity(name: str, raw: str) -> str | None:
+    if not raw:
+        return None
+    if not _QUANTITY.match(raw):
+        raise SettingsError(f"{name}: {raw!r} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)")
+    return raw
+
+
+def _tolerations(name: str, raw: str) -> tuple[dict[str, Any], ...]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"{name}: not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise SettingsError(f"{name}: expected a JSON list of toleration objects")
+    return tuple(value)
+
+
+def _namespaces(raw: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in raw.split(",") if n.strip())
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from environment variables; defaults for the ones not set."""
+    env = os.environ if env is None else env
+    s = Settings()
+    updates: dict[str, Any] = {}
+    if v := env.get(ENV_TRAINER_IMAGE):
+        updates["trainer_image"] = v
+    if v := env.get(ENV_IMAGE_PULL_POLICY):
+        updates["image_pull_policy"] = _choice(ENV_IMAGE_PULL_POLICY, v, PULL_POLICIES)
+    if v := env.get(ENV_GPU_PRODUCT_LABEL):
+        if not _LABEL_KEY.match(v):
+            raise SettingsError(f"{ENV_GPU_PRODUCT_LABEL}: {v!r} is not a label key")
+        updates["gpu_product_label"] = v
+    if v := env.get(ENV_GPU_RESOURCE):
+        updates["gpu_resource"] = v
+    if ENV_GPU_TOLERATIONS in env:
+        updates["gpu_tolerations"] = _tolerations(ENV_GPU_TOLERATIONS, env[ENV_GPU_TOLERATIONS])
+    if ENV_DEFAULT_CPU in env:
+        updates["default_cpu"] = _quantity(ENV_DEFAULT_CPU, env[ENV_DEFAULT_CPU])
+    if ENV_DEFAULT_MEMORY in env:
+        updates["default_memory"] = _quantity(ENV_DEFAULT_MEMORY, env[ENV_DEFAULT_MEMORY])
+    if v := env.get(ENV_SHM_SIZE):
+        updates["shm_size"] = _quantity(ENV_SHM_SIZE, v) or s.shm_size
+    if v := env.get(ENV_TRAINER_UID):
+        if not v.isdigit() or int(v) == 0:
+            raise SettingsError(f"{ENV_TRAINER_UID}: expected a non-zero user id, got {v!r}")
+        updates["trainer_uid"] = int(v)
+    if ENV_NAMESPACES in env:
+        updates["namespaces"] = _namespaces(env[ENV_NAMESPACES])
+    if v := env.get(ENV_METRICS_PORT):
+        updates["metrics_port"] = _port(ENV_METRICS_PORT, v)
+    if v := env.get(ENV_HEALTH_PORT):
+        updates["health_port"] = _port(ENV_HEALTH_PORT, v)
+    if v := env.get(ENV_LOG_LEVEL):
+        updates["log_level"] = _choice(ENV_LOG_LEVEL, v, LOG_LEVELS, upper=True)
+    if v := env.get(ENV_LOG_FORMAT):
+        updates["log_format"] = _choice(ENV_LOG_FORMAT, v, LOG_FORMATS)
+    if v := env.get(ENV_RESYNC_SECONDS):
+        try:
+            updates["resync_seconds"] = float(v)
+        except ValueError:
+            raise SettingsError(f"{ENV_RESYNC_SECONDS}: expected seconds, got {v!r}") from None
+        if updates["resync_seconds"] <= 0:
+            raise SettingsError(f"{ENV_RESYNC_SECONDS}: must be positive")
+    if v := env.get(ENV_CRASH_AFTER):
+        updates["crash_after"] = v
+    return replace(s, **updates)

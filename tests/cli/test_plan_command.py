@@ -1,0 +1,141 @@
+"""`ftjob plan` end to end: the example manifests, overrides, JSON, and bad input."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.planning.models import LLAMA_3_8B, LLAMA_33_70B
+
+from .cli import REPO, assert_one_line_error, ftjob
+
+EXAMPLE_70B = str(REPO / "examples" / "llama-3.3-70b-4xp40.yaml")
+EXAMPLE_TINY = str(REPO / "examples" / "tiny-job.yaml")
+
+
+@pytest.fixture
+def config_70b(tmp_path: Path) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA_33_70B))
+    return str(path)
+
+
+def test_70b_on_four_p40s_fits_and_prints_every_part(config_70b: str):
+    result = ftjob("plan", EXAMPLE_70B, "--model-config", config_70b, "--tokens", "10000000")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for row in (
+        "quantised weights",
+        "embeddings + head",
+        "LoRA + optimizer",
+        "activations",
+        "temporaries",
+        "logits",
+        "total",
+        "headroom",
+    ):
+        assert row in out
+    assert "GPU3" in out and "FITS:" in out
+    assert "tokens/s" in out and "epoch     10,000,000 tokens:" in out
+
+
+def test_json_has_fits_mode_and_per_gpu_totals(config_70b: str):
+    result = ftjob("plan", EXAMPLE_70B, "--model-config", config_70b, "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["fits"] is True
+    assert plan["mode"] in ("fsdp", "device_map", "data_parallel")
+    assert len(plan["per_gpu"]) == 4
+    assert all(0 < gpu["total_gib"] <= 22.4 for gpu in plan["per_gpu"])
+
+
+def test_two_gpus_do_not_fit_and_exit_3(config_70b: str):
+    result = ftjob("plan", EXAMPLE_70B, "--model-config", config_70b, "--gpus", "2", "--json")
+    assert result.returncode == 3
+    plan = json.loads(result.stdout)
+    assert plan["fits"] is False and plan["shortfall_gib"] > 0
+    assert "GiB more than" in plan["message"] and "fits on" in plan["message"]
+
+
+def test_overrides_change_the_plan(config_70b: str):
+    def peak(*extra: str) -> float:
+        result = ftjob("plan", EXAMPLE_70B, "--model-config", config_70b, "--mode", "device_map", "--json", *extra)
+        assert result.returncode in (0, 3), result.stderr
+        return max(g["total_gib"] for g in json.loads(result.stdout)["per_gpu"])
+
+    base = peak()
+    assert peak("--max-length", "4096") > base
+    assert peak("--gradient-checkpointing", "false") > base
+    assert peak("--batch-size", "2") > base
+    assert peak("--lora-r", "64") > base
+    small = json.loads(
+        ftjob("plan", EXAMPLE_70B, "--model-config", config_70b, "--gpu-memory-gib", "16", "--json").stdout
+    )
+    assert small["gpu_memory_gib"] == 16 and small["fits"] is False
+
+
+def test_reads_config_json_from_the_local_model_volume(tmp_path: Path):
+    volumes = tmp_path / "volumes"
+    model = volumes / "models" / "meta-llama" / "Llama-3.3-70B-Instruct"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(LLAMA_3_8B))
+    data = volumes / "datasets" / "support" / "alpaca.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text('{"instruction": "hi", "output": "hello"}\n' * 1000)
+    result = ftjob("plan", EXAMPLE_70B, "--volumes", str(volumes), "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["model"]["layers"] == 32  # the 8B config found on the volume, not the 70B name
+    assert plan["speed"]["epoch_tokens"] == data.stat().st_size // 4
+    assert "estimated from" in plan["tokens_source"]
+
+
+def test_hub_models_in_the_table_need_no_config(tmp_path: Path):
+    body = yaml.safe_load(Path(EXAMPLE_70B).read_text())
+    body["spec"]["model"]["source"] = {"hub": {"id": "meta-llama/Meta-Llama-3-8B"}}
+    body["spec"]["resources"]["gpus"] = 1
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(body))
+    result = ftjob("plan", str(manifest), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["fits"] is True
+
+
+def test_cpu_job_has_nothing_to_plan():
+    result = ftjob("plan", EXAMPLE_TINY, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["mode"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["missing.yaml"], "missing.yaml: no such file"),
+        (["{bad}"], "invalid YAML"),
+        ([EXAMPLE_70B], "config.json is not here"),
+        ([EXAMPLE_70B, "--model-config", "/nonexistent/config.json"], "no such file"),
+        ([EXAMPLE_70B, "--model-config", "{notjson}"], "invalid JSON"),
+        ([EXAMPLE_70B, "--model-config", "{incomplete}"], "num_hidden_layers"),
+        ([EXAMPLE_70B, "--model-config", "{config}", "--gpu-product", "Radeon-9700"], "unknown product"),
+        ([EXAMPLE_70B, "--model-config", "{config}", "--max-length", "0"], "--max-length: must be positive"),
+        ([EXAMPLE_70B, "--model-config", "{config}", "--gradient-checkpointing", "maybe"], "expected true or false"),
+        (["{invalid-spec}"], "spec.lora.r"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path: Path, config_70b: str, args: list[str], fragment: str):
+    (tmp_path / "bad.yaml").write_text("apiVersion: finetune.dev/v1alpha1\nkind: [unclosed\n")
+    (tmp_path / "not.json").write_text("{nope")
+    (tmp_path / "incomplete.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    body = yaml.safe_load(Path(EXAMPLE_70B).read_text())
+    body["spec"]["lora"]["r"] = 0
+    (tmp_path / "invalid.yaml").write_text(yaml.safe_dump(body))
+    mapping = {
+        "{bad}": str(tmp_path / "bad.yaml"),
+        "{notjson}": str(tmp_path / "not.json"),
+        "{incomplete}": str(tmp_path / "incomplete.json"),
+        "{config}": config_70b,
+        "{invalid-spec}": str(tmp_path / "invalid.yaml"),
+    }
+    result = ftjob("plan", *[mapping.get(a, a) for a in args], cwd=tmp_path)
+    assert_one_line_error(result, fragment)

@@ -1,0 +1,265 @@
+"""Running the real operator in tests: under its own ServiceAccount, bound to the chart's RBAC
+rules (charts/finetune-operator/files/operator-rbac.yaml), never as cluster admin.
+
+The operator is a subprocess (`python -m finetune_operator -n NS`) per test namespace, so each
+test owns its operator, its logs, and can kill it.
+"""
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from finetune_api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
+
+REPO = Path(__file__).resolve().parents[2]
+RBAC_FILE = REPO / "charts" / "finetune-operator" / "files" / "operator-rbac.yaml"
+SYSTEM_NAMESPACE = "finetune-system"
+OPERATOR_SA = "finetune-operator"
+OPERATOR_ROLE = "finetune-operator-tests"
+
+T = TypeVar("T")
+
+
+def operator_rules() -> list[dict[str, Any]]:
+    rules = yaml.safe_load(RBAC_FILE.read_text())
+    assert isinstance(rules, list)
+    return rules
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
+    """Poll until `check` returns something truthy; fail naming what never happened."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def _create(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def kubeconfig_for_token(admin_kubeconfig: Path, token: str, path: Path, namespace: str = "default") -> Path:
+    """A kubeconfig with the admin's server and CA but the given bearer token."""
+    admin = yaml.safe_load(admin_kubeconfig.read_text())
+    cluster = dict(admin["clusters"][0]["cluster"])
+    ca_file = cluster.pop("certificate-authority", None)
+    if ca_file:
+        ca_path = Path(ca_file) if Path(ca_file).is_absolute() else admin_kubeconfig.parent / ca_file
+        cluster["certificate-authority-data"] = base64.b64encode(ca_path.read_bytes()).decode()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa", "namespace": namespace}}],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def service_account_token(core: client.CoreV1Api, namespace: str, name: str, seconds: int = 7200) -> str:
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}}
+    result = core.create_namespaced_service_account_token(name, namespace, request)
+    return str(result.status.token)
+
+
+def operator_identity(api: client.ApiClient, admin_kubeconfig: Path, folder: Path) -> Path:
+    """ServiceAccount + ClusterRole (the chart's rules) + binding; a kubeconfig with its token."""
+    core = client.CoreV1Api(api)
+    rbac = client.RbacAuthorizationV1Api(api)
+    _create(core.create_namespace, {"metadata": {"name": SYSTEM_NAMESPACE}})
+    _create(core.create_namespaced_service_account, SYSTEM_NAMESPACE, {"metadata": {"name": OPERATOR_SA}})
+    role = {"metadata": {"name": OPERATOR_ROLE}, "rules": operator_rules()}
+    try:
+        rbac.create_cluster_role(role)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        rbac.replace_cluster_role(OPERATOR_ROLE, role)
+    _create(
+        rbac.create_cluster_role_binding,
+        {
+            "metadata": {"name": OPERATOR_ROLE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_ROLE},
+            "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": SYSTEM_NAMESPACE}],
+        },
+    )
+    token = service_account_token(core, SYSTEM_NAMESPACE, OPERATOR_SA)
+    return kubeconfig_for_token(admin_kubeconfig, token, folder / "operator.kubeconfig", SYSTEM_NAMESPACE)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class OperatorProcess:
+    """`python -m finetune_operator` watching one namespace, logs in a file."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path, env: dict[str, str] | None = None) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.log = log
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+        self.extra_env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait: bool = True) -> "OperatorProcess":
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "FINETUNE_RESYNC_SECONDS": "5",
+            "FINETUNE_LOG_LEVEL": "DEBUG",
+            **self.extra_env,
+        }
+        for key in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+            env.pop(key, None)
+        cmd = [
+            sys.executable,
+            "-m",
+            "finetune_operator",
+            "-n",
+            self.namespace,
+            "--health-port",
+            str(self.health_port),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--log-format",
+            "json",
+        ]
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        if wait:
+            wait_for(self.healthy, 60, f"operator healthz on port {self.health_port}; log:\n{self.tail()}")
+        return self
+
+    def healthy(self) -> bool:
+        if self.proc is None or self.proc.poll() is not None:
+            raise AssertionError(f"operator exited with {self.proc and self.proc.returncode}; log:\n{self.tail()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
+            return str(resp.read().decode())
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def tail(self, size: int = 6000) -> str:
+        return self.log.read_text(errors="replace")[-size:] if self.log.exists() else ""
+
+    def log_records(self) -> Iterator[dict[str, Any]]:
+        for line in self.log.read_text(errors="replace").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    yield record
+
+
+# --- FineTuneJobs ----------------------------------------------------------------------------
+
+
+def finetunejob(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
+
+
+class Jobs:
+    """FineTuneJobs of one namespace, as an admin sees them."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.namespace = namespace
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.api = api
+
+    def create(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, finetunejob(name, spec)
+        )
+        return body
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name
+            )
+            return found
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.get(name) or {}).get("status") or {}
+
+    def patch_spec(self, name: str, patch: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name, {"spec": patch})
+
+    def delete(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def wait_phase(self, name: str, phases: str | tuple[str, ...], timeout: float) -> dict[str, Any]:
+        wanted = (phases,) if isinstance(phases, str) else phases
+
+        def check() -> dict[str, Any] | None:
+            status = self.status(name)
+            return status if status.get("phase") in wanted else None
+
+        return wait_for(check, timeout, f"{name} phase in {wanted} (status: {self.status(name)})")
+
+    def condition(self, name: str, kind: str) -> dict[str, Any]:
+        return next((c for c in self.status(name).get("conditions") or [] if c["type"] == kind), {})
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{GROUP}/job={name}")
+        return [self.api.sanitize_for_serialization(p) for p in pods.items]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        found = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}")
+        return [self.api.sanitize_for_serialization(e) for e in found.items]
+
+
+def volume_folder(repo: Path, namespace: str, claim: str) -> Path:
+    return repo / ".cache" / "cluster" / "volumes" / namespace / claim

@@ -1,0 +1,224 @@
+"""The pure builders: what each child looks like for a given spec and operator settings."""
+
+import json
+
+from finetune_api.constants import GROUP, LABEL_JOB, PLURAL
+from finetune_api.reasons import NON_RETRYABLE, ExitReason
+from finetune_api.trainer_config import TrainerConfig
+from finetune_operator.builders import config, job, pvc, rbac
+from finetune_operator.children import KUEUE_QUEUE_LABEL
+from finetune_operator.reconcile import desired_children, job_patch, output_status
+from finetune_operator.settings import Settings
+
+from .specs import OWNER, spec
+
+SETTINGS = Settings(trainer_image="registry.example/trainer:1", default_cpu="2", default_memory="8Gi")
+
+
+def pod_spec(s=None, settings=SETTINGS):
+    return job.job(OWNER, s or spec(), settings)["spec"]["template"]["spec"]
+
+
+def container(s=None, settings=SETTINGS):
+    return pod_spec(s, settings)["containers"][0]
+
+
+def test_config_map_holds_the_trainer_config_with_pod_paths():
+    cm = config.config_map(OWNER, spec())
+    cfg = TrainerConfig.model_validate_json(cm["data"]["config.json"])
+    assert cm["metadata"]["name"] == "tiny-trainer-config"
+    assert cfg.job_name == "tiny" and cfg.namespace == "team-a"
+    assert cfg.paths.model == "/mnt/model/tiny-llama"
+    assert cfg.paths.dataset == "/mnt/dataset/tiny/alpaca.jsonl"
+    # No output path in the spec: the job's name keeps jobs sharing a claim apart.
+    assert cfg.paths.output == "/mnt/output/tiny"
+    assert cfg.paths.cache is None
+
+
+def test_output_path_follows_the_pvc_path_and_status_points_at_the_adapter():
+    s = spec(output={"pvc": {"claimName": "outputs", "path": "runs/a"}, "merge": True})
+    assert config.trainer_config(OWNER, s).paths.output == "/mnt/output/runs/a"
+    assert output_status(OWNER, s) == {
+        "claimName": "outputs",
+        "adapterPath": "/mnt/output/runs/a/adapter",
+        "mergedPath": "/mnt/output/runs/a/merged",
+    }
+
+
+def test_every_owned_child_points_at_the_finetunejob_and_carries_the_job_label():
+    children = desired_children(
+        OWNER, spec(output={"pvc": None, "storage": {"size": "1Gi", "deleteWithJob": True}}), SETTINGS
+    )
+    assert [c["kind"] for c in children] == [
+        "PersistentVolumeClaim",
+        "ConfigMap",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Job",
+    ]
+    for child in children:
+        meta = child["metadata"]
+        assert meta["namespace"] == "team-a"
+        assert meta["labels"][LABEL_JOB] == "tiny"
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "finetune.dev/v1alpha1",
+                "kind": "FineTuneJob",
+                "name": "tiny",
+                "uid": "0000-uid",
+                "controller": True,
+            }
+        ]
+
+
+def test_output_pvc_outlives_the_job_unless_asked():
+    kept = pvc.output_pvc(OWNER, spec(output={"pvc": None, "storage": {"size": "50Gi", "storageClassName": "fast"}}))
+    assert kept is not None
+    assert "ownerReferences" not in kept["metadata"]
+    assert kept["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "50Gi"}},
+        "storageClassName": "fast",
+    }
+    assert pvc.output_pvc(OWNER, spec()) is None  # the user's own claim: nothing to create
+    s = spec(output={"pvc": None, "storage": {"size": "50Gi"}})
+    assert pod_spec(s)["volumes"][1] == {"name": "output", "persistentVolumeClaim": {"claimName": "tiny-output"}}
+
+
+def test_trainer_role_allows_get_and_patch_on_its_own_status_only():
+    role = rbac.role(OWNER)
+    assert role["rules"] == [
+        {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "resourceNames": ["tiny"], "verbs": ["get", "patch"]}
+    ]
+    binding = rbac.role_binding(OWNER)
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tiny-trainer", "namespace": "team-a"}]
+    assert pod_spec()["serviceAccountName"] == "tiny-trainer"
+    assert pod_spec()["automountServiceAccountToken"] is True
+
+
+def test_cpu_job_has_no_gpu_placement():
+    p = pod_spec()
+    assert "nodeSelector" not in p and "tolerations" not in p
+    assert container()["resources"] == {
+        "limits": {"cpu": "1", "memory": "2Gi"},
+        "requests": {"cpu": "1", "memory": "2Gi"},
+    }
+
+
+def test_gpu_job_selects_the_product_tolerates_the_taint_and_limits_gpus():
+    s = spec(
+        resources={"gpus": 4, "gpuProduct": "Tesla-P40", "cpu": None, "memory": None},
+        placement={
+            "nodeSelector": {"zone": "a", "nvidia.com/gpu.product": "NVIDIA-A100"},
+            "tolerations": [{"key": "spot", "operator": "Exists"}],
+            "priorityClassName": "training",
+        },
+    )
+    p = pod_spec(s)
+    assert p["nodeSelector"] == {"zone": "a", "nvidia.com/gpu.product": "Tesla-P40"}
+    assert p["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Exists"},
+    ]
+    assert p["priorityClassName"] == "training"
+    limits = container(s)["resources"]["limits"]
+    assert limits == {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "4"}  # defaults from the settings
+    env = {e["name"]: e.get("value") for e in container(s)["env"]}
+    assert env["TORCHDYNAMO_DISABLE"] == "1"  # Pascal
+
+
+def test_gpu_label_key_toleration_and_resource_come_from_settings():
+    custom = Settings(
+        gpu_product_label="gpu.example/model",
+        gpu_resource="example.com/gpu",
+        gpu_tolerations=({"key": "g", "operator": "Exists"},),
+    )
+    s = spec(resources={"gpus": 2, "gpuProduct": "NVIDIA-A100-SXM4-80GB"})
+    p = pod_spec(s, custom)
+    assert p["nodeSelector"] == {"gpu.example/model": "NVIDIA-A100-SXM4-80GB"}
+    assert p["tolerations"] == [{"key": "g", "operator": "Exists"}]
+    assert p["containers"][0]["resources"]["limits"]["example.com/gpu"] == "2"
+    assert "TORCHDYNAMO_DISABLE" not in {e["name"] for e in p["containers"][0]["env"]}
+
+
+def test_pod_meets_pod_security_restricted():
+    p = pod_spec()
+    c = container()
+    assert p["securityContext"]["runAsNonRoot"] is True
+    assert p["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert all("hostPath" not in v for v in p["volumes"])
+    assert "hostNetwork" not in p and "hostPID" not in p
+
+
+def test_mounts_follow_the_pod_path_contract():
+    c = container()
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/etc/finetune"]["readOnly"] is True
+    assert mounts["/mnt/model"]["readOnly"] is True
+    assert mounts["/mnt/dataset"]["readOnly"] is True
+    assert not mounts["/mnt/output"].get("readOnly")
+    vols = {v["name"]: v for v in pod_spec()["volumes"]}
+    assert vols["shm"]["emptyDir"]["medium"] == "Memory"
+    assert vols["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert c["command"] == ["python", "-m", "finetune_trainer", "--config", "/etc/finetune/config.json"]
+    assert c["terminationMessagePath"] == "/dev/termination-log"
+    assert c["image"] == "registry.example/trainer:1"
+    assert container(spec(image="mine:2"))["image"] == "mine:2"
+
+
+def test_hub_token_reaches_the_pod_only_through_a_secret_ref():
+    s = spec(model={"source": {"hub": {"id": "org/model", "tokenSecret": "hf"}}})
+    env = container(s)["env"]
+    token = next(e for e in env if e["name"] == "HF_TOKEN")
+    assert token == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    assert "HF_HUB_OFFLINE" not in {e["name"] for e in env}
+    cfg = config.trainer_config(OWNER, s)
+    assert cfg.paths.model == "org/model" and cfg.paths.cache == "/mnt/output/.hf-cache"
+    assert "model" not in {v["name"] for v in pod_spec(s)["volumes"]}
+    offline = {e["name"]: e.get("value") for e in container()["env"]}
+    assert offline["HF_HUB_OFFLINE"] == "1"
+
+
+def test_pod_failure_policy_fails_fast_on_non_retryable_exits_and_ignores_disruptions():
+    policy = job.job(OWNER, spec(), SETTINGS)["spec"]["podFailurePolicy"]
+    fail, ignore = policy["rules"]
+    assert fail["action"] == "FailJob"
+    assert set(fail["onExitCodes"]["values"]) == {int(c) for c in NON_RETRYABLE}
+    assert ExitReason.TrainerError not in fail["onExitCodes"]["values"]
+    assert fail["onExitCodes"]["containerName"] == "trainer"
+    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+
+
+def test_job_carries_retries_deadline_ttl_and_suspend():
+    j = job.job(
+        OWNER, spec(backoffLimit=5, activeDeadlineSeconds=600, ttlSecondsAfterFinished=60, suspend=True), SETTINGS
+    )
+    assert j["metadata"]["name"] == "tiny"
+    assert j["spec"]["backoffLimit"] == 5
+    assert j["spec"]["activeDeadlineSeconds"] == 600
+    assert j["spec"]["ttlSecondsAfterFinished"] == 60
+    assert j["spec"]["suspend"] is True
+    assert j["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_queued_job_is_created_suspended_with_the_kueue_label():
+    j = job.job(OWNER, spec(placement={"queueName": "gpu-queue"}), SETTINGS)
+    assert j["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "gpu-queue"
+    assert j["spec"]["suspend"] is True
+
+
+def test_job_patch_follows_suspend_and_leaves_queued_jobs_to_kueue():
+    live = {"spec": {"suspend": False}}
+    assert job_patch(live, spec(suspend=True)) == {"suspend": True}
+    assert job_patch({"spec": {"suspend": True}}, spec()) == {"suspend": False}
+    assert job_patch({"spec": {"suspend": True}}, spec(placement={"queueName": "q"})) == {}
+    assert job_patch(live, spec(activeDeadlineSeconds=30)) == {"activeDeadlineSeconds": 30}
+
+
+def test_builders_are_deterministic():
+    first = json.dumps(desired_children(OWNER, spec(), SETTINGS), sort_keys=True)
+    assert first == json.dumps(desired_children(OWNER, spec(), SETTINGS), sort_keys=True)

@@ -1,0 +1,232 @@
+"""End to end on fake GPU nodes (KWOK): placement, scheduling messages, crash-safety, deletion,
+the trainer's least privilege and the Hub token. The operator runs as a subprocess under its
+own ServiceAccount bound to charts/finetune-operator/files/operator-rbac.yaml."""
+
+import json
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from finetune_api.constants import GROUP, LABEL_JOB, PLURAL, VERSION
+from finetune_operator.crash_hook import CRASH_EXIT_CODE
+
+from .harness import Jobs, OperatorProcess, wait_for
+from .specs import body
+
+pytestmark = pytest.mark.cluster
+
+HUB_TOKEN = "hf_NeverShowThisValue0123456789"
+
+
+def gpu_spec(gpus: int = 4, product: str = "Tesla-P40", **extra: object) -> dict:
+    """A job KWOK runs: Hub sources (nothing to mount) and an output claim the operator makes."""
+    return body(
+        model={"source": {"hub": {"id": "org/tiny"}}},
+        dataset={"source": {"hub": {"id": "org/data"}}, "format": "alpaca"},
+        output={"pvc": None, "storage": {"size": "1Gi"}},
+        resources={"gpus": gpus, "gpuProduct": product, "cpu": "2", "memory": "8Gi"},
+        **extra,
+    )
+
+
+def the_pod(jobs: Jobs, name: str) -> dict:
+    return wait_for(lambda: (jobs.pods(name) or [None])[0], 60, f"a pod of {name}")
+
+
+def test_p40_job_lands_on_a_p40_node_and_succeeds(jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create("p40", gpu_spec())
+    status = jobs.wait_phase("p40", "Succeeded", 120)
+    pod = jobs.pods("p40")[0]
+    spec = pod["spec"]
+    container = spec["containers"][0]
+    assert spec["nodeName"].startswith("gpu-p40-")
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "Tesla-P40"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    shm = next(v for v in spec["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/dev/shm"]["name"] == "shm"
+    assert mounts["/etc/finetune"]["readOnly"] is True
+    assert mounts["/mnt/output"].get("readOnly") in (None, False)
+    assert status["output"]["claimName"] == "p40-output"
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Complete"] == "True"
+    assert "Succeeded" in {e["reason"] for e in jobs.events("p40")}
+
+
+def test_a100_job_never_lands_on_a_p40(jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create("a100", gpu_spec(product="NVIDIA-A100-SXM4-80GB", precision="bf16"))
+    jobs.wait_phase("a100", ("Running", "Succeeded"), 120)
+    assert jobs.pods("a100")[0]["spec"]["nodeName"].startswith("gpu-a100-")
+
+
+def test_more_gpus_than_any_node_has_stays_pending_with_the_schedulers_message(
+    jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create("huge", gpu_spec(gpus=8))
+
+    def unschedulable() -> dict | None:
+        cond = jobs.condition("huge", "Scheduled")
+        return cond if cond.get("status") == "False" else None
+
+    cond = wait_for(unschedulable, 90, "Scheduled=False on huge")
+    assert "nodes are available" in cond["message"]
+    assert "nvidia.com/gpu" in cond["message"]
+    status = jobs.status("huge")
+    assert status["phase"] == "Pending"
+    assert status["message"] == cond["message"]
+    assert "Unschedulable" in {e["reason"] for e in jobs.events("huge")}
+
+
+def children_of(kube: client.ApiClient, namespace: str, name: str) -> dict[str, list[str]]:
+    selector = f"{LABEL_JOB}={name}"
+    core, rbac, batch = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube), client.BatchV1Api(kube)
+    return {
+        "ConfigMap": [
+            o.metadata.name for o in core.list_namespaced_config_map(namespace, label_selector=selector).items
+        ],
+        "ServiceAccount": [
+            o.metadata.name for o in core.list_namespaced_service_account(namespace, label_selector=selector).items
+        ],
+        "Role": [o.metadata.name for o in rbac.list_namespaced_role(namespace, label_selector=selector).items],
+        "RoleBinding": [
+            o.metadata.name for o in rbac.list_namespaced_role_binding(namespace, label_selector=selector).items
+        ],
+        "Job": [o.metadata.name for o in batch.list_namespaced_job(namespace, label_selector=selector).items],
+        "PersistentVolumeClaim": [
+            o.metadata.name
+            for o in core.list_namespaced_persistent_volume_claim(namespace, label_selector=selector).items
+        ],
+    }
+
+
+def test_operator_killed_between_two_creates_converges_with_one_of_each(
+    kube: client.ApiClient, namespace: str, jobs: Jobs, start_operator
+) -> None:
+    crashing = start_operator(env={"FINETUNE_TEST_CRASH_AFTER": "ConfigMap"}, wait=False)
+    wait_for(crashing.healthy, 60, "the crashing operator to start")
+    jobs.create("crash", gpu_spec())
+    assert crashing.wait_exit(60) == CRASH_EXIT_CODE
+    half = children_of(kube, namespace, "crash")
+    assert half["ConfigMap"] == ["crash-trainer-config"]
+    assert half["Job"] == [] and half["ServiceAccount"] == []
+
+    start_operator()
+    jobs.wait_phase("crash", "Succeeded", 120)
+    assert children_of(kube, namespace, "crash") == {
+        "ConfigMap": ["crash-trainer-config"],
+        "ServiceAccount": ["crash-trainer"],
+        "Role": ["crash-trainer"],
+        "RoleBinding": ["crash-trainer"],
+        "Job": ["crash"],
+        "PersistentVolumeClaim": ["crash-output"],
+    }
+    assert len(jobs.pods("crash")) == 1
+
+
+def test_deleting_the_job_removes_every_owned_child_but_keeps_the_output(
+    kube: client.ApiClient, namespace: str, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create("gone", gpu_spec(training={"maxSteps": 6}))
+    jobs.wait_phase("gone", ("Running", "Succeeded"), 120)
+    assert all(children_of(kube, namespace, "gone").values())
+    jobs.delete("gone")
+
+    def only_output_left() -> bool:
+        left = children_of(kube, namespace, "gone")
+        return not any(v for k, v in left.items() if k != "PersistentVolumeClaim") and not jobs.pods("gone")
+
+    wait_for(only_output_left, 90, f"children of gone to be collected (left: {children_of(kube, namespace, 'gone')})")
+    assert children_of(kube, namespace, "gone")["PersistentVolumeClaim"] == ["gone-output"]
+
+
+def test_the_trainer_identity_may_patch_its_own_status_and_nothing_else(
+    cluster, core: client.CoreV1Api, namespace: str, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    from tests.fixtures.cluster import token_client
+
+    for name in ("mine", "other"):
+        jobs.create(name, gpu_spec(gpus=8))  # unschedulable: the pods never run, the identities exist
+    wait_for(lambda: jobs.status("mine").get("phase"), 60, "status on mine")
+    wait_for(
+        lambda: any(
+            r.metadata.name == "mine-trainer"
+            for r in client.RbacAuthorizationV1Api(jobs.api).list_namespaced_role_binding(namespace).items
+        ),
+        60,
+        "the trainer's RoleBinding",
+    )
+    trainer = client.CustomObjectsApi(token_client(cluster, core, namespace, "mine-trainer"))
+    patch = {"status": {"progress": {"step": 3, "totalSteps": 6}}}
+
+    def allowed() -> bool:
+        try:
+            trainer.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "mine", patch)
+        except ApiException as exc:
+            if exc.status == 403:
+                return False  # the RoleBinding may take a moment to reach the authorizer cache
+            raise
+        return True
+
+    wait_for(allowed, 30, "the trainer's own status patch to be allowed")
+    assert jobs.status("mine")["progress"]["step"] == 3
+    assert trainer.get_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "mine")
+
+    def forbidden(call) -> int:
+        with pytest.raises(ApiException) as caught:
+            call()
+        return caught.value.status
+
+    assert (
+        forbidden(
+            lambda: trainer.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "other", patch)
+        )
+        == 403
+    )
+    assert (
+        forbidden(
+            lambda: trainer.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, "mine", {"spec": {"suspend": True}}
+            )
+        )
+        == 403
+    )
+    assert forbidden(lambda: trainer.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)) == 403
+    trainer_core = client.CoreV1Api(trainer.api_client)
+    assert forbidden(lambda: trainer_core.list_namespaced_pod(namespace)) == 403
+    assert forbidden(lambda: trainer_core.list_namespaced_secret(namespace)) == 403
+    assert forbidden(lambda: trainer_core.read_namespaced_config_map("mine-trainer-config", namespace)) == 403
+
+
+def test_the_hub_token_stays_in_its_secret(
+    kube: client.ApiClient, core: client.CoreV1Api, namespace: str, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "hf"}, "stringData": {"token": HUB_TOKEN}})
+    spec = gpu_spec()
+    spec["model"] = {"source": {"hub": {"id": "org/gated", "tokenSecret": "hf"}}}
+    jobs.create("hub", spec)
+    jobs.wait_phase("hub", "Succeeded", 120)
+    pod = jobs.pods("hub")[0]
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+
+    batch = client.BatchV1Api(kube)
+    job = kube.sanitize_for_serialization(batch.read_namespaced_job("hub", namespace))
+    configmaps = [kube.sanitize_for_serialization(c) for c in core.list_namespaced_config_map(namespace).items]
+    events = [kube.sanitize_for_serialization(e) for e in core.list_namespaced_event(namespace).items]
+    places = {
+        "pod spec and annotations": pod,
+        "job": job,
+        "finetunejob": jobs.get("hub"),
+        "configmaps": configmaps,
+        "events": events,
+    }
+    for where, thing in places.items():
+        assert HUB_TOKEN not in json.dumps(thing), f"the Hub token leaked into {where}"
+    log = operator.log.read_text()
+    assert "hub" in log  # the log did cover this job
+    assert HUB_TOKEN not in log, "the Hub token leaked into the operator's log"

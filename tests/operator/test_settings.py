@@ -1,0 +1,62 @@
+"""Operator settings from env vars and flags: defaults, overrides, one-line errors."""
+
+import pytest
+
+from finetune_operator.__main__ import build_parser, main, settings_from
+from finetune_operator.settings import Settings, SettingsError, from_env
+
+
+def test_defaults_are_cluster_wide_with_the_standard_gpu_keys():
+    s = from_env({})
+    assert s.clusterwide
+    assert s.gpu_product_label == "nvidia.com/gpu.product"
+    assert s.gpu_tolerations == ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
+
+
+def test_env_vars_feed_every_setting():
+    s = from_env(
+        {
+            "FINETUNE_TRAINER_IMAGE": "r/t:2",
+            "FINETUNE_GPU_PRODUCT_LABEL": "example.com/gpu-model",
+            "FINETUNE_GPU_TOLERATIONS": '[{"key": "gpu", "operator": "Exists"}]',
+            "FINETUNE_DEFAULT_CPU": "4",
+            "FINETUNE_DEFAULT_MEMORY": "32Gi",
+            "FINETUNE_NAMESPACES": "a, b",
+            "FINETUNE_METRICS_PORT": "9100",
+            "FINETUNE_LOG_LEVEL": "debug",
+        }
+    )
+    assert s.trainer_image == "r/t:2"
+    assert s.gpu_product_label == "example.com/gpu-model"
+    assert s.gpu_tolerations == ({"key": "gpu", "operator": "Exists"},)
+    assert (s.default_cpu, s.default_memory) == ("4", "32Gi")
+    assert s.namespaces == ("a", "b") and not s.clusterwide
+    assert s.metrics_port == 9100 and s.log_level == "DEBUG"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("FINETUNE_METRICS_PORT", "http", "FINETUNE_METRICS_PORT: expected a port number"),
+        ("FINETUNE_GPU_TOLERATIONS", "[{", "FINETUNE_GPU_TOLERATIONS: not JSON"),
+        ("FINETUNE_DEFAULT_MEMORY", "lots", "FINETUNE_DEFAULT_MEMORY: 'lots' is not a Kubernetes quantity"),
+        ("FINETUNE_LOG_FORMAT", "xml", "FINETUNE_LOG_FORMAT: expected one of json, text"),
+    ],
+)
+def test_bad_values_name_the_variable(name, value, fragment):
+    with pytest.raises(SettingsError, match=fragment):
+        from_env({name: value})
+
+
+def test_flags_win_over_env():
+    args = build_parser().parse_args(["-n", "x", "-n", "y", "--trainer-image", "t:3", "--metrics-port", "0"])
+    s = settings_from(args, Settings(namespaces=("z",)))
+    assert s.namespaces == ("x", "y") and s.trainer_image == "t:3" and s.metrics_port == 0
+    assert settings_from(build_parser().parse_args(["-A"]), Settings(namespaces=("z",))).clusterwide
+
+
+def test_main_prints_one_line_on_a_bad_setting(monkeypatch, capsys):
+    monkeypatch.setenv("FINETUNE_HEALTH_PORT", "99999")
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "error: FINETUNE_HEALTH_PORT: port 99999 is outside 0-65535"

@@ -1,0 +1,201 @@
+"""The status logic: phase, conditions and Events from what the cluster shows."""
+
+from finetune_operator.status import Observation, compute, needs_patch, status_patch
+
+NOW = "2026-01-01T00:00:10Z"
+
+
+def job(*, failed=0, conditions=(), suspend=False, start="2026-01-01T00:00:00Z", completion=None):
+    status = {"failed": failed, "conditions": [dict(c) for c in conditions], "startTime": start}
+    if completion:
+        status["completionTime"] = completion
+    return {"metadata": {"uid": "job-uid"}, "spec": {"suspend": suspend}, "status": status}
+
+
+def cond(kind, reason="", message="", status="True"):
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-01-01T00:00:09Z",
+    }
+
+
+def pod(
+    name,
+    phase,
+    *,
+    exit_code=None,
+    term_message=None,
+    term_reason=None,
+    scheduled=None,
+    node=None,
+    created="2026-01-01T00:00:01Z",
+):
+    status = {"phase": phase, "conditions": []}
+    if scheduled is not None:
+        ok, reason, message = scheduled
+        status["conditions"].append(
+            {"type": "PodScheduled", "status": "True" if ok else "False", "reason": reason, "message": message}
+        )
+    if exit_code is not None:
+        term = {"exitCode": exit_code, "reason": term_reason or ("Completed" if exit_code == 0 else "Error")}
+        if term_message:
+            term["message"] = term_message
+        status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": term}}]
+    spec = {"nodeName": node} if node else {}
+    return {"metadata": {"name": name, "creationTimestamp": created}, "spec": spec, "status": status}
+
+
+def observe(current=None, **kw):
+    return compute(Observation(generation=2, now=NOW, current=current or {}, **kw))
+
+
+def conditions(outcome):
+    return {c["type"]: c for c in outcome.status["conditions"]}
+
+
+def test_no_job_yet_is_pending_and_validated():
+    out = observe()
+    assert out.phase == "Pending"
+    assert conditions(out)["Validated"]["status"] == "True"
+    assert conditions(out)["Validated"]["observedGeneration"] == 2
+    assert out.status["observedGeneration"] == 2
+
+
+def test_invalid_spec_fails_with_the_problem_as_message():
+    out = observe(invalid="spec.training.maxSteps: must be >= 1")
+    c = conditions(out)
+    assert out.phase == "Failed"
+    assert c["Validated"]["status"] == "False" and c["Validated"]["reason"] == "Invalid"
+    assert out.status["message"] == "spec.training.maxSteps: must be >= 1"
+
+
+def test_running_pod_makes_the_job_running():
+    out = observe(job=job(), pods=[pod("p", "Running", node="local-0", scheduled=(True, "", ""))])
+    c = conditions(out)
+    assert out.phase == "Running"
+    assert c["Running"]["status"] == "True"
+    assert c["Scheduled"]["status"] == "True" and "local-0" in c["Scheduled"]["message"]
+    assert out.status["startTime"] == "2026-01-01T00:00:00Z"
+    assert out.transitions[0].reason == "Running"
+
+
+def test_unschedulable_pod_stays_pending_with_the_schedulers_message():
+    text = "0/6 nodes are available: 6 Insufficient nvidia.com/gpu."
+    out = observe(job=job(), pods=[pod("p", "Pending", scheduled=(False, "Unschedulable", text))])
+    c = conditions(out)
+    assert out.phase == "Pending"
+    assert c["Scheduled"] == {**c["Scheduled"], "status": "False", "reason": "Unschedulable", "message": text}
+    assert out.status["message"] == text
+    assert [(t.type, t.reason) for t in out.transitions] == [("Warning", "Unschedulable")]
+
+
+def test_a_failed_pod_while_retries_remain_is_a_restart_not_a_failure():
+    pods = [
+        pod("a", "Failed", exit_code=1, term_message="TrainerError: killed", created="2026-01-01T00:00:01Z"),
+        pod("b", "Pending", created="2026-01-01T00:00:05Z"),
+    ]
+    before = {"phase": "Running", "restarts": 0}
+    out = observe(current=before, job=job(failed=1), pods=pods)
+    assert out.phase == "Pending"
+    assert out.status["restarts"] == 1
+    assert "Failed" not in conditions(out)
+    assert ("Warning", "Restarted") in [(t.type, t.reason) for t in out.transitions]
+
+
+def test_non_retryable_exit_fails_with_the_trainers_reason():
+    pods = [pod("a", "Failed", exit_code=11, term_message="InvalidData: line 3: empty output")]
+    policy = cond("Failed", "PodFailurePolicy", "Container trainer for pod x failed with exit code 11")
+    out = observe(current={"phase": "Running"}, job=job(failed=1, conditions=[policy]), pods=pods)
+    failed = conditions(out)["Failed"]
+    assert out.phase == "Failed"
+    assert failed["reason"] == "InvalidData" and failed["message"] == "line 3: empty output"
+    assert out.status["restarts"] == 0  # the failure that ends the job is not a restart
+    assert out.status["completionTime"] == "2026-01-01T00:00:09Z"
+    assert [(t.type, t.reason) for t in out.transitions] == [("Warning", "InvalidData")]
+
+
+def test_exit_code_names_the_reason_when_the_message_is_missing():
+    pods = [pod("a", "Failed", exit_code=12)]
+    out = observe(job=job(failed=1, conditions=[cond("Failed", "PodFailurePolicy")]), pods=pods)
+    assert conditions(out)["Failed"]["reason"] == "NonFiniteLoss"
+
+
+def test_backoff_limit_exceeded_names_oom_when_the_last_attempt_was_oom_killed():
+    pods = [
+        pod("a", "Failed", exit_code=1, created="2026-01-01T00:00:01Z"),
+        pod("b", "Failed", exit_code=137, term_reason="OOMKilled", created="2026-01-01T00:00:05Z"),
+    ]
+    out = observe(job=job(failed=2, conditions=[cond("Failed", "BackoffLimitExceeded")]), pods=pods)
+    assert conditions(out)["Failed"]["reason"] == "OOMKilled"
+    assert out.status["restarts"] == 1
+    pods[1] = pod("b", "Failed", exit_code=1, term_message="TrainerError: boom", created="2026-01-01T00:00:05Z")
+    out = observe(job=job(failed=2, conditions=[cond("Failed", "BackoffLimitExceeded")]), pods=pods)
+    failed = conditions(out)["Failed"]
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert "2 attempt(s) failed" in failed["message"] and "TrainerError: boom" in failed["message"]
+
+
+def test_deadline_exceeded():
+    out = observe(
+        job=job(conditions=[cond("Failed", "DeadlineExceeded", "Job was active longer than specified deadline")])
+    )
+    assert conditions(out)["Failed"]["reason"] == "DeadlineExceeded"
+
+
+def test_complete_job_succeeds():
+    out = observe(
+        current={"phase": "Running"},
+        job=job(conditions=[cond("Complete")], completion="2026-01-01T00:05:00Z"),
+        pods=[pod("a", "Succeeded", exit_code=0)],
+        output={"claimName": "outputs", "adapterPath": "/mnt/output/tiny/adapter"},
+    )
+    assert out.phase == "Succeeded"
+    assert out.status["completionTime"] == "2026-01-01T00:05:00Z"
+    assert out.status["output"]["adapterPath"] == "/mnt/output/tiny/adapter"
+    assert conditions(out)["Complete"]["status"] == "True"
+    assert conditions(out)["Running"]["status"] == "False"
+
+
+def test_suspend_and_queue():
+    out = observe(job=job(suspend=True), suspend_requested=True)
+    assert out.phase == "Suspended"
+    assert conditions(out)["Suspended"]["status"] == "True"
+    queued = observe(job=job(suspend=True), queued=True)
+    assert queued.phase == "Queued"
+    resumed = observe(current=out.status, job=job(), pods=[pod("p", "Running", node="n")])
+    assert resumed.phase == "Running"
+    assert conditions(resumed)["Suspended"]["status"] == "False"
+
+
+def test_terminal_status_survives_the_job_being_deleted_after_ttl():
+    done = observe(job=job(conditions=[cond("Complete")], completion="2026-01-01T00:05:00Z"))
+    after = observe(current=done.status, job=None)
+    assert after.phase == "Succeeded"
+    assert not needs_patch(done.status, after.status)
+
+
+def test_transition_time_only_moves_when_the_status_flips():
+    first = observe(job=job(), pods=[pod("p", "Running", node="n")])
+    later = compute(
+        Observation(
+            generation=2,
+            now="2026-01-01T01:00:00Z",
+            current=first.status,
+            job=job(),
+            pods=[pod("p", "Running", node="n")],
+        )
+    )
+    assert conditions(later)["Running"]["lastTransitionTime"] == NOW
+    assert not needs_patch(first.status, later.status)
+    assert later.transitions == []
+
+
+def test_status_patch_never_touches_the_trainers_fields():
+    current = {"phase": "Running", "progress": {"step": 5}, "lastCheckpoint": {"step": 4}, "message": "old"}
+    desired = {"phase": "Succeeded", "progress": {"step": 0}}
+    patch = status_patch(current, desired)
+    assert patch == {"phase": "Succeeded", "message": None}
+    assert "progress" not in patch and "lastCheckpoint" not in patch

@@ -1,0 +1,88 @@
+"""The issue's acceptance figures: Llama-3.3-70B on 4 and 2 P40s, Llama-3-8B on one."""
+
+import re
+
+import pytest
+
+from finetune_trainer.planning import GIB, Hardware, Recipe, lookup, make_plan, shape_from_config
+
+from .models import LLAMA_3_8B, LLAMA_33_70B
+
+P40 = lookup("Tesla-P40")
+assert P40 is not None
+SEQ_2048 = Recipe(max_length=2048)
+
+
+def p40s(count: int) -> Hardware:
+    assert P40 is not None
+    return Hardware(count, P40, P40.memory_gib)
+
+
+def test_p40_exposes_about_22_4_gib():
+    assert P40 is not None and P40.memory_gib == pytest.approx(22.4, abs=0.05)
+
+
+def test_70b_fits_four_p40s_in_fsdp_mode():
+    plan = make_plan(shape_from_config(LLAMA_33_70B), SEQ_2048, p40s(4), mode="fsdp")
+    assert plan.fits and plan.mode == "fsdp"
+    assert len(plan.per_gpu) == 4
+    for gpu in plan.per_gpu:
+        assert gpu.total <= 22.4 * GIB
+        # 1/4 of ~35.3 GB of NF4 weights on each GPU.
+        assert gpu.quantised_weights / 1e9 == pytest.approx(35.3 / 4, rel=0.02)
+
+
+def test_70b_on_four_p40s_stays_under_22_gib_with_memory_efficient_attention():
+    """FP32 math-path attention keeps heads x seq x seq probabilities (1 GiB per layer at 2048);
+    the memory-efficient kernel does not, which brings every GPU under 22 GiB."""
+    recipe = Recipe(max_length=2048, attention="memory_efficient")
+    plan = make_plan(shape_from_config(LLAMA_33_70B), recipe, p40s(4), mode="fsdp")
+    assert plan.fits
+    assert max(g.total for g in plan.per_gpu) <= 22.0 * GIB
+
+
+def test_70b_on_four_p40s_says_what_device_map_needs():
+    plan = make_plan(shape_from_config(LLAMA_33_70B), SEQ_2048, p40s(4), mode="auto")
+    assert plan.fits
+    assert re.search(r"device_map needs \d+\.\d GiB on GPU \d", plan.message)
+    device_map = make_plan(shape_from_config(LLAMA_33_70B), SEQ_2048, p40s(4), mode="device_map")
+    assert device_map.fits
+    layers = [g.layers for g in device_map.per_gpu]
+    assert sum(layers) == 80
+    # Embeddings on GPU 0 and head + logits on GPU 3 leave room for fewer layers there.
+    assert layers[0] < layers[1] and layers[3] < layers[2]
+    assert device_map.per_gpu[3].logits > 0 and device_map.per_gpu[0].logits == 0
+    assert device_map.device_map is not None
+    assert device_map.device_map["model.embed_tokens"] == 0 and device_map.device_map["lm_head"] == 3
+    assert device_map.max_memory is not None and sorted(device_map.max_memory) == [0, 1, 2, 3]
+
+
+def test_70b_does_not_fit_two_p40s_and_says_by_how_much_and_what_would():
+    plan = make_plan(shape_from_config(LLAMA_33_70B), SEQ_2048, p40s(2))
+    assert not plan.fits
+    assert plan.shortfall_gib > 1
+    shortfall = re.search(r"(\d+\.\d) GiB more than its 22\.4 GiB", plan.message)
+    assert shortfall is not None and float(shortfall.group(1)) == pytest.approx(plan.shortfall_gib, abs=0.06)
+    more_gpus = re.search(r"fits on (\d+) x Tesla-P40", plan.message)
+    assert more_gpus is not None and 3 <= int(more_gpus.group(1)) <= 4
+    assert "maxLength" in plan.message
+    # The suggestion is true: the planner agrees with itself at the GPU count it names.
+    assert make_plan(shape_from_config(LLAMA_33_70B), SEQ_2048, p40s(int(more_gpus.group(1)))).fits
+
+
+def test_shorter_max_length_is_suggested_when_it_is_enough():
+    # 8B at 32k tokens does not fit one P40, but a shorter maxLength does.
+    plan = make_plan(shape_from_config(LLAMA_3_8B), Recipe(max_length=32768), p40s(1))
+    assert not plan.fits
+    found = re.search(r"with maxLength <= (\d+)", plan.message)
+    assert found is not None
+    limit = int(found.group(1))
+    assert make_plan(shape_from_config(LLAMA_3_8B), Recipe(max_length=limit), p40s(1)).fits
+    assert not make_plan(shape_from_config(LLAMA_3_8B), Recipe(max_length=limit + 1), p40s(1)).fits
+
+
+def test_8b_fits_one_p40():
+    plan = make_plan(shape_from_config(LLAMA_3_8B), SEQ_2048, p40s(1))
+    assert plan.fits and plan.mode == "device_map"
+    assert plan.per_gpu[0].total < 22.4 * GIB
+    assert plan.speed is not None and plan.speed.tokens_per_second > 0

@@ -1,0 +1,121 @@
+"""The memory model's parts against arithmetic done by hand (and the project brief's figures)."""
+
+from dataclasses import replace
+
+import pytest
+
+from finetune_trainer.planning import GIB, Hardware, Recipe, lookup, make_plan, shape_from_config
+from finetune_trainer.planning import memory as mem
+from finetune_trainer.planning.model_shape import ModelConfigError
+
+from .models import LLAMA_3_8B, LLAMA_33_70B
+
+SHAPE_70B = shape_from_config(LLAMA_33_70B)
+P40 = lookup("Tesla-P40")
+assert P40 is not None
+
+
+def test_70b_parameter_count():
+    assert SHAPE_70B.total_params / 1e9 == pytest.approx(70.6, abs=0.1)
+
+
+def test_nf4_double_quant_weights_of_70b_are_about_35_gb():
+    recipe = Recipe()
+    assert mem.quantised_bytes_per_param(recipe) == pytest.approx(0.5 + 1 / 64 + 4 / (64 * 256))
+    assert SHAPE_70B.layers * mem.layer_weight_bytes(SHAPE_70B, recipe) / 1e9 == pytest.approx(35.3, abs=0.1)
+    single = replace(recipe, double_quant=False)
+    assert mem.quantised_bytes_per_param(single) == pytest.approx(0.5625)
+
+
+def test_fp32_embeddings_and_head_of_70b_are_8_4_gb():
+    both = mem.embedding_bytes(SHAPE_70B, Recipe()) + mem.head_bytes(SHAPE_70B)
+    assert both / 1e9 == pytest.approx(8.4, abs=0.05)
+
+
+def test_checkpointed_layer_inputs_of_70b_at_2048_are_5_4_gb():
+    total = SHAPE_70B.layers * mem.checkpoint_bytes_per_layer(SHAPE_70B, Recipe(max_length=2048))
+    assert total / 1e9 == pytest.approx(5.4, abs=0.05)
+
+
+def test_lora_state_of_70b_is_about_0_3_gb():
+    total = SHAPE_70B.layers * mem.lora_state_bytes_per_layer(SHAPE_70B, Recipe())
+    assert 0.25 < total / 1e9 < 0.4
+    adam32 = SHAPE_70B.layers * mem.lora_state_bytes_per_layer(SHAPE_70B, Recipe(optimizer="paged_adamw_32bit"))
+    assert adam32 > total
+
+
+def test_full_sequence_logits_are_three_fp32_copies_and_chunks_are_smaller():
+    full = mem.logits_bytes(SHAPE_70B, Recipe(max_length=2048))
+    assert full == pytest.approx(3 * 2048 * 128256 * 4)
+    assert mem.logits_bytes(SHAPE_70B, Recipe(max_length=2048, loss_chunk_tokens=256)) < full / 4
+
+
+@pytest.mark.parametrize("mode", ["device_map", "fsdp", "data_parallel"])
+def test_memory_grows_with_sequence_length_and_without_checkpointing(mode: str):
+    shape = shape_from_config(LLAMA_3_8B)
+    hw = Hardware(2, P40, 1000.0)  # room enough that every variant is laid out the same way
+
+    def peak(recipe: Recipe) -> float:
+        return max(g.total for g in make_plan(shape, recipe, hw, mode=mode, loss_chunks=[0]).per_gpu)
+
+    assert peak(Recipe(max_length=1024)) < peak(Recipe(max_length=2048)) < peak(Recipe(max_length=4096))
+    assert peak(Recipe(gradient_checkpointing=True)) < peak(Recipe(gradient_checkpointing=False))
+    assert peak(Recipe(batch_size=1)) < peak(Recipe(batch_size=2))
+
+
+def test_fsdp_shards_weights_over_more_gpus():
+    recipe = Recipe()
+    two = make_plan(SHAPE_70B, recipe, Hardware(2, P40, 1000.0), mode="fsdp").per_gpu[0]
+    eight = make_plan(SHAPE_70B, recipe, Hardware(8, P40, 1000.0), mode="fsdp").per_gpu[0]
+    assert eight.quantised_weights == pytest.approx(two.quantised_weights / 4)
+    assert eight.activations == two.activations  # every GPU runs whole sequences
+
+
+def test_gpu_memory_override_decides_fit():
+    shape = shape_from_config(LLAMA_3_8B)
+    assert make_plan(shape, Recipe(), Hardware(1, P40, 22.4)).fits
+    assert not make_plan(shape, Recipe(), Hardware(1, P40, 8.0)).fits
+
+
+def test_total_is_resident_plus_larger_phase_plus_overhead():
+    gpu = make_plan(SHAPE_70B, Recipe(), Hardware(4, P40, 22.4), mode="device_map").per_gpu[3]
+    resident = gpu.quantised_weights + gpu.embeddings_head + gpu.norms + gpu.lora_optimizer + gpu.activations
+    assert gpu.total == pytest.approx(resident + max(gpu.temporaries, gpu.logits) + gpu.overhead)
+    assert gpu.headroom == pytest.approx(22.4 * GIB - gpu.total)
+
+
+def test_known_products_are_found_by_label_and_by_torch_name():
+    for name, gib in [
+        ("Tesla-P40", 22.4),
+        ("Tesla P40", 22.4),
+        ("Tesla-P100-PCIE-16GB", 15.9),
+        ("Tesla-V100-SXM2-32GB", 31.7),
+        ("NVIDIA-A100-SXM4-40GB", 39.4),
+        ("NVIDIA A100-SXM4-80GB", 79.2),
+        ("NVIDIA-H100-80GB-HBM3", 79.2),
+        ("NVIDIA H200", 139.8),
+    ]:
+        product = lookup(name)
+        assert product is not None, name
+        assert product.memory_gib == gib, name
+    assert lookup("Radeon-9700") is None
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        ({}, "hidden_size"),
+        ({"hidden_size": 64}, "num_attention_heads"),
+        ({"hidden_size": 64, "num_attention_heads": 4}, "num_hidden_layers"),
+    ],
+)
+def test_incomplete_config_names_the_missing_key(config: dict[str, int], key: str):
+    with pytest.raises(ModelConfigError, match=key):
+        shape_from_config(config)
+
+
+def test_tied_embeddings_keep_one_matrix_and_the_loss_on_gpu_0():
+    tied = shape_from_config({**LLAMA_3_8B, "tie_word_embeddings": True})
+    assert mem.head_bytes(tied) == 0
+    plan = make_plan(tied, Recipe(), Hardware(2, P40, 22.4), mode="device_map")
+    assert plan.per_gpu[0].logits > 0 and plan.per_gpu[1].logits == 0

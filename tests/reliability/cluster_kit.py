@@ -1,0 +1,391 @@
+"""What the reliability scenarios share on the real control plane: operator identities of their
+own (so request counts are theirs alone), extra KWOK GPU nodes, a Job watch that timestamps
+creations, the API server's per-identity request counter, peak RSS of a process.
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from hack.cluster.nodes import TESLA_P40, gpu_node
+from tests.operator.harness import (
+    OperatorProcess,
+    free_port,
+    kubeconfig_for_token,
+    operator_rules,
+    service_account_token,
+    wait_for,
+)
+
+IDENTITY_NAMESPACE = "finetune-reliability"
+FLOOR_OPERATOR = Path(__file__).with_name("floor_operator.py")
+FLOOR_RULES: list[dict[str, Any]] = [
+    # kopf keeps its handled-state in annotations of the object: it patches the resource itself.
+    {"apiGroups": ["finetune.dev"], "resources": ["finetunejobs"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
+
+
+def _ignore_conflict(fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def identity(
+    api: client.ApiClient, admin_kubeconfig: Path, folder: Path, name: str, rules: list[dict[str, Any]]
+) -> Path:
+    """A ServiceAccount `name` bound to a ClusterRole of `rules`; a kubeconfig with its token."""
+    core = client.CoreV1Api(api)
+    rbac = client.RbacAuthorizationV1Api(api)
+    _ignore_conflict(core.create_namespace, {"metadata": {"name": IDENTITY_NAMESPACE}})
+    _ignore_conflict(core.create_namespaced_service_account, IDENTITY_NAMESPACE, {"metadata": {"name": name}})
+    role = {"metadata": {"name": f"reliability-{name}"}, "rules": rules}
+    try:
+        rbac.create_cluster_role(role)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        rbac.replace_cluster_role(f"reliability-{name}", role)
+    _ignore_conflict(
+        rbac.create_cluster_role_binding,
+        {
+            "metadata": {"name": f"reliability-{name}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"reliability-{name}"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": IDENTITY_NAMESPACE}],
+        },
+    )
+    token = service_account_token(core, IDENTITY_NAMESPACE, name)
+    return kubeconfig_for_token(admin_kubeconfig, token, folder / f"{name}.kubeconfig", IDENTITY_NAMESPACE)
+
+
+def our_identity(api: client.ApiClient, admin_kubeconfig: Path, folder: Path, name: str = "ours") -> Path:
+    return identity(api, admin_kubeconfig, folder, name, operator_rules())
+
+
+def floor_identity(api: client.ApiClient, admin_kubeconfig: Path, folder: Path) -> Path:
+    return identity(api, admin_kubeconfig, folder, "floor", FLOOR_RULES)
+
+
+# --- counting an identity's API requests: API Priority and Fairness does it per FlowSchema ---
+
+
+def count_requests_of(api: client.ApiClient, account: str) -> str:
+    """A FlowSchema that matches only this ServiceAccount; returns its name for `dispatched()`."""
+    name = f"reliability-count-{account}"
+    body = {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "FlowSchema",
+        "metadata": {"name": name},
+        "spec": {
+            "priorityLevelConfiguration": {"name": "workload-high"},
+            "matchingPrecedence": 500,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [
+                {
+                    "subjects": [
+                        {"kind": "ServiceAccount", "serviceAccount": {"name": account, "namespace": IDENTITY_NAMESPACE}}
+                    ],
+                    "resourceRules": [
+                        {
+                            "verbs": ["*"],
+                            "apiGroups": ["*"],
+                            "resources": ["*"],
+                            "clusterScope": True,
+                            "namespaces": ["*"],
+                        }
+                    ],
+                    "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                }
+            ],
+        },
+    }
+    _ignore_conflict(client.FlowcontrolApiserverV1Api(api).create_flow_schema, body)
+    return name
+
+
+def apiserver_metrics(api: client.ApiClient) -> str:
+    headers = {}
+    token = api.configuration.get_api_key_with_prefix("authorization")
+    if token:
+        headers["Authorization"] = token
+    response = api.call_api("GET", f"{api.configuration.host}/metrics", header_params=headers)
+    response.read()
+    return bytes(response.data).decode()
+
+
+def dispatched(api: client.ApiClient, flow_schema: str) -> int:
+    """Requests the API server has executed for this FlowSchema since it started."""
+    total = 0.0
+    for line in apiserver_metrics(api).splitlines():
+        if (
+            line.startswith("apiserver_flowcontrol_dispatched_requests_total{")
+            and f'flow_schema="{flow_schema}"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+# --- nodes ---------------------------------------------------------------------------------
+
+
+def add_gpu_nodes(core: client.CoreV1Api, prefix: str, count: int) -> list[str]:
+    """Fake P40 nodes (4 GPUs each) that KWOK manages; waits until they are Ready."""
+    names = [f"{prefix}-{i}" for i in range(count)]
+    for name in names:
+        _ignore_conflict(core.create_node, gpu_node(name, TESLA_P40, 4))
+
+    def ready() -> bool:
+        nodes = {n.metadata.name: n for n in core.list_node(label_selector="type=kwok").items}
+        return all(
+            name in nodes and any(c.type == "Ready" and c.status == "True" for c in nodes[name].status.conditions or [])
+            for name in names
+        )
+
+    wait_for(ready, 120, f"{count} KWOK nodes {prefix}-* Ready", interval=1)
+    return names
+
+
+def remove_nodes(core: client.CoreV1Api, names: list[str]) -> None:
+    for name in names:
+        with contextlib.suppress(ApiException):
+            core.delete_node(name)
+
+
+# --- watching Jobs appear ------------------------------------------------------------------
+
+
+class JobWatch:
+    """Timestamps (time.monotonic) of the first sight of each Job in a namespace."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.batch = client.BatchV1Api(api)
+        self.namespace = namespace
+        self.seen: dict[str, float] = {}
+        self.created_twice: list[str] = []
+        self._uids: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "JobWatch":
+        self._thread.start()
+        self._ready.wait(30)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def _run(self) -> None:
+        version = ""
+        while not self._stop.is_set():
+            stream = watch.Watch()
+            try:
+                if not version:
+                    listing = self.batch.list_namespaced_job(self.namespace)
+                    version = listing.metadata.resource_version
+                    for job in listing.items:
+                        self._saw(job)
+                self._ready.set()
+                for event in stream.stream(
+                    self.batch.list_namespaced_job, self.namespace, resource_version=version, timeout_seconds=5
+                ):
+                    job = event["object"]
+                    version = job.metadata.resource_version
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._saw(job)
+                    if self._stop.is_set():
+                        break
+            except ApiException as exc:
+                if exc.status == 410:
+                    version = ""
+                else:
+                    time.sleep(0.5)
+            except Exception:
+                time.sleep(0.5)
+
+    def _saw(self, job: Any) -> None:
+        name, uid = job.metadata.name, job.metadata.uid
+        if name not in self.seen:
+            self.seen[name] = time.monotonic()
+            self._uids[name] = uid
+        elif self._uids[name] != uid:
+            self.created_twice.append(name)
+            self._uids[name] = uid
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def peak_rss_mib(pid: int) -> float:
+    """VmHWM: the most resident memory the process ever had."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# --- the floor operator --------------------------------------------------------------------
+
+
+class FloorOperator:
+    """`kopf run floor_operator.py -n NS`: the same process model as ours, no logic beyond a Job."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.log = log
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> "FloorOperator":
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        for key in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+            env.pop(key, None)
+        cmd = [
+            sys.executable, "-m", "kopf", "run", "--standalone", "--namespace", self.namespace,
+            f"--liveness=http://127.0.0.1:{self.port}/healthz", str(FLOOR_OPERATOR),
+        ]  # fmt: skip
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        wait_for(self._healthy, 60, f"floor operator healthz; log:\n{self.tail()}")
+        return self
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"floor operator exited {self.proc.returncode}:\n{self.tail()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def tail(self, size: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-size:] if self.log.exists() else ""
+
+
+@contextlib.contextmanager
+def running(operator: OperatorProcess | FloorOperator) -> Iterator[Any]:
+    operator.start()
+    try:
+        yield operator
+    finally:
+        operator.stop()
+
+
+def load_pvcs(core: client.CoreV1Api, namespace: str) -> None:
+    """The claims a load job mounts; bound at once by the local provisioner."""
+    for claim in ("models", "datasets", "outputs"):
+        _ignore_conflict(
+            core.create_namespaced_persistent_volume_claim,
+            namespace,
+            {
+                "metadata": {"name": claim},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+            },
+        )
+
+    def bound() -> bool:
+        claims = core.list_namespaced_persistent_volume_claim(namespace).items
+        return len(claims) >= 3 and all(c.status.phase == "Bound" for c in claims)
+
+    wait_for(bound, 60, "load PVCs bound", interval=0.5)
+
+
+class PodFailer:
+    """Makes the KWOK pods of chosen jobs fail with a trainer exit code and termination message.
+
+    KWOK reads `kwok.finetune.dev/exit-code` when it ends a pod (a second after it runs), so the
+    annotation is set the moment the pod appears.
+    """
+
+    def __init__(self, api: client.ApiClient, namespace: str, jobs: set[str], exit_code: int, message: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.jobs = jobs
+        self.annotations = {
+            "kwok.finetune.dev/exit-code": str(exit_code),
+            "kwok.finetune.dev/message": message,
+        }
+        self.done: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "PodFailer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in watch.Watch().stream(
+                    self.core.list_namespaced_pod, self.namespace, label_selector="finetune.dev/job", timeout_seconds=5
+                ):
+                    pod = event["object"]
+                    job = (pod.metadata.labels or {}).get("finetune.dev/job")
+                    if job in self.jobs and pod.metadata.name not in self.done and event["type"] == "ADDED":
+                        with contextlib.suppress(ApiException):
+                            self.core.patch_namespaced_pod(
+                                pod.metadata.name, self.namespace, {"metadata": {"annotations": self.annotations}}
+                            )
+                            self.done.add(pod.metadata.name)
+                    if self._stop.is_set():
+                        break
+            except Exception:
+                time.sleep(0.3)
+
+
+def children_of(api: client.ApiClient, namespace: str) -> dict[str, dict[str, int]]:
+    """Per job name: how many of each child kind carry its label."""
+    core, batch, rbac = client.CoreV1Api(api), client.BatchV1Api(api), client.RbacAuthorizationV1Api(api)
+    listings = {
+        "Job": batch.list_namespaced_job,
+        "ConfigMap": core.list_namespaced_config_map,
+        "ServiceAccount": core.list_namespaced_service_account,
+        "Role": rbac.list_namespaced_role,
+        "RoleBinding": rbac.list_namespaced_role_binding,
+        "PersistentVolumeClaim": core.list_namespaced_persistent_volume_claim,
+    }
+    counts: dict[str, dict[str, int]] = {}
+    for kind, listing in listings.items():
+        for item in listing(namespace, label_selector="finetune.dev/job").items:
+            job = item.metadata.labels["finetune.dev/job"]
+            counts.setdefault(job, {}).setdefault(kind, 0)
+            counts[job][kind] += 1
+    return counts

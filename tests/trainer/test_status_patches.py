@@ -1,0 +1,65 @@
+"""Progress lands on a real FineTuneJob: the trainer, as its own ServiceAccount with the Role the
+operator grants it, patches status.progress and status.lastCheckpoint and nothing else."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from finetune_api.constants import GROUP, PLURAL, VERSION
+from finetune_operator.builders import rbac as trainer_rbac
+from finetune_operator.children import Owner, service_account_name
+from tests.operator.conftest import finetune_crd_install
+from tests.operator.harness import kubeconfig_for_token, service_account_token
+
+from .conftest import BASE_JOB, JobDir
+
+pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
+
+
+def trainer_identity(kube: client.ApiClient, cluster: Any, job: dict[str, Any], folder: Path) -> Path:
+    """The ServiceAccount, Role and RoleBinding the operator makes for a job; a kubeconfig for it."""
+    meta = job["metadata"]
+    owner = Owner(meta["name"], meta["namespace"], meta["uid"])
+    core = client.CoreV1Api(kube)
+    rbac = client.RbacAuthorizationV1Api(kube)
+    core.create_namespaced_service_account(owner.namespace, trainer_rbac.service_account(owner))
+    rbac.create_namespaced_role(owner.namespace, trainer_rbac.role(owner))
+    rbac.create_namespaced_role_binding(owner.namespace, trainer_rbac.role_binding(owner))
+    token = service_account_token(core, owner.namespace, service_account_name(owner.name), seconds=3600)
+    return kubeconfig_for_token(Path(cluster.kubeconfig), token, folder / "trainer.kubeconfig", owner.namespace)
+
+
+def test_progress_and_last_checkpoint_land_on_the_finetunejob(
+    cluster: Any, kube: client.ApiClient, namespace: str, job_dir: JobDir, tmp_path: Path
+) -> None:
+    finetune_crd_install(kube)
+    custom = client.CustomObjectsApi(kube)
+    body = {**BASE_JOB, "metadata": {"name": "tiny", "namespace": namespace}}
+    job = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    # What the operator owns must survive the trainer's patches untouched.
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "tiny", {"status": {"phase": "Running", "message": "owned by the operator"}}
+    )
+    kubeconfig = trainer_identity(kube, cluster, job, tmp_path)
+
+    run = job_dir.run(env={"KUBECONFIG": str(kubeconfig)}, namespace=namespace)
+    assert run.code == 0, run.stderr[-3000:]
+
+    status = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "tiny")["status"]
+    assert status["phase"] == "Running"
+    assert status["message"] == "owned by the operator"
+    progress = status["progress"]
+    assert progress["step"] == progress["totalSteps"] == 30
+    assert progress["percent"] == 100.0
+    assert progress["loss"] == run.losses[30]
+    assert {"epoch", "learningRate", "tokensPerSecond", "etaSeconds", "updatedAt"} <= set(progress)
+    last = status["lastCheckpoint"]
+    assert last["step"] == 30
+    assert last["path"] == str(job_dir.checkpoints / "checkpoint-30")
+    summary = json.loads((job_dir.output / "summary.json").read_text())
+    assert summary["statusPatches"]["failed"] == 0
+    # throttled: checkpoints (3) and the end always send; steps only every 10 s
+    assert 3 <= summary["statusPatches"]["sent"] < 30

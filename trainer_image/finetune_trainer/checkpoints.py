@@ -1,0 +1,164 @@
+"""Checkpoints that are either complete or absent, and resume from the newest complete one.
+
+Hugging Face's `get_last_checkpoint` picks the highest-numbered `checkpoint-N` without checking
+that it is whole, and its own atomic-save attempts were reverted; a pod killed mid-save then
+resumes from a torn folder. Here a checkpoint is written into a staging folder, fsynced, given
+a completion marker that lists every file with its size, and only then renamed into place.
+Anything without a valid marker is ignored on start and removed.
+"""
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PREFIX = "checkpoint-"
+STAGING_PREFIX = ".staging-"
+MARKER = "CHECKPOINT_COMPLETE.json"
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path
+    time: str
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> dict[str, int]:
+    """fsync every file and folder under root; return {relative path: size} for the marker."""
+    sizes: dict[str, int] = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = Path(folder) / name
+            _fsync_path(path)
+            sizes[str(path.relative_to(root))] = path.stat().st_size
+        _fsync_path(Path(folder))
+    return sizes
+
+
+def _read_marker(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _is_whole(folder: Path, step: int) -> tuple[bool, str]:
+    marker = _read_marker(folder)
+    if marker is None:
+        return False, "no completion marker"
+    if marker.get("step") != step:
+        return False, f"marker names step {marker.get('step')}"
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files:
+        return False, "marker lists no files"
+    for name, size in files.items():
+        path = folder / name
+        if not path.is_file():
+            return False, f"{name} is missing"
+        if path.stat().st_size != size:
+            return False, f"{name} is {path.stat().st_size} bytes, marker says {size}"
+    return True, ""
+
+
+class CheckpointStore:
+    """The `<output>/checkpoints` folder: staging, commit, listing, retention, cleaning."""
+
+    def __init__(self, root: Path, keep: int) -> None:
+        self.root = root
+        self.keep = keep
+
+    def complete(self) -> list[Checkpoint]:
+        found: list[Checkpoint] = []
+        if not self.root.is_dir():
+            return found
+        for entry in self.root.iterdir():
+            match = _NAME.match(entry.name)
+            if not match or not entry.is_dir():
+                continue
+            whole, _ = _is_whole(entry, int(match.group(1)))
+            if whole:
+                marker = _read_marker(entry) or {}
+                found.append(Checkpoint(int(match.group(1)), entry, str(marker.get("time", ""))))
+        return sorted(found, key=lambda c: c.step)
+
+    def latest(self) -> Checkpoint | None:
+        done = self.complete()
+        return done[-1] if done else None
+
+    def clean_incomplete(self) -> list[str]:
+        """Remove staging folders and checkpoint folders that are not whole; return what and why."""
+        removed: list[str] = []
+        if not self.root.is_dir():
+            return removed
+        for entry in sorted(self.root.iterdir()):
+            match = _NAME.match(entry.name)
+            if entry.name.startswith(STAGING_PREFIX):
+                why = "unfinished write"
+            elif match and entry.is_dir():
+                whole, why = _is_whole(entry, int(match.group(1)))
+                if whole:
+                    continue
+            else:
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(f"{entry.name} ({why})")
+        return removed
+
+    def begin(self, step: int) -> Path:
+        """A fresh staging folder; the trainer writes `checkpoint-<step>` inside it."""
+        staging = self.root / f"{STAGING_PREFIX}{step}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        return staging
+
+    def commit(self, step: int) -> Checkpoint:
+        staging = self.root / f"{STAGING_PREFIX}{step}"
+        written = staging / f"{PREFIX}{step}"
+        sizes = _fsync_tree(written)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        marker = written / MARKER
+        marker.write_text(json.dumps({"step": step, "time": stamp, "files": sizes}, indent=1), encoding="utf-8")
+        _fsync_path(marker)
+        _fsync_path(written)
+        final = self.root / f"{PREFIX}{step}"
+        if final.exists():
+            # Same step saved again after a resume: the new one replaces it, never half of it.
+            self._remove(final)
+        written.rename(final)
+        _fsync_path(self.root)
+        shutil.rmtree(staging, ignore_errors=True)
+        self.rotate()
+        return Checkpoint(step, final, stamp)
+
+    def rotate(self) -> list[Path]:
+        done = self.complete()
+        old = done[: max(0, len(done) - self.keep)]
+        for checkpoint in old:
+            self._remove(checkpoint.path)
+        return [c.path for c in old]
+
+    @staticmethod
+    def _remove(folder: Path) -> None:
+        # Marker first: a crash in the middle of rmtree leaves an unmarked folder, which the
+        # next start removes, never a marked folder with files missing.
+        (folder / MARKER).unlink(missing_ok=True)
+        _fsync_path(folder)
+        shutil.rmtree(folder, ignore_errors=True)

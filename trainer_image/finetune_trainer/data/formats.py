@@ -1,0 +1,159 @@
+"""The five dataset formats, each turned into one of TRL's shapes.
+
+alpaca and completion become prompt/completion (loss on the answer only); sharegpt and
+messages become conversations rendered with the model's chat template; text stays text.
+Every field problem is returned as (field, message), never raised, so the check pass can
+list all of them in one go.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# A compact Alpaca prompt: the classic preamble costs ~40 tokens per sample for no gain.
+ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
+ALPACA_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function": "tool",
+}
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+
+FORMATS = ("alpaca", "sharegpt", "messages", "text", "completion")
+
+
+@dataclass
+class Normalised:
+    sample: dict[str, Any] | None
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    strings: dict[str, str] = field(default_factory=dict)  # field path -> text, for token checks
+
+
+def _bad_text(text: str) -> str | None:
+    if not text.strip():
+        return "empty text"
+    if "\x00" in text:
+        return f"NUL character at position {text.index(chr(0)) + 1}"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"invalid unicode (lone surrogate) at position {exc.start + 1}"
+    return None
+
+
+class _Reader:
+    def __init__(self, record: Any) -> None:
+        self.record = record
+        self.out = Normalised(sample=None)
+
+    def text(
+        self, name: str, *, required: bool = True, allow_empty: bool = False, source: Any = None, path: str = ""
+    ) -> str | None:
+        container = self.record if source is None else source
+        where = path or name
+        if not isinstance(container, dict) or name not in container or container[name] is None:
+            if required:
+                self.out.problems.append((where, "missing field"))
+            return None
+        value = container[name]
+        if not isinstance(value, str):
+            self.out.problems.append((where, f"expected a string, got {type(value).__name__}"))
+            return None
+        if allow_empty and value == "":
+            return value
+        bad = _bad_text(value)
+        if bad:
+            self.out.problems.append((where, bad))
+            return None
+        self.out.strings[where] = value
+        return value
+
+    def list_of_dicts(self, name: str) -> list[dict[str, Any]] | None:
+        if not isinstance(self.record, dict) or name not in self.record:
+            self.out.problems.append((name, "missing field"))
+            return None
+        value = self.record[name]
+        if not isinstance(value, list) or not value:
+            self.out.problems.append((name, "expected a non-empty list of turns"))
+            return None
+        for index, turn in enumerate(value):
+            if not isinstance(turn, dict):
+                self.out.problems.append((f"{name}[{index}]", "expected an object"))
+                return None
+        return value
+
+
+def _alpaca(r: _Reader) -> dict[str, Any] | None:
+    instruction = r.text("instruction")
+    extra = r.text("input", required=False, allow_empty=True)
+    output = r.text("output")
+    if instruction is None or output is None:
+        return None
+    prompt = (ALPACA_PROMPT_WITH_INPUT if extra else ALPACA_PROMPT).format(instruction=instruction, input=extra)
+    return {"prompt": prompt, "completion": output}
+
+
+def _completion(r: _Reader) -> dict[str, Any] | None:
+    prompt = r.text("prompt")
+    completion = r.text("completion")
+    if prompt is None or completion is None:
+        return None
+    return {"prompt": prompt, "completion": completion}
+
+
+def _text(r: _Reader) -> dict[str, Any] | None:
+    text = r.text("text")
+    return None if text is None else {"text": text}
+
+
+def _turns(r: _Reader, name: str, role_key: str, text_key: str, roles: dict[str, str]) -> dict[str, Any] | None:
+    turns = r.list_of_dicts(name)
+    if turns is None:
+        return None
+    messages: list[dict[str, str]] = []
+    for index, turn in enumerate(turns):
+        where = f"{name}[{index}]"
+        role = turn.get(role_key)
+        if not isinstance(role, str) or role.lower() not in roles:
+            allowed = ", ".join(sorted(set(roles)))
+            r.out.problems.append((f"{where}.{role_key}", f"expected one of {allowed}, got {role!r}"))
+            continue
+        content = r.text(text_key, source=turn, path=f"{where}.{text_key}")
+        if content is not None:
+            messages.append({"role": roles[role.lower()], "content": content})
+    if r.out.problems:
+        return None
+    if not any(m["role"] == "assistant" for m in messages):
+        r.out.problems.append((name, "no assistant turn: nothing to learn from"))
+        return None
+    return {"messages": messages}
+
+
+def normalise(record: Any, fmt: str) -> Normalised:
+    """One record in `fmt` to a TRL sample, or the list of its field problems."""
+    reader = _Reader(record)
+    if not isinstance(record, dict):
+        reader.out.problems.append(("", f"expected a JSON object, got {type(record).__name__}"))
+        return reader.out
+    if fmt == "alpaca":
+        sample = _alpaca(reader)
+    elif fmt == "completion":
+        sample = _completion(reader)
+    elif fmt == "text":
+        sample = _text(reader)
+    elif fmt == "sharegpt":
+        sample = _turns(reader, "conversations", "from", "value", SHAREGPT_ROLES)
+    elif fmt == "messages":
+        sample = _turns(reader, "messages", "role", "content", {role: role for role in MESSAGE_ROLES})
+    else:
+        raise ValueError(f"unknown dataset format {fmt!r}")
+    reader.out.sample = None if reader.out.problems else sample
+    return reader.out

@@ -1,0 +1,86 @@
+"""From the configured source to checked `datasets.Dataset`s, or InvalidData naming every bad line."""
+
+import logging
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from finetune_api.reasons import ExitReason
+from finetune_api.trainer_config import TrainerConfig
+
+from ..failures import TrainerFailure
+from .checks import DataReport, check_records
+from .records import DataSourceError, Record, read_records
+
+log = logging.getLogger(__name__)
+
+MAX_PROBLEMS_IN_MESSAGE = 10
+
+
+def _hub_records(config: TrainerConfig) -> Iterator[Record]:
+    from datasets import load_dataset
+
+    hub = config.spec.dataset.source.hub
+    assert hub is not None
+    token = os.environ.get("HF_DATASET_TOKEN") or os.environ.get("HF_TOKEN")
+    data = load_dataset(hub.id, revision=hub.revision, split=hub.split, token=token, cache_dir=config.paths.cache)
+    for number, value in enumerate(data, start=1):
+        yield Record(f"row {number}", value)
+
+
+def records_for(config: TrainerConfig) -> Iterator[Record]:
+    if config.spec.dataset.source.hub is not None:
+        return _hub_records(config)
+    return read_records(Path(config.paths.dataset))
+
+
+def check_dataset(config: TrainerConfig, tokenizer: Any, model_config: Any) -> DataReport:
+    """The check pass; raises InvalidData with the first problems, after logging all of them."""
+    spec = config.spec
+    try:
+        report = check_records(
+            records_for(config),
+            spec.dataset.format,
+            tokenizer=tokenizer,
+            model_config=model_config,
+            max_length=spec.training.max_length,
+            packing=spec.training.packing,
+        )
+    except DataSourceError as exc:
+        raise TrainerFailure(ExitReason.InvalidData, f"spec.dataset: {exc}") from None
+    for warning in report.warnings:
+        log.warning("data: %s", warning)
+    if report.problems:
+        for problem in report.problems:
+            log.error("data: %s", problem)
+        shown = "; ".join(str(p) for p in report.problems[:MAX_PROBLEMS_IN_MESSAGE])
+        more = len(report.problems) - MAX_PROBLEMS_IN_MESSAGE
+        raise TrainerFailure(
+            ExitReason.InvalidData,
+            f"{len(report.problems)} problem(s) in {config.paths.dataset}: {shown}"
+            + (f"; and {more} more" if more > 0 else ""),
+        )
+    log.info("data: %d records, %d samples ready", report.total, len(report.samples))
+    return report
+
+
+def split(samples: list[dict[str, Any]], eval_fraction: float | None, seed: int) -> tuple[Any, Any]:
+    """(train, eval) Datasets; eval is None without evalFraction. The split is seeded, so a resume sees the same one."""
+    from datasets import Dataset
+
+    if not eval_fraction:
+        return Dataset.from_list(samples), None
+    order = list(range(len(samples)))
+    random.Random(seed).shuffle(order)
+    held = max(1, round(len(samples) * eval_fraction))
+    if held >= len(samples):
+        raise TrainerFailure(
+            ExitReason.InvalidData,
+            f"spec.dataset.evalFraction {eval_fraction} leaves no training samples out of {len(samples)}",
+        )
+    eval_ids = set(order[:held])
+    train = [s for i, s in enumerate(samples) if i not in eval_ids]
+    held_out = [samples[i] for i in sorted(eval_ids)]
+    return Dataset.from_list(train), Dataset.from_list(held_out)

@@ -1,0 +1,164 @@
+"""What the visible hardware can do: GPU capabilities, precision, attention kernel, compiler.
+
+Pascal (compute capability 6.x) is the reason this module exists: no bf16, no tensor cores,
+no Triton, and `torch.compile` needs 7.0+. Everything here is decided once at start-up and
+logged, so a run on a mixed cluster says exactly which path it took.
+"""
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from finetune_api.reasons import ExitReason
+from finetune_api.spec import FineTuneJobSpec
+
+from .failures import TrainerFailure
+
+log = logging.getLogger(__name__)
+
+ResolvedPrecision = Literal["fp32", "bf16", "fp16"]
+Attention = Literal["sdpa", "eager"]
+
+# Triton and torch.compile generate code for compute capability 7.0 and newer only.
+MIN_COMPILER_CAPABILITY = (7, 0)
+MIN_BF16_CAPABILITY = (8, 0)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    capability: tuple[int, int]
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpus: tuple[Gpu, ...]
+
+    @property
+    def on_gpu(self) -> bool:
+        return bool(self.gpus)
+
+    @property
+    def min_capability(self) -> tuple[int, int] | None:
+        return min((g.capability for g in self.gpus), default=None)
+
+    def describe(self) -> str:
+        if not self.gpus:
+            return "CPU"
+        return ", ".join(f"cuda:{g.index} {g.name} (sm_{g.capability[0]}{g.capability[1]})" for g in self.gpus)
+
+
+def detect(spec: FineTuneJobSpec) -> Hardware:
+    if spec.resources.gpus == 0:
+        return Hardware(gpus=())
+    if not torch.cuda.is_available():
+        raise TrainerFailure(
+            ExitReason.UnsupportedHardware,
+            f"spec.resources.gpus is {spec.resources.gpus} but no CUDA GPU is visible "
+            "(driver missing or device plugin gave none); use gpus: 0 to train on the CPU",
+        )
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        gpus.append(Gpu(index, props.name, (props.major, props.minor), props.total_memory))
+    return Hardware(gpus=tuple(gpus))
+
+
+def resolve_precision(requested: str, hardware: Hardware) -> ResolvedPrecision:
+    """`auto` is fp32 unless every GPU has native bf16; half precision is refused where it breaks."""
+    low = hardware.min_capability
+    if requested == "auto":
+        return "bf16" if low is not None and low >= MIN_BF16_CAPABILITY else "fp32"
+    if requested == "bf16" and (low is None or low < MIN_BF16_CAPABILITY):
+        where = "the CPU" if low is None else f"compute capability {low[0]}.{low[1]}"
+        raise TrainerFailure(
+            ExitReason.UnsupportedHardware,
+            f"spec.precision bf16 needs compute capability 8.0 or newer, found {where}; use precision: fp32 or auto",
+        )
+    if requested == "fp16" and (low is None or low < MIN_COMPILER_CAPABILITY):
+        where = "the CPU" if low is None else f"compute capability {low[0]}.{low[1]}"
+        raise TrainerFailure(
+            ExitReason.UnsupportedHardware,
+            f"spec.precision fp16 breaks QLoRA on {where} (GradScaler and mixed dtypes); use precision: fp32 or auto",
+        )
+    if requested in ("fp32", "bf16", "fp16"):
+        return requested  # type: ignore[return-value]
+    raise TrainerFailure(ExitReason.InvalidConfig, f"spec.precision: unknown value {requested!r}")
+
+
+def disable_compiler_if_unsupported(hardware: Hardware) -> bool:
+    """Keep torch.compile and Triton kernels off below sm_70 and on the CPU; True when switched off.
+
+    On the CPU, bitsandbytes' default backend torch.compiles its 4-bit kernels, which needs a C++
+    compiler the runtime image does not have and costs more than it saves on short CPU runs.
+    """
+    low = hardware.min_capability
+    if low is not None and low >= MIN_COMPILER_CAPABILITY:
+        return False
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    import torch._dynamo
+
+    torch._dynamo.config.disable = True
+    return True
+
+
+def choose_attention(hardware: Hardware, head_dim: int, dtype: torch.dtype) -> Attention:
+    """SDPA where a real forward+backward works at this head size and dtype, else eager.
+
+    SDPA's memory-efficient kernel accepts sm_50+, but fp32 backward at head_dim 128 on Pascal
+    is not proven everywhere; a few milliseconds of probing beats a crash an hour in.
+    """
+    forced = os.environ.get("FINETUNE_ATTENTION")
+    if forced in ("sdpa", "eager"):
+        return forced  # type: ignore[return-value]
+    devices = [torch.device("cpu")] if not hardware.on_gpu else [torch.device("cuda", g.index) for g in hardware.gpus]
+    for device in devices:
+        try:
+            q = torch.randn(1, 2, 16, head_dim, device=device, dtype=dtype, requires_grad=True)
+            out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            out.sum().backward()  # type: ignore[no-untyped-call]
+        except RuntimeError as exc:
+            log.warning("SDPA probe failed on %s (%s); using eager attention", device, exc)
+            return "eager"
+    return "sdpa"
+
+
+def disable_triton_kernels() -> bool:
+    """Keep TRL's Triton loss kernels off (they need sm_70+); True when they are off afterwards.
+
+    TRL decides once, at import, from transformers' `is_triton_available()`; answering it here
+    is the narrowest switch that exists.
+    """
+    import trl.kernels.chunked_logprob as chunked
+    import trl.trainer.utils as trl_utils
+
+    chunked._TRITON_AVAILABLE = False
+    setattr(trl_utils, "is_triton_available", lambda *args, **kwargs: False)  # noqa: B010
+    return not chunked._use_triton(torch.device("cuda"))
+
+
+def cpu_threads(cpu: str | None, available: int | None = None) -> int:
+    """Intra-op threads from the pod's CPU limit (a container sees every core of the node).
+
+    More threads than the CPU quota makes every small matmul wait on throttled spinning
+    threads: on two shared cores a 64x64 linear went from 0.17 ms (1 thread) to 6.8 ms (2).
+    """
+    cores = available or os.cpu_count() or 1
+    if not cpu:
+        return cores
+    try:
+        value = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    except ValueError:
+        return cores
+    return max(1, min(cores, int(value)))
+
+
+def configure_cpu_threads(spec: FineTuneJobSpec) -> int:
+    threads = cpu_threads(spec.resources.cpu)
+    torch.set_num_threads(threads)
+    return threads

@@ -1,0 +1,166 @@
+"""Load the base model the Pascal-safe way and wrap it with LoRA.
+
+NF4 (or FP4) weights with double quantisation and a float32 compute dtype, `dtype=float32`
+(transformers 5 would otherwise pick the checkpoint's bf16), sharded over the visible GPUs by
+`device_map` with a per-GPU budget, norms and LM head cast to float32, then PEFT LoRA.
+"""
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from finetune_api.reasons import ExitReason
+from finetune_api.trainer_config import TrainerConfig
+
+from .failures import TrainerFailure
+from .hardware import Attention, Hardware, ResolvedPrecision
+from .preflight import MemoryPlan
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+KEEP_FP32 = ("norm", "lm_head")
+
+
+def _model_location(config: TrainerConfig) -> str:
+    if config.spec.model.source.hub is not None:
+        return config.paths.model
+    folder = Path(config.paths.model)
+    if not (folder / "config.json").is_file():
+        raise TrainerFailure(
+            ExitReason.InvalidConfig,
+            f"spec.model.source.pvc: {folder} is not a model folder (no config.json there)",
+        )
+    return str(folder)
+
+
+def _hub_kwargs(config: TrainerConfig) -> dict[str, Any]:
+    import os
+
+    hub = config.spec.model.source.hub
+    if hub is None:
+        return {}
+    return {"revision": hub.revision, "token": os.environ.get("HF_TOKEN"), "cache_dir": config.paths.cache}
+
+
+def load_model_config(config: TrainerConfig) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(_model_location(config), **_hub_kwargs(config))
+    except (OSError, ValueError) as exc:
+        raise TrainerFailure(ExitReason.InvalidConfig, f"spec.model: cannot read the model config: {exc}") from None
+
+
+def load_tokenizer(config: TrainerConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(_model_location(config), **_hub_kwargs(config))
+    except (OSError, ValueError) as exc:
+        raise TrainerFailure(ExitReason.InvalidConfig, f"spec.model: cannot load the tokenizer: {exc}") from None
+    if tokenizer.pad_token is None:
+        # Padding positions are masked out of the loss, so reusing EOS is safe.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _device_map(hardware: Hardware, plan: MemoryPlan) -> Any:
+    if not hardware.on_gpu:
+        return {"": "cpu"}
+    if len(hardware.gpus) == 1:
+        return {"": hardware.gpus[0].index}
+    # Naive model parallelism inside one process: layers spread over the GPUs, one busy at a time;
+    # the planner's placement when it made one, else accelerate's within the per-GPU budget.
+    return plan.device_map or "auto"
+
+
+def cast_to_fp32(model: nn.Module, names: tuple[str, ...] = KEEP_FP32) -> int:
+    """Cast floating parameters of norm and LM-head modules to float32 (quantised ones stay)."""
+    count = 0
+    for name, module in model.named_modules():
+        if not any(key in name.lower() for key in names):
+            continue
+        for param in module.parameters(recurse=False):
+            if param.is_floating_point() and param.dtype != torch.float32:
+                param.data = param.data.to(torch.float32)
+                count += 1
+    return count
+
+
+def load_model(
+    config: TrainerConfig,
+    hardware: Hardware,
+    precision: ResolvedPrecision,
+    attention: Attention,
+    plan: MemoryPlan,
+) -> nn.Module:
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    spec = config.spec
+    dtype = DTYPES[precision]
+    quantized = spec.quantization.type != "none"
+    kwargs: dict[str, Any] = {
+        "dtype": dtype,
+        "device_map": _device_map(hardware, plan),
+        "attn_implementation": attention,
+        "low_cpu_mem_usage": True,
+        **_hub_kwargs(config),
+    }
+    if plan.max_memory and kwargs["device_map"] == "auto":
+        kwargs["max_memory"] = plan.max_memory
+    if quantized:
+        kwargs["quantization_config"] = BitsAndBytesConfig(  # type: ignore[no-untyped-call]
+            load_in_4bit=True,
+            bnb_4bit_quant_type=spec.quantization.type,
+            bnb_4bit_use_double_quant=spec.quantization.double_quant,
+            bnb_4bit_compute_dtype=dtype,
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(_model_location(config), **kwargs)
+    except ValueError as exc:
+        text = str(exc)
+        if "offload" in text.lower() or "dispatched on the cpu" in text.lower():
+            raise TrainerFailure(
+                ExitReason.WontFit,
+                f"the model does not fit on {hardware.describe()} within the memory plan: {text.splitlines()[0]}",
+            ) from None
+        raise
+    placed = set(map(str, (getattr(model, "hf_device_map", None) or {}).values()))
+    off_gpu = sorted(placed & {"cpu", "disk"})
+    if hardware.on_gpu and off_gpu:
+        raise TrainerFailure(
+            ExitReason.WontFit, f"the model does not fit on {hardware.describe()}: device_map put layers on {off_gpu}"
+        )
+    if precision == "fp32":
+        cast_to_fp32(model)
+    checkpointing = spec.training.gradient_checkpointing
+    if quantized:
+        model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
+            model,
+            use_gradient_checkpointing=checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    elif checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
+        model.enable_input_require_grads()  # type: ignore[no-untyped-call]
+    lora = LoraConfig(
+        r=spec.lora.r,
+        lora_alpha=spec.lora.alpha,
+        lora_dropout=spec.lora.dropout,
+        target_modules=list(spec.lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        adapted: nn.Module = get_peft_model(model, lora)
+    except ValueError as exc:
+        raise TrainerFailure(ExitReason.InvalidConfig, f"spec.lora.targetModules: {str(exc).splitlines()[0]}") from None
+    trainable = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in adapted.parameters())
+    log.info("model loaded: %s trainable of %s parameters, placement %s", trainable, total, placed or {"cpu"})
+    return adapted

@@ -1,0 +1,45 @@
+"""The planner's measured constants, in one place so a new calibration changes one file.
+
+`bench/calibration/fit.py` fits them to `bench/calibration/measurements.json` (peak memory and
+tokens/s of real training steps with the recipe) and prints this file's new values;
+`tests/planning/test_calibration.py` checks the planner against every measurement.
+
+Until the grid is measured, the values come from a count of the tensors autograd keeps for a
+Llama layer, checked against the two reference runs in the project brief (70B-shaped layers on
+an H200, seq 2048: 15.2 GiB with checkpointing, 23.5 GiB without, 1848 and 2589 tokens/s).
+"""
+
+from typing import Final
+
+# Floats kept per token by one decoder layer for backward when it is not checkpointed:
+# about nine hidden-sized tensors (layer input, two norm outputs, q, repeated k and v, the
+# attention output and its contiguous copy, the mid-layer residual) plus rope/upcast copies,
+# and three intermediate-sized ones (gate, SiLU output, up).
+ACTIVATION_HIDDEN_FLOATS: Final = 11.0
+ACTIVATION_INTERMEDIATE_FLOATS: Final = 3.0
+# Each adapted linear applies its own LoRA dropout: the dropped copy plus a one-byte mask.
+DROPOUT_FLOATS_PER_INPUT: Final = 1.25
+# FP32 attention with grouped-query heads runs SDPA's math path (or eager): the softmax
+# probabilities (heads x seq x seq) are kept, and backward adds their gradient.
+ATTENTION_MATRIX_COPIES_SAVED: Final = 1.0
+ATTENTION_MATRIX_COPIES_BACKWARD: Final = 1.0
+# Loss over the full sequence holds log-softmax output, its gradient and the logits'
+# gradient at once (the trainer drops the model output's own logits before backward).
+LOGITS_COPIES: Final = 3.0
+# Backward of the MLP holds about two intermediate-sized gradients at once.
+MLP_GRADIENT_FLOATS: Final = 2.0
+
+# Speed, fitted by bench/calibration/fit.py to bench/calibration/measurements.json (H200,
+# 2026-11-30, 15 points, each in its own process): share of the data-sheet FP32 peak the recipe's matmuls reach, share of
+# the memory bandwidth NF4 dequantisation reaches, the fixed cost of running one decoder layer
+# once (forward, backward or recompute: launching its kernels), and the hand-over between two
+# GPUs in device_map mode, per micro-batch.
+COMPUTE_UTILISATION: Final = 0.837
+BANDWIDTH_UTILISATION: Final = 0.8
+LAYER_PASS_SECONDS: Final = 0.00242
+DEVICE_HOP_SECONDS: Final = 0.01082
+
+# Per GPU, outside PyTorch's allocated bytes: the CUDA context and cuBLAS workspace, plus
+# allocator fragmentation as a share of the allocated peak.
+CUDA_CONTEXT_GIB: Final = 0.4
+ALLOCATOR_SLACK: Final = 0.03

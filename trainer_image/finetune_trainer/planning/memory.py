@@ -1,0 +1,177 @@
+"""Bytes, per component, that the recipe keeps on a GPU: pure arithmetic on shapes.
+
+Every function answers for the whole model or one layer; `plan.py` assigns them to GPUs
+according to the mode. The recipe: frozen NF4 linear weights, embeddings and lm_head
+unquantised (lm_head and norms cast to FP32), LoRA adapters in FP32, FP32 compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from . import calibration as cal
+from .model_shape import ATTENTION_MODULES, ModelShape
+
+GIB: Final = 2**30
+FP32: Final = 4
+
+Quantization = Literal["nf4", "fp4", "none"]
+Attention = Literal["materialised", "memory_efficient"]
+
+# bitsandbytes 4-bit: two weights per byte, one absmax per 64 weights (FP32, or with double
+# quantisation 8-bit plus one FP32 constant per 256 blocks).
+NF4_BLOCK: Final = 64
+DOUBLE_QUANT_BLOCK: Final = 256
+
+# Optimizer state bytes per trainable parameter (8-bit AdamW: two 1-byte states plus one FP32
+# absmax per 256-value block for each).
+OPTIMIZER_BYTES: Final = {
+    "paged_adamw_8bit": 2 + 2 * FP32 / 256,
+    "adamw_8bit": 2 + 2 * FP32 / 256,
+    "paged_adamw_32bit": 2 * FP32,
+    "adamw_torch": 2 * FP32,
+    "adafactor": 0.5,
+    "sgd": 0.0,
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The training settings that change memory or speed."""
+
+    max_length: int = 2048
+    batch_size: int = 1
+    lora_r: int = 8
+    lora_targets: tuple[str, ...] = ATTENTION_MODULES
+    lora_dropout: bool = True
+    gradient_checkpointing: bool = True
+    quantization: Quantization = "nf4"
+    double_quant: bool = True
+    optimizer: str = "paged_adamw_8bit"
+    compute_bytes: int = FP32
+    attention: Attention = "materialised"
+    loss_chunk_tokens: int = 0  # 0: logits of the whole sequence at once
+
+    @property
+    def tokens(self) -> int:
+        return self.batch_size * self.max_length
+
+
+def quantised_bytes_per_param(recipe: Recipe) -> float:
+    if recipe.quantization == "none":
+        return float(recipe.compute_bytes)
+    constants = (1 + FP32 / DOUBLE_QUANT_BLOCK) / NF4_BLOCK if recipe.double_quant else FP32 / NF4_BLOCK
+    return 0.5 + constants
+
+
+def layer_weight_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    return shape.linear_params_per_layer * quantised_bytes_per_param(recipe)
+
+
+def embedding_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    return shape.embedding_params * recipe.compute_bytes
+
+
+def head_bytes(shape: ModelShape) -> float:
+    """lm_head in FP32; a tied head shares the embedding (one copy, counted there)."""
+    return shape.head_params * FP32
+
+
+def norm_bytes_per_layer(shape: ModelShape) -> float:
+    return 2 * shape.hidden * FP32
+
+
+def lora_state_bytes_per_layer(shape: ModelShape, recipe: Recipe) -> float:
+    """Adapter weights and gradients in FP32 plus optimizer state."""
+    params = shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets)
+    return params * (2 * FP32 + OPTIMIZER_BYTES.get(recipe.optimizer, 2 * FP32))
+
+
+def checkpoint_bytes_per_layer(shape: ModelShape, recipe: Recipe) -> float:
+    """With gradient checkpointing a layer keeps only its input."""
+    return recipe.tokens * shape.hidden * recipe.compute_bytes
+
+
+def attention_matrix_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    if recipe.attention != "materialised":
+        return 0.0
+    return recipe.batch_size * shape.heads * recipe.max_length**2 * recipe.compute_bytes
+
+
+def full_layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    """Everything one layer keeps for backward when it is not checkpointed."""
+    floats = cal.ACTIVATION_HIDDEN_FLOATS * shape.hidden + cal.ACTIVATION_INTERMEDIATE_FLOATS * shape.intermediate
+    if recipe.lora_dropout:
+        floats += cal.DROPOUT_FLOATS_PER_INPUT * shape.lora_input_width(recipe.lora_targets)
+    saved = recipe.tokens * floats * recipe.compute_bytes
+    return saved + cal.ATTENTION_MATRIX_COPIES_SAVED * attention_matrix_bytes(shape, recipe)
+
+
+def layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    """What each layer leaves resident after the forward pass."""
+    if recipe.gradient_checkpointing:
+        return checkpoint_bytes_per_layer(shape, recipe)
+    return full_layer_activation_bytes(shape, recipe)
+
+
+def layer_pass_temporaries(shape: ModelShape, recipe: Recipe) -> float:
+    """Transient bytes while one layer runs backward: the dequantised weight of the largest
+    linear, the attention-probability gradient, MLP gradients and, when checkpointed, the
+    layer's recomputed activations."""
+    dequantised = shape.largest_linear_params * recipe.compute_bytes if recipe.quantization != "none" else 0.0
+    mlp_grads = cal.MLP_GRADIENT_FLOATS * recipe.tokens * shape.intermediate * recipe.compute_bytes
+    attention = cal.ATTENTION_MATRIX_COPIES_BACKWARD * attention_matrix_bytes(shape, recipe)
+    recompute = full_layer_activation_bytes(shape, recipe) if recipe.gradient_checkpointing else 0.0
+    return dequantised + mlp_grads + attention + recompute
+
+
+def logits_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    """Transient bytes of the loss: FP32 logits for the whole sequence, or for one chunk."""
+    if recipe.loss_chunk_tokens and recipe.loss_chunk_tokens < recipe.max_length:
+        chunk = recipe.batch_size * recipe.loss_chunk_tokens * shape.vocab * FP32
+        return cal.LOGITS_COPIES * chunk + recipe.tokens * shape.hidden * FP32
+    return cal.LOGITS_COPIES * recipe.tokens * shape.vocab * FP32
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's peak: resident bytes plus the larger of the two transient phases (a layer's
+    backward, or the loss), plus CUDA context and allocator slack."""
+
+    index: int
+    layers: int
+    quantised_weights: float
+    embeddings_head: float
+    norms: float
+    lora_optimizer: float
+    activations: float
+    temporaries: float
+    logits: float
+    capacity: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def resident(self) -> float:
+        return self.quantised_weights + self.embeddings_head + self.norms + self.lora_optimizer + self.activations
+
+    @property
+    def allocated(self) -> float:
+        """What torch.cuda.max_memory_allocated would report at the peak."""
+        return self.resident + max(self.temporaries, self.logits)
+
+    @property
+    def overhead(self) -> float:
+        return cal.CUDA_CONTEXT_GIB * GIB + cal.ALLOCATOR_SLACK * self.allocated
+
+    @property
+    def total(self) -> float:
+        return self.allocated + self.overhead
+
+    @property
+    def headroom(self) -> float:
+        return self.capacity - self.total
+
+    @property
+    def peak_phase(self) -> str:
+        return "loss" if self.logits > self.temporaries else "layer backward"

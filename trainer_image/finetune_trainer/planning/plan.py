@@ -1,0 +1,419 @@
+"""The plan: does this job fit these GPUs, in which mode, with what per-GPU peak, how fast.
+
+Modes (all one pod):
+- device_map: one process; layers in contiguous blocks over the GPUs (GPU 0 also holds the
+  embeddings, the last GPU the head and the loss). Only one GPU computes at a time.
+- data_parallel: one process per GPU, each with a full NF4 copy and its own micro-batches.
+- fsdp: one process per GPU, each holding 1/N of every weight and gathering a layer's full
+  weights just before it runs; every GPU computes its own micro-batches.
+`auto` picks the fastest mode that fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final, Literal
+
+from . import memory as mem
+from .gpu_products import GpuProduct
+from .memory import GIB, GpuMemory, Recipe
+from .model_shape import ModelShape
+from .placement import QUANTISED_ACCOUNTING_BYTES, Placement, balance, max_memory
+from .speed import Mode, Speed, estimate
+
+ModeChoice = Literal["auto", "device_map", "data_parallel", "fsdp"]
+ALL_MODES: Final[tuple[Mode, ...]] = ("data_parallel", "fsdp", "device_map")
+# Chunk of tokens per loss step when the full-sequence logits do not fit.
+LOSS_CHUNK_TOKENS: Final = 512
+MAX_GPUS: Final = 64
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The GPUs one pod gets: how many, which product, and how much memory each has."""
+
+    gpus: int
+    product: GpuProduct
+    memory_gib: float
+
+    @property
+    def capacity(self) -> float:
+        return self.memory_gib * GIB
+
+    def with_gpus(self, gpus: int) -> Hardware:
+        return replace(self, gpus=gpus)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One mode's memory on every GPU."""
+
+    mode: Mode
+    per_gpu: tuple[GpuMemory, ...]
+    loss_chunk_tokens: int
+    placement: Placement | None = None
+
+    @property
+    def fits(self) -> bool:
+        return all(g.headroom >= 0 for g in self.per_gpu)
+
+    @property
+    def fullest(self) -> GpuMemory:
+        return min(self.per_gpu, key=lambda g: g.headroom)
+
+    @property
+    def shortfall(self) -> float:
+        return max(0.0, -self.fullest.headroom)
+
+
+@dataclass(frozen=True)
+class Plan:
+    fits: bool
+    mode: Mode
+    hardware: Hardware
+    shape: ModelShape
+    recipe: Recipe
+    layout: Layout
+    speed: Speed | None
+    message: str
+    alternatives: tuple[Layout, ...] = ()
+    suggestions: tuple[str, ...] = ()
+    device_map: dict[str, int] | None = None
+    max_memory: dict[int, int] | None = None
+
+    @property
+    def per_gpu(self) -> tuple[GpuMemory, ...]:
+        return self.layout.per_gpu
+
+    @property
+    def shortfall_gib(self) -> float:
+        return self.layout.shortfall / GIB
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """A compact record for the trainer's log and status."""
+        return {
+            "fits": self.fits,
+            "mode": self.mode,
+            "loss_chunk_tokens": self.layout.loss_chunk_tokens,
+            "per_gpu_total_gib": {f"cuda:{g.index}": round(g.total / GIB, 2) for g in self.per_gpu},
+            "min_headroom_gib": round(self.layout.fullest.headroom / GIB, 2),
+            "tokens_per_second": None if self.speed is None else round(self.speed.tokens_per_second, 1),
+            "message": self.message,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        speed: dict[str, Any] | None = None
+        if self.speed is not None:
+            speed = {
+                "flops_per_token": self.speed.flops_per_token,
+                "tokens_per_second": round(self.speed.tokens_per_second, 2),
+                "step_seconds": round(self.speed.step_seconds, 3),
+                "bound": self.speed.bound,
+                "epoch_tokens": self.speed.epoch_tokens,
+                "seconds_per_epoch": None
+                if self.speed.seconds_per_epoch is None
+                else round(self.speed.seconds_per_epoch, 1),
+            }
+        return {
+            "fits": self.fits,
+            "mode": self.mode,
+            "message": self.message,
+            "gpus": self.hardware.gpus,
+            "gpu_product": self.hardware.product.name,
+            "gpu_memory_gib": self.hardware.memory_gib,
+            "model": {
+                "name": self.shape.name,
+                "parameters": self.shape.total_params,
+                "layers": self.shape.layers,
+                "hidden": self.shape.hidden,
+            },
+            "max_length": self.recipe.max_length,
+            "batch_size": self.recipe.batch_size,
+            "gradient_checkpointing": self.recipe.gradient_checkpointing,
+            "loss_chunk_tokens": self.layout.loss_chunk_tokens,
+            "shortfall_gib": round(self.shortfall_gib, 2),
+            "per_gpu": [gpu_dict(g) for g in self.per_gpu],
+            "alternatives": [
+                {
+                    "mode": a.mode,
+                    "fits": a.fits,
+                    "max_total_gib": round(a.fullest.total / GIB, 2),
+                    "loss_chunk_tokens": a.loss_chunk_tokens,
+                }
+                for a in self.alternatives
+            ],
+            "suggestions": list(self.suggestions),
+            "device_map": self.device_map,
+            "max_memory": None if self.max_memory is None else {str(k): v for k, v in self.max_memory.items()},
+            "speed": speed,
+        }
+
+
+def gpu_dict(g: GpuMemory) -> dict[str, Any]:
+    def gib(value: float) -> float:
+        return round(value / GIB, 3)
+
+    return {
+        "index": g.index,
+        "layers": g.layers,
+        "quantised_weights_gib": gib(g.quantised_weights),
+        "embeddings_head_gib": gib(g.embeddings_head),
+        "norms_gib": gib(g.norms),
+        "lora_optimizer_gib": gib(g.lora_optimizer),
+        "activations_gib": gib(g.activations),
+        "temporaries_gib": gib(g.temporaries),
+        "logits_gib": gib(g.logits),
+        "overhead_gib": gib(g.overhead),
+        "allocated_gib": gib(g.allocated),
+        "total_gib": gib(g.total),
+        "capacity_gib": gib(g.capacity),
+        "headroom_gib": gib(g.headroom),
+        "peak_phase": g.peak_phase,
+    }
+
+
+# --- per-mode memory ---------------------------------------------------------------------
+
+
+def _device_map_gpu(shape: ModelShape, recipe: Recipe, hw: Hardware, gpu: int, layers: int) -> GpuMemory:
+    last = hw.gpus - 1
+    # A tied head is the embedding matrix: accelerate keeps it with the embeddings on GPU 0.
+    loss_gpu = 0 if shape.tied_embeddings else last
+    embeddings_head = (mem.embedding_bytes(shape, recipe) if gpu == 0 else 0.0) + (
+        mem.head_bytes(shape) if gpu == loss_gpu else 0.0
+    )
+    final_hidden = recipe.tokens * shape.hidden * recipe.compute_bytes if gpu == loss_gpu else 0.0
+    return GpuMemory(
+        index=gpu,
+        layers=layers,
+        quantised_weights=layers * mem.layer_weight_bytes(shape, recipe),
+        embeddings_head=embeddings_head,
+        norms=layers * mem.norm_bytes_per_layer(shape) + (shape.hidden * mem.FP32 if gpu == last else 0.0),
+        lora_optimizer=layers * mem.lora_state_bytes_per_layer(shape, recipe),
+        activations=layers * mem.layer_activation_bytes(shape, recipe) + final_hidden,
+        temporaries=mem.layer_pass_temporaries(shape, recipe) if layers else 0.0,
+        logits=mem.logits_bytes(shape, recipe) if gpu == loss_gpu else 0.0,
+        capacity=hw.capacity,
+    )
+
+
+def device_map_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, placement: Placement | None = None) -> Layout:
+    """device_map memory per GPU, for the balanced placement or a given one."""
+
+    def total_for(gpu: int, count: int) -> float:
+        return _device_map_gpu(shape, recipe, hw, gpu, count).total
+
+    if placement is None:
+        placement = balance(shape.layers, [hw.capacity] * hw.gpus, total_for)
+    per_gpu = tuple(
+        _device_map_gpu(shape, recipe, hw, gpu, count) for gpu, count in enumerate(placement.layers_per_gpu)
+    )
+    return Layout("device_map", per_gpu, recipe.loss_chunk_tokens, placement)
+
+
+def data_parallel_layout(shape: ModelShape, recipe: Recipe, hw: Hardware) -> Layout:
+    one = _device_map_gpu(shape, recipe, hw.with_gpus(1), 0, shape.layers)
+    # The flat all-reduce buffer of the adapter gradients.
+    grads = shape.layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets) * mem.FP32
+    one = replace(one, lora_optimizer=one.lora_optimizer + grads)
+    return Layout("data_parallel", tuple(replace(one, index=i) for i in range(hw.gpus)), recipe.loss_chunk_tokens)
+
+
+def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware) -> Layout:
+    n = hw.gpus
+    layer_weights = mem.layer_weight_bytes(shape, recipe)
+    head = mem.head_bytes(shape) or mem.embedding_bytes(shape, recipe)
+    gpu = GpuMemory(
+        index=0,
+        layers=shape.layers,
+        quantised_weights=shape.layers * layer_weights / n,
+        embeddings_head=(mem.embedding_bytes(shape, recipe) + mem.head_bytes(shape)) / n,
+        norms=(shape.layers * mem.norm_bytes_per_layer(shape) + shape.hidden * mem.FP32) / n,
+        lora_optimizer=shape.layers * mem.lora_state_bytes_per_layer(shape, recipe) / n,
+        activations=shape.layers * mem.layer_activation_bytes(shape, recipe)
+        + recipe.tokens * shape.hidden * recipe.compute_bytes,
+        # The running layer and the prefetched next one, gathered whole.
+        temporaries=mem.layer_pass_temporaries(shape, recipe) + 2 * layer_weights,
+        # The head is gathered whole for the loss.
+        logits=mem.logits_bytes(shape, recipe) + head,
+        capacity=hw.capacity,
+    )
+    return Layout("fsdp", tuple(replace(gpu, index=i) for i in range(n)), recipe.loss_chunk_tokens)
+
+
+def layout_for(mode: Mode, shape: ModelShape, recipe: Recipe, hw: Hardware) -> Layout:
+    if mode == "device_map" or hw.gpus == 1:
+        return device_map_layout(shape, recipe, hw)
+    if mode == "data_parallel":
+        return data_parallel_layout(shape, recipe, hw)
+    return fsdp_layout(shape, recipe, hw)
+
+
+def _modes(choice: ModeChoice, hw: Hardware, allowed: Sequence[Mode]) -> list[Mode]:
+    if hw.gpus == 1:
+        return ["device_map"]
+    if choice != "auto":
+        return [choice]
+    return [m for m in ALL_MODES if m in allowed]
+
+
+def _best_layout(
+    shape: ModelShape, recipe: Recipe, hw: Hardware, modes: Sequence[Mode], loss_chunks: Sequence[int]
+) -> tuple[Layout, list[Layout]]:
+    """The fastest layout that fits, else the one closest to fitting; plus each mode's best."""
+    per_mode: list[Layout] = []
+    for mode in modes:
+        tried = [layout_for(mode, shape, replace(recipe, loss_chunk_tokens=c), hw) for c in loss_chunks]
+        fitting = [t for t in tried if t.fits]
+        per_mode.append(fitting[0] if fitting else min(tried, key=lambda t: t.shortfall))
+    fitting = [layout for layout in per_mode if layout.fits]
+    if fitting:
+
+        def rate(layout: Layout) -> float:
+            r = replace(recipe, loss_chunk_tokens=layout.loss_chunk_tokens)
+            return estimate(shape, r, hw.product, gpus=hw.gpus, mode=layout.mode).tokens_per_second
+
+        return max(fitting, key=rate), per_mode
+    return min(per_mode, key=lambda t: t.shortfall), per_mode
+
+
+def _fits(shape: ModelShape, recipe: Recipe, hw: Hardware, modes: Sequence[Mode], chunks: Sequence[int]) -> bool:
+    return _best_layout(shape, recipe, hw, modes, chunks)[0].fits
+
+
+def _suggestions(
+    shape: ModelShape, recipe: Recipe, hw: Hardware, allowed: Sequence[Mode], chunks: Sequence[int]
+) -> list[str]:
+    out: list[str] = []
+    auto_modes = list(allowed)
+
+    def layout_on(gpus: int) -> Layout:
+        more = hw.with_gpus(gpus)
+        return _best_layout(shape, recipe, more, _modes("auto", more, auto_modes), chunks)[0]
+
+    if hw.gpus < MAX_GPUS and layout_on(MAX_GPUS).fits:
+        # More GPUs never need more memory per GPU, so the fewest that fit can be bisected.
+        low, high = hw.gpus + 1, MAX_GPUS
+        while low < high:
+            middle = (low + high) // 2
+            if layout_on(middle).fits:
+                high = middle
+            else:
+                low = middle + 1
+        out.append(f"fits on {low} x {hw.product.name} ({layout_on(low).mode} mode)")
+    else:
+        out.append(f"does not fit on up to {MAX_GPUS} x {hw.product.name} at maxLength {recipe.max_length}")
+    modes = _modes("auto", hw, auto_modes)
+    low, high = 16, recipe.max_length - 1
+    if high >= low and _fits(shape, replace(recipe, max_length=low), hw, modes, chunks):
+        while low < high:
+            middle = (low + high + 1) // 2
+            if _fits(shape, replace(recipe, max_length=middle), hw, modes, chunks):
+                low = middle
+            else:
+                high = middle - 1
+        out.append(f"fits on {hw.gpus} x {hw.product.name} with maxLength <= {low}")
+    elif high >= low:
+        weights = shape.layers * mem.layer_weight_bytes(shape, recipe) + mem.embedding_bytes(shape, recipe)
+        weights += mem.head_bytes(shape)
+        shortest = _best_layout(shape, replace(recipe, max_length=low), hw, modes, chunks)[0]
+        out.append(
+            f"no maxLength fits on {hw.gpus} x {hw.product.name} (the weights alone take "
+            f"{weights / GIB:.1f} of {hw.gpus * hw.memory_gib:.1f} GiB; at maxLength {low} GPU "
+            f"{shortest.fullest.index} still needs {_gib(shortest.fullest.total)})"
+        )
+    if recipe.batch_size > 1 and _fits(shape, replace(recipe, batch_size=1), hw, modes, chunks):
+        out.append("fits with batchSize 1 (raise gradientAccumulation to keep the effective batch)")
+    if not recipe.gradient_checkpointing and _fits(
+        shape, replace(recipe, gradient_checkpointing=True), hw, modes, chunks
+    ):
+        out.append("fits with gradientCheckpointing: true")
+    return out
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:.1f} GiB"
+
+
+def make_plan(
+    shape: ModelShape,
+    recipe: Recipe,
+    hardware: Hardware,
+    *,
+    mode: ModeChoice = "auto",
+    epoch_tokens: int | None = None,
+    allowed_modes: Sequence[Mode] = ALL_MODES,
+    loss_chunks: Sequence[int] | None = None,
+) -> Plan:
+    """Plan `shape` trained with `recipe` on `hardware`.
+
+    `allowed_modes` limits `auto` to what the trainer implements; `loss_chunks` lists the loss
+    chunk sizes to try in order (0 = whole-sequence logits); the default tries whole-sequence
+    logits first, then chunks of LOSS_CHUNK_TOKENS, unless the recipe names a chunk size.
+    """
+    if hardware.gpus < 1:
+        raise ValueError("the planner needs at least one GPU")
+    chunks = (
+        list(loss_chunks)
+        if loss_chunks is not None
+        else ([recipe.loss_chunk_tokens] if recipe.loss_chunk_tokens else [0, LOSS_CHUNK_TOKENS])
+    )
+    modes = _modes(mode, hardware, allowed_modes)
+    layout, per_mode = _best_layout(shape, recipe, hardware, modes, chunks)
+    if mode == "auto" and hardware.gpus > 1:
+        alternatives = tuple(per_mode)
+    else:
+        alternatives = (
+            tuple(_best_layout(shape, recipe, hardware, [m], chunks)[0] for m in ALL_MODES if m not in modes)
+            if hardware.gpus > 1
+            else ()
+        )
+        alternatives = (layout, *alternatives)
+    chosen = replace(recipe, loss_chunk_tokens=layout.loss_chunk_tokens)
+    speed = estimate(shape, chosen, hardware.product, gpus=hardware.gpus, mode=layout.mode, epoch_tokens=epoch_tokens)
+    fullest = layout.fullest
+    where = f"{hardware.gpus} x {hardware.product.name}"
+    others = [a for a in alternatives if a.mode != layout.mode]
+    other_text = "; ".join(
+        f"{a.mode} needs {_gib(a.fullest.total)} on GPU {a.fullest.index}" + ("" if a.fits else " (does not fit)")
+        for a in others
+    )
+    suggestions: list[str] = []
+    if layout.fits:
+        chunk = f", loss in chunks of {layout.loss_chunk_tokens} tokens" if layout.loss_chunk_tokens else ""
+        message = (
+            f"fits on {where} in {layout.mode} mode{chunk}: peak {_gib(fullest.total)} on GPU {fullest.index} "
+            f"of {hardware.memory_gib:.1f} GiB ({_gib(fullest.headroom)} headroom)"
+        )
+    else:
+        suggestions = _suggestions(shape, recipe, hardware, allowed_modes, chunks)
+        message = (
+            f"does not fit on {where}: the closest is {layout.mode} mode, which needs {_gib(fullest.total)} on "
+            f"GPU {fullest.index}, {_gib(layout.shortfall)} more than its {hardware.memory_gib:.1f} GiB; "
+            + "; ".join(suggestions)
+        )
+    if other_text:
+        message += f" (also: {other_text})"
+    device_map = layout.placement.device_map() if layout.placement is not None and hardware.gpus > 1 else None
+    budget = None
+    if layout.placement is not None:
+        accounting = shape.linear_params_per_layer * (
+            QUANTISED_ACCOUNTING_BYTES if recipe.quantization != "none" else recipe.compute_bytes
+        )
+        budget = max_memory(layout.placement, accounting, mem.embedding_bytes(shape, recipe), mem.head_bytes(shape))
+    return Plan(
+        fits=layout.fits,
+        mode=layout.mode,
+        hardware=hardware,
+        shape=shape,
+        recipe=chosen,
+        layout=layout,
+        speed=speed,
+        message=message,
+        alternatives=alternatives,
+        suggestions=tuple(suggestions),
+        device_map=device_map,
+        max_memory=budget,
+    )

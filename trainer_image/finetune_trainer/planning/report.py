@@ -1,0 +1,76 @@
+"""The plan as text for people: one column per GPU, then the verdict and the speed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import calibration as cal
+from .memory import GIB, GpuMemory
+from .plan import Plan
+
+ROWS: tuple[tuple[str, Callable[[GpuMemory], float]], ...] = (
+    ("quantised weights", lambda g: g.quantised_weights),
+    ("embeddings + head", lambda g: g.embeddings_head),
+    ("norms", lambda g: g.norms),
+    ("LoRA + optimizer", lambda g: g.lora_optimizer),
+    ("activations", lambda g: g.activations),
+    ("temporaries (layer pass)", lambda g: g.temporaries),
+    ("logits (loss pass)", lambda g: g.logits),
+    ("CUDA context + slack", lambda g: g.overhead),
+    ("total", lambda g: g.total),
+    ("headroom", lambda g: g.headroom),
+)
+
+
+def duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    days, rest = divmod(minutes, 24 * 60)
+    hours, mins = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {mins}m"
+    return f"{mins}m {int(seconds % 60)}s"
+
+
+def _params(count: int) -> str:
+    return f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
+
+
+def render(plan: Plan) -> str:
+    shape, recipe, hw = plan.shape, plan.recipe, plan.hardware
+    quant = recipe.quantization + (" + double quant" if recipe.double_quant and recipe.quantization != "none" else "")
+    compute = "fp32" if recipe.compute_bytes == 4 else "16-bit"
+    activations = "checkpointed layer inputs" if recipe.gradient_checkpointing else "full, no checkpointing"
+    lines = [
+        f"model     {shape.name or 'model'}: {_params(shape.total_params)} parameters, {shape.layers} layers, "
+        f"hidden {shape.hidden}, vocab {shape.vocab}",
+        f"recipe    {quant} weights, {compute} compute, LoRA r={recipe.lora_r} on {','.join(recipe.lora_targets)}, "
+        f"{recipe.optimizer}",
+        f"          maxLength {recipe.max_length} x batch {recipe.batch_size}, activations: {activations}, "
+        f"attention {recipe.attention}, loss "
+        + (
+            f"in chunks of {recipe.loss_chunk_tokens} tokens" if recipe.loss_chunk_tokens else "over the whole sequence"
+        ),
+        f"gpus      {hw.gpus} x {hw.product.name}, {hw.memory_gib:.1f} GiB each; mode {plan.mode}",
+        "",
+    ]
+    width = 26
+    header = "GiB per GPU".ljust(width) + "".join(f"{'GPU' + str(g.index):>9}" for g in plan.per_gpu)
+    lines.append(header)
+    lines.append("layers".ljust(width) + "".join(f"{g.layers:>9}" for g in plan.per_gpu))
+    for label, value in ROWS:
+        lines.append(label.ljust(width) + "".join(f"{value(g) / GIB:>9.2f}" for g in plan.per_gpu))
+    lines.append("  (total = resident + the larger of the layer pass and the loss pass + context)")
+    lines.append("")
+    lines.append(("FITS: " if plan.fits else "DOES NOT FIT: ") + plan.message)
+    if plan.speed is not None:
+        speed = plan.speed
+        lines.append(
+            f"speed     {speed.tokens_per_second:,.0f} tokens/s ({speed.flops_per_token / 1e9:.1f} GFLOP per token, "
+            f"{hw.product.fp32_tflops:g} TFLOP/s FP32 peak x {cal.COMPUTE_UTILISATION:g} utilisation, "
+            f"{speed.bound}-bound)"
+        )
+        if speed.seconds_per_epoch is not None and speed.epoch_tokens is not None:
+            lines.append(f"epoch     {speed.epoch_tokens:,} tokens: {duration(speed.seconds_per_epoch)}")
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+"""Throughput: FLOPs per token over the GPU's FP32 peak times a calibrated utilisation, plus the
+memory-bound NF4 dequantisation, plus (FSDP) the weight all-gathers when they outlast compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from . import calibration as cal
+from .gpu_products import GpuProduct
+from .memory import Recipe, layer_weight_bytes, quantised_bytes_per_param
+from .model_shape import ModelShape
+
+Mode = Literal["device_map", "data_parallel", "fsdp", "cpu"]
+
+
+@dataclass(frozen=True)
+class Speed:
+    flops_per_token: float
+    tokens_per_second: float
+    step_seconds: float  # one micro-batch on one GPU
+    bound: Literal["compute", "communication"]
+    epoch_tokens: int | None = None
+
+    @property
+    def seconds_per_epoch(self) -> float | None:
+        if self.epoch_tokens is None or self.tokens_per_second <= 0:
+            return None
+        return self.epoch_tokens / self.tokens_per_second
+
+
+def _passes(recipe: Recipe) -> int:
+    """Matmul passes over the frozen weights: forward, input-gradient, and the recompute."""
+    return 3 if recipe.gradient_checkpointing else 2
+
+
+def flops_per_token(shape: ModelShape, recipe: Recipe) -> float:
+    """Frozen weights need no weight gradient: 2 FLOPs per weight per pass; the adapters train
+    fully (6 per weight); attention scores over the whole sequence in every pass, twice in backward."""
+    passes = _passes(recipe)
+    linear = 2 * shape.layers * shape.linear_params_per_layer * passes
+    lora = 6 * shape.layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets)
+    head = 4 * shape.vocab * shape.hidden
+    attention_pass = 4 * recipe.max_length * shape.attention_width
+    attention = shape.layers * attention_pass * (passes + 1)
+    return float(linear + lora + head + attention)
+
+
+def memory_traffic_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    """Bytes moved per micro-batch by NF4 dequantisation: each pass reads every 4-bit linear and
+    writes and re-reads its wide copy. (Elementwise traffic is left to the fitted constants: the
+    calibration grid fits better without a separate term for it.)"""
+    if recipe.quantization == "none":
+        return 0.0
+    per_param = quantised_bytes_per_param(recipe) + 2 * recipe.compute_bytes
+    return _passes(recipe) * shape.layers * shape.linear_params_per_layer * per_param
+
+
+def compute_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
+    flops = flops_per_token(shape, recipe) * recipe.tokens
+    compute = flops / (product.fp32_tflops * 1e12 * cal.COMPUTE_UTILISATION)
+    memory = memory_traffic_bytes(shape, recipe) / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
+    launches = shape.layers * _passes(recipe) * cal.LAYER_PASS_SECONDS
+    return compute + memory + launches
+
+
+def gather_bytes(shape: ModelShape, recipe: Recipe, gpus: int) -> float:
+    """FSDP: bytes each GPU receives per micro-batch (every layer gathered once per pass, the
+    embedding once, the FP32 head forward and backward)."""
+    if gpus <= 1:
+        return 0.0
+    share = (gpus - 1) / gpus
+    layers = _passes(recipe) * shape.layers * layer_weight_bytes(shape, recipe)
+    embed_head = shape.embedding_params * recipe.compute_bytes + 2 * shape.head_params * 4
+    return share * (layers + embed_head)
+
+
+def estimate(
+    shape: ModelShape, recipe: Recipe, product: GpuProduct, *, gpus: int, mode: Mode, epoch_tokens: int | None = None
+) -> Speed:
+    step = compute_seconds(shape, recipe, product)
+    bound: Literal["compute", "communication"] = "compute"
+    parallel = 1
+    if mode == "data_parallel":
+        parallel = gpus
+    elif mode == "fsdp":
+        parallel = gpus
+        comm = gather_bytes(shape, recipe, gpus) / (product.link_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
+        if comm > step:  # gathers overlap compute; the longer of the two sets the pace
+            step, bound = comm, "communication"
+    if mode == "device_map":
+        # The layers run one GPU after another (N GPUs give one GPU's speed), plus a hand-over
+        # of the hidden states at each boundary.
+        step += (gpus - 1) * cal.DEVICE_HOP_SECONDS
+    return Speed(
+        flops_per_token=flops_per_token(shape, recipe),
+        tokens_per_second=parallel * recipe.tokens / step,
+        step_seconds=step,
+        bound=bound,
+        epoch_tokens=epoch_tokens,
+    )

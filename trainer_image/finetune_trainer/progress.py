@@ -1,0 +1,125 @@
+"""Progress as it happens: a JSON line per logging step on stdout, loss spikes, status patches.
+
+One line per event keeps the log machine-readable (`kubectl logs | jq`) and is what the tests
+read to compare loss curves across a kill and a resume.
+"""
+
+import json
+import logging
+import math
+import sys
+import time
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from .status_patch import StatusReporter
+
+log = logging.getLogger(__name__)
+
+SPIKE_FACTOR = 2.0  # a step loss this many times the running average is a spike
+SPIKE_WARMUP = 5  # logged steps before spikes are judged
+EMA_WEIGHT = 0.9
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}, separators=(",", ":")), file=sys.stdout, flush=True)
+
+
+class LossSpikes:
+    """Running average of the loss; a value far above it is reported as a warning, not an error."""
+
+    def __init__(self) -> None:
+        self.average: float | None = None
+        self.seen = 0
+        self.spikes = 0
+
+    def observe(self, step: int, loss: float) -> None:
+        if not math.isfinite(loss):
+            return
+        self.seen += 1
+        if self.average is not None and self.seen > SPIKE_WARMUP and loss > SPIKE_FACTOR * self.average:
+            self.spikes += 1
+            log.warning("loss spike at step %d: %.4f, running average %.4f", step, loss, self.average)
+            emit("LossSpike", step=step, loss=loss, average=round(self.average, 6))
+        self.average = loss if self.average is None else EMA_WEIGHT * self.average + (1 - EMA_WEIGHT) * loss
+
+
+class ProgressCallback(TrainerCallback):
+    def __init__(self, reporter: StatusReporter | None) -> None:
+        self.reporter = reporter
+        self.spikes = LossSpikes()
+        self.started: float | None = None
+        self.start_step = 0
+        self.start_tokens = 0
+        self.last: dict[str, Any] = {}
+        self.first_loss: float | None = None
+        self.eval_loss: float | None = None
+        self.eval_step: int | None = None
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
+            self.start_step = state.global_step
+            self.start_tokens = int(state.num_input_tokens_seen or 0)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        logs = logs or {}
+        if "eval_loss" in logs:
+            self.eval_loss = float(logs["eval_loss"])
+            self.eval_step = state.global_step
+            emit("eval", step=state.global_step, evalLoss=self.eval_loss)
+            return
+        if "loss" not in logs:
+            return
+        step = state.global_step
+        elapsed = time.monotonic() - (self.started or time.monotonic())
+        done = step - self.start_step
+        tokens = int(state.num_input_tokens_seen or 0) - self.start_tokens
+        loss = float(logs["loss"])
+        progress: dict[str, Any] = {
+            "step": step,
+            "totalSteps": state.max_steps,
+            "epoch": round(float(state.epoch or 0.0), 4),
+            "loss": loss,
+            "lr": float(logs.get("learning_rate", 0.0)),
+            "tokensPerSecond": round(tokens / elapsed, 1) if elapsed > 0 else None,
+            "etaSeconds": round((state.max_steps - step) * elapsed / done, 1) if done > 0 else None,
+            # seconds since this process's first step: lets a benchmark drop warm-up steps
+            "elapsedSeconds": round(elapsed, 3),
+            "tokens": tokens,
+        }
+        if self.first_loss is None:
+            self.first_loss = loss
+        self.last = progress
+        emit("progress", **progress)
+        self.spikes.observe(step, loss)
+        if self.reporter is not None:
+            self.reporter.progress(self.status_progress())
+
+    def status_progress(self) -> dict[str, Any]:
+        """The last progress line in the shape of `FineTuneJobStatus.progress`."""
+        p = self.last
+        if not p:
+            return {}
+        total = p["totalSteps"] or 0
+        out = {
+            "step": p["step"],
+            "totalSteps": total,
+            "epoch": p["epoch"],
+            "percent": round(100.0 * p["step"] / total, 1) if total else None,
+            "loss": p["loss"] if math.isfinite(p["loss"]) else None,
+            "learningRate": p["lr"],
+            "tokensPerSecond": p["tokensPerSecond"],
+            "etaSeconds": p["etaSeconds"],
+        }
+        return {k: v for k, v in out.items() if v is not None}
