@@ -209,10 +209,14 @@ def http_ok(url: str, context: ssl.SSLContext | None = None, timeout: float = 2.
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float, alive: Callable[[], bool] | None = None) -> None:
     deadline = time.monotonic() + timeout
+    gone = 0
     while time.monotonic() < deadline:
         if check():
             return
-        if alive is not None and not alive():
+        # Judge a process dead only when it stays so for a second: a single look at /proc can
+        # miss a process that is alive (seen under pytest's fd capture).
+        gone = gone + 1 if alive is not None and not alive() else 0
+        if gone >= 5:
             raise SystemExit(f"cluster: {what}: the process exited; see .cache/cluster/logs/")
         time.sleep(0.2)
     raise SystemExit(f"cluster: {what} not ready after {timeout:.0f}s; see .cache/cluster/logs/")

@@ -117,15 +117,30 @@ def _up_locked(layout: Layout) -> None:
     if layout.pids.is_dir() or layout.state.exists():
         _say("cleaning up a previous cluster that is not healthy")
         _down_locked(layout)
-    try:
-        _start(layout, found, started)
-    except BaseException:
-        # Never leave half a cluster running: the next `up` starts from nothing.
-        _down_locked(layout)
-        raise
+    for attempt in (1, 2):
+        try:
+            _start(layout, found, started)
+            return
+        except SystemExit as exc:
+            # Never leave half a cluster running: the next `up` starts from nothing. The logs go
+            # with it, so show their ends first: a CI run has nothing else to look at.
+            _print_log_tails(layout)
+            _down_locked(layout)
+            # A component that dies during start-up (seen: etcd right after a previous cluster
+            # of this folder stopped) gets one clean second try; a real fault fails twice.
+            if attempt == 2:
+                raise
+            _say(f"{exc}; starting again from nothing")
+        except BaseException:
+            _print_log_tails(layout)
+            _down_locked(layout)
+            raise
 
 
 def _start(layout: Layout, found: dict[str, Path], started: float) -> None:
+    # A data folder left by a cluster that was not stopped cleanly holds another member's
+    # identity and ports; etcd would wait for that member forever. Every `up` starts empty.
+    shutil.rmtree(layout.etcd_data, ignore_errors=True)
     for folder in (layout.logs, layout.pids, layout.volumes, layout.pods, layout.etcd_data):
         folder.mkdir(parents=True, exist_ok=True)
     layout.etcd_data.chmod(0o700)
@@ -200,9 +215,34 @@ def down() -> int:
     return 0
 
 
+def _print_log_tails(layout: Layout, lines: int = 15) -> None:
+    for log in sorted(layout.logs.glob("*.log")) if layout.logs.is_dir() else []:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        print(f"--- {log.name} (last {len(tail)} lines)", *tail, sep="\n", file=sys.stderr)
+
+
+def _stop_strays(layout: Layout) -> None:
+    """Control-plane processes of this cluster whose pid files are gone (their session was
+    killed mid-start): found by the cluster folder in their command line. A stray etcd would
+    hold the data folder's lock and hang the next `up`."""
+    marker = str(layout.root)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        binary = Path(argv[0].decode(errors="replace")).name if argv and argv[0] else ""
+        if binary in DAEMONS and any(marker in a.decode(errors="replace") for a in argv[1:]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
 def _down_locked(layout: Layout) -> None:
     processes.stop_all(layout, DAEMONS)
     _stop_pod_processes(layout)
+    _stop_strays(layout)
     if layout.root.is_dir():
         for entry in layout.root.iterdir():
             if entry != layout.bin:

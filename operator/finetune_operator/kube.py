@@ -35,6 +35,21 @@ def load_config() -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+class ChildRejected(Exception):
+    """The API server refused a child object as invalid (4xx other than conflicts)."""
+
+    def __init__(self, kind: str, name: str, message: str) -> None:
+        super().__init__(f"the API server rejected {kind} {name}: {message}")
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except ValueError:
+        message = None
+    return str(message or exc.reason or exc.status)[:1000]
+
+
 class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
@@ -69,7 +84,11 @@ class Kube:
             raise
 
     def create_or_get(self, body: Body) -> tuple[Body, bool]:
-        """Create the object, or return the existing one of that name: (object, created)."""
+        """Create the object, or return the existing one of that name: (object, created).
+
+        Raises ChildRejected when the API server (or the client's own model) refuses the object
+        itself: retrying cannot help, the FineTuneJob's spec has to change.
+        """
         kind = body["kind"]
         namespace = body["metadata"]["namespace"]
         create, read = self._create[kind]
@@ -78,7 +97,12 @@ class Kube:
         except ApiException as exc:
             if exc.status != 409:
                 metrics.API_ERRORS.labels(verb="create", kind=kind, code=str(exc.status)).inc()
+                if exc.status in (400, 422):
+                    raise ChildRejected(kind, body["metadata"]["name"], _api_message(exc)) from exc
                 raise
+        except (ValueError, TypeError) as exc:
+            metrics.API_ERRORS.labels(verb="create", kind=kind, code="client").inc()
+            raise ChildRejected(kind, body["metadata"]["name"], " ".join(str(exc).split())[:1000]) from exc
         found = self._call("get", kind, read, body["metadata"]["name"], namespace, _preload_content=False)
         return self._plain(found), False
 

@@ -24,7 +24,7 @@ from .builders import rbac as rbac_builder
 from .children import Owner
 from .coalesce import Coalescer
 from .crash_hook import maybe_crash
-from .kube import Body, Kube
+from .kube import Body, ChildRejected, Kube
 from .settings import Settings
 from .status import TERMINAL, Observation, compute, needs_patch, status_patch
 
@@ -136,7 +136,12 @@ class Reconciler:
                 # A Job of a deleted FineTuneJob of the same name, still being collected.
                 job = None
             elif job is None and current.get("phase") not in TERMINAL:
-                job = self._create_children(body, owner, spec)
+                try:
+                    job = self._create_children(body, owner, spec)
+                except ChildRejected as exc:
+                    # Admission let the spec through but a child is refused (e.g. a malformed
+                    # affinity): that is a spec problem, reported once as Failed, not a retry loop.
+                    invalid = str(exc)
             if job is not None:
                 patch = job_patch(job, spec)
                 if patch:

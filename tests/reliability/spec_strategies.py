@@ -13,8 +13,7 @@ from typing import Any, Literal
 
 from hypothesis import strategies as st
 
-from finetune_api.base import DNS_SUBDOMAIN_PATTERN
-from finetune_api.gpus import LABEL_VALUE_PATTERN
+from finetune_api.base import DNS_SUBDOMAIN_PATTERN, LABEL_VALUE_PATTERN
 
 Expect = Literal["valid", "invalid", "either"]
 

@@ -30,7 +30,8 @@ LOGITS_COPIES: Final = 3.0
 MLP_GRADIENT_FLOATS: Final = 2.0
 
 # Speed, fitted by bench/calibration/fit.py to bench/calibration/measurements.json (H200,
-# 2026-11-30, 15 points, each in its own process): share of the data-sheet FP32 peak the recipe's matmuls reach, share of
+# 2026-11-30, 15 points, each in its own process): share of the data-sheet FP32 peak the
+# recipe's matmuls reach, share of
 # the memory bandwidth NF4 dequantisation reaches, the fixed cost of running one decoder layer
 # once (forward, backward or recompute: launching its kernels), and the hand-over between two
 # GPUs in device_map mode, per micro-batch.
