@@ -58,7 +58,8 @@ RelativePath = Annotated[str, Field(max_length=1024, pattern=RELATIVE_PATH_PATTE
 
 
 def _positive(quantity: str) -> str:
-    number = quantity.rstrip("mkMGTPEi")
+    # Runs after the pattern check: the number is everything before the unit suffix.
+    number = quantity.rstrip("mkKMGTPEi")
     if float(number) <= 0:
         raise ValueError("must be greater than zero")
     return quantity

@@ -40,7 +40,7 @@ HUB_ID = st.from_regex(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,40}(/[-A-Za-z0-9_.]{1,40})
 QUANTITY = st.one_of(
     st.integers(1, 10**6),
     st.from_regex(r"^[0-9]{1,6}(\.[0-9]{1,3})?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$", fullmatch=True).filter(
-        lambda q: float(q.rstrip("mkMGTi")) > 0
+        lambda q: float(q.rstrip("mkKMGTi")) > 0
     ),
 )
 PRODUCTS = ("Tesla-P40", "Tesla-P100-PCIE-16GB", "NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "Quadro-P6000")
