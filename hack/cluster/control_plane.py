@@ -118,7 +118,9 @@ def apiserver_args(binary: Path, pki: Pki, ports: Ports) -> list[str]:
     ]
 
 
-def controller_manager_args(binary: Path, layout: Layout, pki: Pki, ports: Ports) -> list[str]:
+def _controller_flags(binary: Path, layout: Layout, port: int) -> list[str]:
+    """What controller-manager and scheduler share: the admin kubeconfig, no leader election
+    (one of each), healthz on loopback."""
     kubeconfig = str(layout.kubeconfig)
     return [
         str(binary),
@@ -127,7 +129,13 @@ def controller_manager_args(binary: Path, layout: Layout, pki: Pki, ports: Ports
         f"--authorization-kubeconfig={kubeconfig}",
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
-        f"--secure-port={ports.controller_manager}",
+        f"--secure-port={port}",
+    ]
+
+
+def controller_manager_args(binary: Path, layout: Layout, pki: Pki, ports: Ports) -> list[str]:
+    return [
+        *_controller_flags(binary, layout, ports.controller_manager),
         f"--service-account-private-key-file={pki.sa_key}",
         f"--root-ca-file={pki.ca_cert}",
         f"--cluster-signing-cert-file={pki.ca_cert}",
@@ -139,15 +147,8 @@ def controller_manager_args(binary: Path, layout: Layout, pki: Pki, ports: Ports
 
 
 def scheduler_args(binary: Path, layout: Layout, ports: Ports) -> list[str]:
-    kubeconfig = str(layout.kubeconfig)
     return [
-        str(binary),
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--leader-elect=false",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={ports.scheduler}",
+        *_controller_flags(binary, layout, ports.scheduler),
         "--profiling=false",
     ]
 

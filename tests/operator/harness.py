@@ -117,6 +117,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_process_group(proc: "subprocess.Popen[bytes] | None") -> None:
+    """SIGTERM the process group of an operator subprocess, SIGKILL it if it lingers."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
 class OperatorProcess:
     """`python -m finetune_operator` watching one namespace, logs in a file."""
 
@@ -176,15 +189,7 @@ class OperatorProcess:
         return self.proc.wait(timeout)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        stop_process_group(self.proc)
 
     def tail(self, size: int = 6000) -> str:
         return self.log.read_text(errors="replace")[-size:] if self.log.exists() else ""

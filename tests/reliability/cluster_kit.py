@@ -5,7 +5,6 @@ creations, the API server's per-identity request counter, peak RSS of a process.
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from tests.operator.harness import (
     kubeconfig_for_token,
     operator_rules,
     service_account_token,
+    stop_process_group,
     wait_for,
 )
 
@@ -282,15 +282,7 @@ class FloorOperator:
             return False
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        stop_process_group(self.proc)
 
     def tail(self, size: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-size:] if self.log.exists() else ""
