@@ -107,6 +107,21 @@ def test_sigkill_inside_a_checkpoint_write_is_ignored_on_resume(
     assert_same_curve(resumed, reference_run[1], from_step=10)
 
 
+def test_killed_after_the_final_checkpoint_resumes_without_an_extra_step(job_dir: JobDir) -> None:
+    # 6 steps is not a whole number of epochs (64 batches), the case where Hugging Face's loop
+    # used to run step 7 after resuming at step 6.
+    job_dir.spec_changes = {"training": {"maxSteps": 6}, "checkpoints": {"everySteps": 3, "keep": 2}}
+    killed = job_dir.run(kill_when=lambda e: e.get("event") == "checkpoint" and e["step"] == 6)
+    assert killed.code == -signal.SIGKILL
+    resumed = job_dir.run()
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    assert resumed.of("start")[0]["resumeFrom"]["step"] == 6
+    assert not resumed.of("progress"), "no step may run after the final checkpoint"
+    summary = json.loads((job_dir.output / "summary.json").read_text())
+    assert summary["finalStep"] == 6
+    assert (job_dir.output / "adapter" / "adapter_model.safetensors").is_file()
+
+
 def test_non_finite_loss_stops_with_reason_and_keeps_the_last_good_checkpoint(job_dir: JobDir) -> None:
     run = job_dir.run(env={"FINETUNE_TEST_NONFINITE_AT": "15"})
     assert run.code == ExitReason.NonFiniteLoss

@@ -55,6 +55,14 @@ class FineTuneTrainer(SFTTrainer):
         if self.on_checkpoint is not None:
             self.on_checkpoint(checkpoint)
 
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
+        # Resumed from the final checkpoint (a pod stopped between the last save and the end):
+        # Hugging Face's epoch loop would still run one step past max_steps before checking.
+        if self.state.max_steps > 0 and self.state.global_step >= self.state.max_steps:
+            self.control.should_training_stop = True
+            return
+        super()._run_epoch(*args, **kwargs)  # type: ignore[no-untyped-call]
+
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         step = self.state.global_step + 1
         if self.guard_first_step:
