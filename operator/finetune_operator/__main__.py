@@ -64,6 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The API client logs whole request and response bodies at DEBUG: too much, and never needed.
     for noisy in ("kubernetes", "urllib3"):
         logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLogger().level))
+    # kopf says "Handler ... succeeded" for every watch event and aiohttp logs every probe: at
+    # 500 jobs that is most of the log and a fair share of the CPU. Failures stay visible.
+    if settings.log_level != "DEBUG":
+        for chatty in ("kopf.objects", "aiohttp.access"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
     handlers.STATE.settings = settings
     liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
     kopf.run(

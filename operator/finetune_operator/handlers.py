@@ -16,9 +16,11 @@ import kopf
 from finetune_api.constants import GROUP, LABEL_JOB, PLURAL, VERSION
 
 from . import metrics
+from .cache import WatchCache
 from .kube import Kube, load_config
 from .reconcile import Reconciler
 from .settings import Settings, from_env
+from .workqueue import NEW, UPDATE
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +33,8 @@ class _State:
 
     settings: Settings | None = None
     reconciler: Reconciler | None = None
+    # Filled by the handlers below from the first listing on; read by the reconciler.
+    cache = WatchCache()
     resync: asyncio.Task[None] | None = None
 
 
@@ -57,14 +61,14 @@ def configure(settings: kopf.OperatorSettings, ours: Settings) -> None:
     settings.scanning.disabled = True
     # Our Events say what happened; kopf's per-handler "succeeded" Events would only add noise.
     settings.posting.level = logging.WARNING
-    # Reconciles wait on the API server, not the CPU: enough threads to keep many jobs moving.
-    settings.execution.max_workers = 16
+    # The handlers only fill the cache and queue a job (the reconciler's workers do the rest).
+    settings.execution.max_workers = 4
 
 
-def _reconcile(namespace: str | None, name: str | None) -> None:
+def _reconcile(namespace: str | None, name: str | None, priority: int = UPDATE) -> None:
     if STATE.reconciler is None or not namespace or not name:
         return
-    STATE.reconciler.trigger(namespace, name)
+    STATE.reconciler.enqueue(namespace, name, priority)
 
 
 @kopf.on.startup()
@@ -74,7 +78,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     configure(settings, ours)
     metrics.serve(ours.metrics_port)
     kube = Kube(await asyncio.to_thread(load_config))
-    STATE.reconciler = Reconciler(kube, ours)
+    STATE.reconciler = Reconciler(kube, ours, STATE.cache)
     STATE.resync = asyncio.create_task(_resync_forever(ours))
     logger.info(
         "finetune-operator started: %s, trainer image %s",
@@ -95,7 +99,11 @@ def probe(**_: Any) -> bool:
 
 
 async def _resync_forever(settings: Settings) -> None:
-    """Reconcile every job now and then, so status converges even after missed events."""
+    """Reconcile every job now and then, so status converges even after missed events.
+
+    The listing refreshes the cache's FineTuneJobs; Jobs and pods are re-listed by kopf itself
+    whenever a watch stream restarts.
+    """
     while True:
         await asyncio.sleep(settings.resync_seconds)
         reconciler = STATE.reconciler
@@ -106,27 +114,44 @@ async def _resync_forever(settings: Settings) -> None:
         except Exception as exc:  # the loop must survive an API outage
             logger.warning("resync: listing FineTuneJobs failed: %s", exc)
             continue
-        for namespace, name in jobs:
-            try:
-                await asyncio.to_thread(reconciler.trigger, namespace, name)
-            except Exception as exc:
-                logger.warning("resync: %s/%s: %s", namespace, name, exc)
+        for job in jobs:
+            STATE.cache.put_finetunejob(job)
+            reconciler.enqueue(job["metadata"]["namespace"], job["metadata"]["name"])
+
+
+# Each handler stores the body before it triggers: the reconcile then sees at least this event.
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def finetunejob_event(type: str | None, name: str | None, namespace: str | None, **_: Any) -> None:
+def finetunejob_event(type: str | None, body: kopf.Body, name: str | None, namespace: str | None, **_: Any) -> None:
     if type == "DELETED":
-        if STATE.reconciler is not None and namespace and name:
-            STATE.reconciler.forget(namespace, name)
+        if namespace and name:
+            STATE.cache.forget(namespace, name)
+            if STATE.reconciler is not None:
+                STATE.reconciler.forget(namespace, name)
         return
-    _reconcile(namespace, name)
+    plain = dict(body)
+    STATE.cache.put_finetunejob(plain)
+    reconciler = STATE.reconciler
+    if reconciler is not None and namespace and name:
+        reconciler.enqueue(namespace, name, NEW if reconciler.needs_job(namespace, name, plain) else UPDATE)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})
-def job_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+def job_event(type: str | None, body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+    if type == "DELETED":
+        STATE.cache.drop_job(dict(body))
+    else:
+        STATE.cache.put_job(dict(body))
     _reconcile(namespace, labels.get(LABEL_JOB))
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
-def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-    _reconcile(namespace, labels.get(LABEL_JOB))
+def pod_event(type: str | None, body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+    job = labels.get(LABEL_JOB)
+    if job:
+        if type == "DELETED":
+            STATE.cache.drop_pod(job, dict(body))
+        else:
+            STATE.cache.put_pod(job, dict(body))
+    _reconcile(namespace, job)

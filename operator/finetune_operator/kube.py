@@ -30,9 +30,18 @@ def load_config() -> client.ApiClient:
     except config.ConfigException:
         config.load_kube_config()  # type: ignore[no-untyped-call]
     configuration = client.Configuration.get_default_copy()
-    # One connection per reconcile thread (see handlers: max_workers), plus the resync loop.
-    configuration.connection_pool_maxsize = 32
+    # A connection for every thread that may call at once: the reconcile workers, their child
+    # creators (reconcile.py) and the resync loop. Past this urllib3 opens and drops a fresh
+    # TLS connection per request.
+    configuration.connection_pool_maxsize = 96
     return client.ApiClient(configuration)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a log: the API server's own message where there is one."""
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}: {_api_message(exc)}"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
 
 
 class ChildRejected(Exception):
@@ -144,7 +153,7 @@ class Kube:
                 return None
             raise
 
-    def list_finetunejobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
+    def list_finetunejobs(self, namespaces: tuple[str, ...]) -> list[Body]:
         items: list[Body] = []
         if namespaces:
             for ns in namespaces:
@@ -153,10 +162,12 @@ class Kube:
         else:
             found = self._call("list", KIND, self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
             items.extend(found.get("items") or [])
-        return [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items]
+        # A list's items carry no kind; the cache and Events expect whole objects.
+        return [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, **i} for i in items]
 
-    def patch_status(self, namespace: str, name: str, patch: Body) -> None:
-        self._call(
+    def patch_status(self, namespace: str, name: str, patch: Body) -> Body:
+        """Merge-patch the status subresource; the object as the API server now holds it."""
+        result: Body = self._call(
             "patch",
             f"{KIND}/status",
             self.custom.patch_namespaced_custom_object_status,
@@ -167,6 +178,7 @@ class Kube:
             name,
             {"status": patch},
         )
+        return result
 
     def post_event(self, owner: Body, type_: str, reason: str, message: str) -> None:
         meta = owner["metadata"]

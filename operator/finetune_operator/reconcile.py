@@ -1,15 +1,21 @@
 """One reconcile of one FineTuneJob: read, create what is missing, compute status, patch once.
 
 Level-based: it looks at the cluster as it is, not at what changed, so running it again (after
-a missed event, a crash or a restart) is always safe and always converges.
+a missed event, a crash or a restart) is always safe and always converges. "As it is" comes
+from the watch cache where it can (see cache.py) and from the API server where the cache has
+not seen an object yet.
 """
 
 import datetime
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Hashable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
+import urllib3.exceptions
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from finetune_api.problems import problems_from
@@ -21,14 +27,22 @@ from .builders import job as job_builder
 from .builders import paths
 from .builders import pvc as pvc_builder
 from .builders import rbac as rbac_builder
+from .cache import WatchCache
 from .children import Owner
-from .coalesce import Coalescer
 from .crash_hook import maybe_crash
-from .kube import Body, ChildRejected, Kube
+from .kube import Body, ChildRejected, Kube, describe_error
 from .settings import Settings
 from .status import TERMINAL, Observation, compute, needs_patch, status_patch
+from .workqueue import NEW, UPDATE, WorkQueue
 
 logger = logging.getLogger(__name__)
+
+# What a reconcile meets when the API server is away or busy: retried, never a crash.
+TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError)
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 30.0
+# The most children one creation wave holds (PVC, ConfigMap, ServiceAccount, Role).
+CREATES_PER_WAVE = 4
 
 
 def _now() -> str:
@@ -85,40 +99,119 @@ def job_patch(job: Body, spec: FineTuneJobSpec) -> Body:
     return patch
 
 
+Key = tuple[str, str]
+
+
 class Reconciler:
-    def __init__(self, kube: Kube, settings: Settings) -> None:
+    def __init__(self, kube: Kube, settings: Settings, cache: WatchCache | None = None, workers: int = 16) -> None:
         self.kube = kube
         self.settings = settings
-        self._locks: dict[tuple[str, str], threading.Lock] = {}
-        self._locks_guard = threading.Lock()
-        self._coalescer = Coalescer()
-
-    def _lock(self, namespace: str, name: str) -> threading.Lock:
-        with self._locks_guard:
-            return self._locks.setdefault((namespace, name), threading.Lock())
+        self.cache = cache or WatchCache()
+        # Children that do not depend on each other are created side by side: a new job waits
+        # three round trips for its Job instead of six.
+        self._creators = ThreadPoolExecutor(max_workers=CREATES_PER_WAVE * workers, thread_name_prefix="create")
+        self._retry_guard = threading.Lock()
+        self._failures: dict[Key, int] = {}
+        self._retry_pending: set[Key] = set()
+        # Reconciles wait on the API server, not the CPU: enough threads to keep many jobs moving.
+        self.queue = WorkQueue(self._work, workers)
 
     def forget(self, namespace: str, name: str) -> None:
-        with self._locks_guard:
-            self._locks.pop((namespace, name), None)
+        with self._retry_guard:
+            self._failures.pop((namespace, name), None)
+        self.cache.forget(namespace, name)
         metrics.PHASE_BOOK.set(namespace, name, None)
 
     def reconcile(self, namespace: str, name: str) -> str | None:
         """Bring one job's children and status in line with what the cluster shows; the phase."""
+        # One job is reconciled by one thread at a time: the work queue hands out each key once.
         started = time.monotonic()
-        # Child events, the FineTuneJob's own events and the resync loop all land here, from
-        # several threads; one job is reconciled by one of them at a time.
-        with self._lock(namespace, name):
-            try:
-                return self._reconcile(namespace, name)
-            finally:
-                metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        try:
+            return self._reconcile(namespace, name)
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+
+    def enqueue(self, namespace: str, name: str, priority: int = UPDATE) -> None:
+        """Reconcile soon, on a worker; NEW (no Job yet) goes before UPDATE."""
+        self.queue.add((namespace, name), priority)
+
+    def needs_job(self, namespace: str, name: str, body: Body) -> bool:
+        """Whether this event's job is still waiting for its Job: the urgent kind of work."""
+        return not (body.get("status") or {}).get("phase") and self.cache.job(namespace, name) is None
+
+    def _work(self, key: Hashable) -> None:
+        namespace, name = cast(Key, key)
+        self.trigger(namespace, name)
 
     def trigger(self, namespace: str, name: str) -> None:
-        """Reconcile soon: now, or as a re-run of the reconcile of this job already in progress."""
-        self._coalescer.run((namespace, name), lambda: self.reconcile(namespace, name))
+        """Reconcile now on this thread (the work queue's workers call this).
+
+        A failed API call is retried with exponential backoff (0.5 s doubling to 30 s), not left
+        to the next event or resync: after an API server outage every job converges as soon
+        as the server answers. Other exceptions are bugs and propagate.
+        """
+        key = (namespace, name)
+        try:
+            self.reconcile(namespace, name)
+        except TRANSIENT as exc:
+            self._retry_later(key, exc)
+        else:
+            with self._retry_guard:
+                self._failures.pop(key, None)
+
+    def _retry_later(self, key: Key, exc: BaseException) -> None:
+        with self._retry_guard:
+            failures = self._failures.get(key, 0) + 1
+            self._failures[key] = failures
+            if key in self._retry_pending:
+                return
+            self._retry_pending.add(key)
+        delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (failures - 1))
+        logger.warning(
+            "%s/%s: reconcile failed (%d in a row), retrying in %.1f s: %s",
+            *key,
+            failures,
+            delay,
+            describe_error(exc),
+        )
+
+        def again() -> None:
+            with self._retry_guard:
+                self._retry_pending.discard(key)
+            self.queue.add(key, NEW if self.cache.job(*key) is None else UPDATE)
+
+        timer = threading.Timer(delay, again)
+        timer.daemon = True
+        timer.start()
+
+    def _finetunejob(self, namespace: str, name: str) -> Body | None:
+        body = self.cache.finetunejob(namespace, name)
+        if body is None:
+            body = self.kube.get_finetunejob(namespace, name)
+            if body is not None:
+                self.cache.put_finetunejob(body)
+        return body
+
+    def _job_and_pods(self, namespace: str, name: str, current: Body) -> tuple[Body | None, list[Body] | None]:
+        """The Job and its pods (None: not read yet), from the cache, else from the API server."""
+        job = self.cache.job(namespace, name)
+        if job is not None:
+            return job, self.cache.pods(namespace, name)
+        if not current:
+            # Never reconciled: there is no Job yet, and creating it answers with the one
+            # there is if an earlier run of this reconcile got that far.
+            return None, None
+        job = self.kube.get_job(namespace, name)
+        if job is None:
+            return None, None
+        self.cache.put_job(job)
+        pods = self.kube.list_pods(namespace, name)
+        for pod in pods:
+            self.cache.put_pod(name, pod)
+        return job, pods
 
     def _reconcile(self, namespace: str, name: str) -> str | None:
-        body = self.kube.get_finetunejob(namespace, name)
+        body = self._finetunejob(namespace, name)
         if body is None:
             self.forget(namespace, name)
             return None
@@ -130,23 +223,34 @@ class Reconciler:
         spec, invalid = parse_spec(body)
         job: Body | None = None
         pods: list[Body] = []
+        created = False
         if spec is not None:
-            job = self.kube.get_job(namespace, name)
+            job, seen_pods = self._job_and_pods(namespace, name, current)
             if job is not None and not self._owned(job, owner):
                 # A Job of a deleted FineTuneJob of the same name, still being collected.
                 job = None
             elif job is None and current.get("phase") not in TERMINAL:
                 try:
-                    job = self._create_children(body, owner, spec)
+                    job, created = self._create_children(body, owner, spec)
+                    if created:
+                        seen_pods = []  # a Job this moment old has no pods yet
                 except ChildRejected as exc:
                     # Admission let the spec through but a child is refused (e.g. a malformed
                     # affinity): that is a spec problem, reported once as Failed, not a retry loop.
                     invalid = str(exc)
+                if job is not None and not self._owned(job, owner):
+                    job = None  # the name is still held by the old job's Job: next event
             if job is not None:
+                self.cache.put_job(job)
                 patch = job_patch(job, spec)
                 if patch:
                     job = self.kube.patch_job(namespace, name, {"spec": patch})
-                pods = [p for p in self.kube.list_pods(namespace, name) if self._owned_by_job(p, job)]
+                    self.cache.put_job(job)
+                if seen_pods is None:
+                    seen_pods = self.kube.list_pods(namespace, name)
+                    for pod in seen_pods:
+                        self.cache.put_pod(name, pod)
+                pods = [p for p in seen_pods if self._owned_by_job(p, job)]
         outcome = compute(
             Observation(
                 generation=int(meta.get("generation") or 0),
@@ -161,28 +265,41 @@ class Reconciler:
             )
         )
         if needs_patch(current, outcome.status):
-            self.kube.patch_status(namespace, name, status_patch(current, outcome.status))
+            self.cache.put_finetunejob(self.kube.patch_status(namespace, name, status_patch(current, outcome.status)))
             for t in outcome.transitions:
+                if created and t.reason == "Pending" and not current.get("phase"):
+                    continue  # "JobCreated" has just said it, one Event per job is enough
                 self.kube.post_event(body, t.type, t.reason, t.message)
             if outcome.phase != current.get("phase"):
                 logger.info("%s/%s: phase %s -> %s", namespace, name, current.get("phase"), outcome.phase)
         metrics.PHASE_BOOK.set(namespace, name, outcome.phase)
         return outcome.phase
 
-    def _create_children(self, body: Body, owner: Owner, spec: FineTuneJobSpec) -> Body | None:
-        job: Body | None = None
-        for child in desired_children(owner, spec, self.settings):
-            obj, created = self.kube.create_or_get(child)
-            kind = child["kind"]
-            if created:
-                metrics.CHILDREN_CREATED.labels(kind=kind).inc()
-                logger.info("%s/%s: created %s %s", owner.namespace, owner.name, kind, child["metadata"]["name"])
-                maybe_crash(self.settings, kind)
-            if kind == "Job":
-                job = obj
-                if created:
-                    self.kube.post_event(body, "Normal", "JobCreated", f"created Job {child['metadata']['name']}")
-        return job
+    def _create_children(self, body: Body, owner: Owner, spec: FineTuneJobSpec) -> tuple[Body, bool]:
+        """The Job, after everything it mounts and runs as; (Job, created now)."""
+        children = desired_children(owner, spec, self.settings)
+        # A RoleBinding is refused until its Role exists, and the Job comes last of all.
+        waves = [
+            [c for c in children if c["kind"] not in ("RoleBinding", "Job")],
+            [c for c in children if c["kind"] == "RoleBinding"],
+        ]
+        for wave in waves:
+            for done in [self._creators.submit(self._create_one, owner, c) for c in wave]:
+                done.result()
+        job_child = children[-1]
+        job, created = self._create_one(owner, job_child)
+        if created:
+            self.kube.post_event(body, "Normal", "JobCreated", f"created Job {job_child['metadata']['name']}")
+        return job, created
+
+    def _create_one(self, owner: Owner, child: Body) -> tuple[Body, bool]:
+        obj, created = self.kube.create_or_get(child)
+        kind = child["kind"]
+        if created:
+            metrics.CHILDREN_CREATED.labels(kind=kind).inc()
+            logger.info("%s/%s: created %s %s", owner.namespace, owner.name, kind, child["metadata"]["name"])
+            maybe_crash(self.settings, kind)
+        return obj, created
 
     @staticmethod
     def _owned(child: Body, owner: Owner) -> bool:

@@ -216,6 +216,9 @@ def compute(obs: Observation) -> Outcome:
     suspended = bool((job.get("spec") or {}).get("suspend"))
     schedule = _scheduling(obs.pods)
     running = any((p.get("status") or {}).get("phase") == "Running" for p in obs.pods if _terminated(p) is None)
+    # The trainer exited 0 and the Job controller has not marked the Job Complete yet (seconds,
+    # more under load): still Running, not back to Pending and forward again.
+    finishing = any((p.get("status") or {}).get("phase") == "Succeeded" for p in obs.pods)
     # A restart is a failed attempt that was followed by another one; the failure that ends
     # a Failed job is not a restart.
     restarts = max(failures - 1, 0) if failed is not None else failures
@@ -246,11 +249,14 @@ def compute(obs: Observation) -> Outcome:
         conds["Suspended"] = _condition("Suspended", True, phase, text, obs)
         conds["Running"] = _condition("Running", False, phase, text, obs)
     else:
-        phase = "Running" if running else "Pending"
+        phase = "Running" if running or finishing else "Pending"
         if "Suspended" in conds:
             conds["Suspended"] = _condition("Suspended", False, "Resumed", "resumed", obs)
         if running:
             conds["Running"] = _condition("Running", True, "TrainerRunning", "the trainer is running", obs)
+        elif finishing:
+            text = "the trainer finished; the Job is completing"
+            conds["Running"] = _condition("Running", True, "TrainerFinished", text, obs)
         else:
             waiting = "waiting to retry" if restarts else "waiting for the trainer pod"
             conds["Running"] = _condition("Running", False, "Pending", message or waiting, obs)

@@ -159,6 +159,14 @@ def test_complete_job_succeeds():
     assert conditions(out)["Running"]["status"] == "False"
 
 
+def test_a_finished_pod_keeps_the_job_running_until_the_job_completes():
+    running = {"phase": "Running", "conditions": []}
+    out = observe(current=running, job=job(), pods=[pod("a", "Succeeded", exit_code=0)])
+    assert out.phase == "Running"
+    assert conditions(out)["Running"]["reason"] == "TrainerFinished"
+    assert [t.reason for t in out.transitions] == []
+
+
 def test_suspend_and_queue():
     out = observe(job=job(suspend=True), suspend_requested=True)
     assert out.phase == "Suspended"

@@ -1,0 +1,58 @@
+"""The watch cache: newest body wins, trimmed to what the status logic reads, deletes by uid."""
+
+from typing import Any
+
+from finetune_operator.cache import WatchCache
+
+
+def obj(name: str, version: str, uid: str = "u1", **extra: Any) -> dict[str, Any]:
+    meta = {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": version, "managedFields": [{"big": 1}]}
+    return {"metadata": meta, **extra}
+
+
+def test_an_older_body_never_replaces_a_newer_one() -> None:
+    cache = WatchCache()
+    cache.put_finetunejob(obj("a", "12", status={"phase": "Running"}))
+    cache.put_finetunejob(obj("a", "11", status={"phase": "Pending"}))  # a late watch event
+    held = cache.finetunejob("ns", "a")
+    assert held is not None and held["status"]["phase"] == "Running"
+    cache.put_finetunejob(obj("a", "13", status={"phase": "Succeeded"}))
+    held = cache.finetunejob("ns", "a")
+    assert held is not None and held["status"]["phase"] == "Succeeded"
+    assert "managedFields" not in held["metadata"]
+
+
+def test_unordered_versions_take_the_last_arrival() -> None:
+    cache = WatchCache()
+    cache.put_job(obj("a", "x9", status={"active": 1}))
+    cache.put_job(obj("a", "x1", status={"succeeded": 1}))
+    held = cache.job("ns", "a")
+    assert held is not None and held["status"] == {"succeeded": 1}
+
+
+def test_job_and_pod_bodies_keep_only_what_status_reads() -> None:
+    cache = WatchCache()
+    template = {"spec": {"containers": [{"name": "trainer"}]}}
+    cache.put_job(obj("a", "5", spec={"suspend": True, "template": template}, status={"active": 1}))
+    job = cache.job("ns", "a")
+    assert job is not None and job["spec"] == {"suspend": True} and job["status"] == {"active": 1}
+    cache.put_pod("a", obj("a-x", "6", spec={"nodeName": "gpu-1", "containers": []}, status={"phase": "Running"}))
+    cache.put_pod("a", obj("a-y", "7", spec={"containers": []}, status={"phase": "Pending"}))
+    pods = {p["metadata"]["name"]: p for p in cache.pods("ns", "a")}
+    assert pods["a-x"]["spec"] == {"nodeName": "gpu-1"} and pods["a-y"]["spec"] == {}
+    assert cache.sizes() == {"finetunejobs": 0, "jobs": 1, "pods": 2}
+
+
+def test_deletes_remove_only_what_they_name() -> None:
+    cache = WatchCache()
+    cache.put_job(obj("a", "5", uid="new"))
+    cache.drop_job(obj("a", "4", uid="old"))  # the previous job of that name, collected late
+    assert cache.job("ns", "a") is not None
+    cache.drop_job(obj("a", "6", uid="new"))
+    assert cache.job("ns", "a") is None
+    cache.put_pod("a", obj("a-x", "6"))
+    cache.drop_pod("a", obj("a-x", "7"))
+    assert cache.pods("ns", "a") == [] and cache.sizes()["pods"] == 0
+    cache.put_finetunejob(obj("a", "8"))
+    cache.forget("ns", "a")
+    assert cache.finetunejob("ns", "a") is None
