@@ -10,6 +10,7 @@ from typing import Any
 import kopf
 
 from . import handlers
+from .memory import limit_malloc_arenas
 from .settings import LOG_FORMATS, LOG_LEVELS, Settings, SettingsError, from_env
 
 
@@ -69,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.log_level != "DEBUG":
         for chatty in ("kopf.objects", "aiohttp.access"):
             logging.getLogger(chatty).setLevel(logging.WARNING)
+    limit_malloc_arenas()
     handlers.STATE.settings = settings
     liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
     kopf.run(

@@ -21,6 +21,7 @@ from typing import Any
 
 Body = dict[str, Any]
 Key = tuple[str, str]
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
 def _version(body: Body) -> int | None:
@@ -41,6 +42,10 @@ def _newer_or_equal(incoming: Body, held: Body | None) -> bool:
 def _metadata(body: Body) -> Body:
     meta = dict(body.get("metadata") or {})
     meta.pop("managedFields", None)
+    annotations = meta.get("annotations")
+    if annotations and LAST_APPLIED in annotations:
+        # `kubectl apply` keeps a whole copy of the object here; nothing reads it.
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
     return meta
 
 

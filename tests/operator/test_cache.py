@@ -5,8 +5,11 @@ from typing import Any
 from finetune_operator.cache import WatchCache
 
 
-def obj(name: str, version: str, uid: str = "u1", **extra: Any) -> dict[str, Any]:
-    meta = {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": version, "managedFields": [{"big": 1}]}
+def obj(name: str, version: str, uid: str = "u1", annotations: dict[str, str] | None = None, **extra: Any) -> dict:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": version}
+    meta["managedFields"] = [{"big": 1}]
+    if annotations:
+        meta["annotations"] = annotations
     return {"metadata": meta, **extra}
 
 
@@ -20,6 +23,11 @@ def test_an_older_body_never_replaces_a_newer_one() -> None:
     held = cache.finetunejob("ns", "a")
     assert held is not None and held["status"]["phase"] == "Succeeded"
     assert "managedFields" not in held["metadata"]
+    cache.put_finetunejob(
+        obj("a", "14", annotations={"kubectl.kubernetes.io/last-applied-configuration": "{...}", "team": "nlp"})
+    )
+    held = cache.finetunejob("ns", "a")
+    assert held is not None and held["metadata"]["annotations"] == {"team": "nlp"}
 
 
 def test_unordered_versions_take_the_last_arrival() -> None:
