@@ -4,7 +4,7 @@ operator on the node agent (the Job retries each time).
 A kill "inside a checkpoint write" is made exact from outside: the test waits for the
 trainer's staging folder to appear, freezes the whole process group with SIGSTOP, checks that
 the checkpoint is still unrenamed in staging, and only then sends SIGKILL. Other kills land at
-random moments of training.
+random moments of training: past a random step, plus a random fraction of a second.
 
 Proven per kill: the next attempt resumes from the newest checkpoint that was complete at the
 moment of the kill (never a partial one; a torn one is discarded), and at the end the adapter
@@ -105,6 +105,14 @@ def training_started(log: Path) -> bool:
     return any(e.get("event") == "start" for e in events(log))
 
 
+def reached(log: Path, step: int) -> bool:
+    """The attempt has trained to `step`, or is already past it (it resumed beyond it)."""
+    lines = events(log)
+    start = next((e for e in lines if e.get("event") == "start"), {})
+    resumed = (start.get("resumeFrom") or {}).get("step") or 0
+    return resumed >= step or any(e.get("event") == "progress" and e.get("step", 0) >= step for e in lines)
+
+
 def kill_in_save(pid: int, checkpoints: Path, timeout: float) -> bool:
     """SIGSTOP the group as soon as a staging folder appears; SIGKILL it. True if it froze mid-write."""
     deadline = time.monotonic() + timeout
@@ -189,7 +197,10 @@ def kill_attempts(
             if mode == "in-save":
                 kill.in_save = kill_in_save(pid, checkpoints, timeout=300)
             else:
-                time.sleep(rng.uniform(0.0, 4.0))
+                # A random moment of training: past a random step, then a random fraction of a step.
+                target = rng.randint(1, SPEC["training"]["maxSteps"] - 1)
+                wait_for(lambda log=log, target=target: reached(log, target), 300, f"{job} step {target}", 0.05)
+                time.sleep(rng.uniform(0.0, 0.5))
                 os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             break  # the attempt finished before the kill: nothing was killed
