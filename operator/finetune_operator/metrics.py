@@ -1,4 +1,4 @@
-"""Prometheus metrics: jobs by phase, reconcile latency, API errors, Events posted."""
+"""Prometheus metrics: jobs by phase, reconcile latency and backlog, API errors, Events posted."""
 
 import threading
 from typing import Final
@@ -19,6 +19,12 @@ API_ERRORS = Counter(
     "finetune_api_errors_total",
     "Kubernetes API calls that failed, by verb, kind and HTTP status.",
     ["verb", "kind", "code"],
+    registry=REGISTRY,
+)
+QUEUE_DEPTH = Gauge("finetune_workqueue_depth", "Jobs waiting for a reconcile worker.", registry=REGISTRY)
+RECONCILE_RETRIES = Counter(
+    "finetune_reconcile_retries_total",
+    "Reconciles that failed on an API call and were scheduled again with backoff.",
     registry=REGISTRY,
 )
 CHILDREN_CREATED = Counter(

@@ -115,6 +115,7 @@ class Reconciler:
         self._retry_pending: set[Key] = set()
         # Reconciles wait on the API server, not the CPU: enough threads to keep many jobs moving.
         self.queue = WorkQueue(self._work, workers)
+        metrics.QUEUE_DEPTH.set_function(self.queue.depth)
 
     def forget(self, namespace: str, name: str) -> None:
         with self._retry_guard:
@@ -166,6 +167,7 @@ class Reconciler:
             if key in self._retry_pending:
                 return
             self._retry_pending.add(key)
+        metrics.RECONCILE_RETRIES.inc()
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (failures - 1))
         logger.warning(
             "%s/%s: reconcile failed (%d in a row), retrying in %.1f s: %s",
