@@ -126,9 +126,10 @@ async def _resync_forever(settings: Settings) -> None:
 def finetunejob_event(type: str | None, body: kopf.Body, name: str | None, namespace: str | None, **_: Any) -> None:
     if type == "DELETED":
         if namespace and name:
-            STATE.cache.forget(namespace, name)
             if STATE.reconciler is not None:
-                STATE.reconciler.forget(namespace, name)
+                STATE.reconciler.forget(namespace, name)  # its cache entry too
+            else:
+                STATE.cache.forget(namespace, name)
         return
     plain = dict(body)
     STATE.cache.put_finetunejob(plain)

@@ -207,10 +207,13 @@ class Reconciler:
         if job is None:
             return None, None
         self.cache.put_job(job)
+        return job, self._list_pods(namespace, name)
+
+    def _list_pods(self, namespace: str, name: str) -> list[Body]:
         pods = self.kube.list_pods(namespace, name)
         for pod in pods:
             self.cache.put_pod(name, pod)
-        return job, pods
+        return pods
 
     def _reconcile(self, namespace: str, name: str) -> str | None:
         body = self._finetunejob(namespace, name)
@@ -249,9 +252,7 @@ class Reconciler:
                     job = self.kube.patch_job(namespace, name, {"spec": patch})
                     self.cache.put_job(job)
                 if seen_pods is None:
-                    seen_pods = self.kube.list_pods(namespace, name)
-                    for pod in seen_pods:
-                        self.cache.put_pod(name, pod)
+                    seen_pods = self._list_pods(namespace, name)
                 pods = [p for p in seen_pods if self._owned_by_job(p, job)]
         outcome = compute(
             Observation(

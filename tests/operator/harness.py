@@ -117,6 +117,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def healthz_ok(port: int) -> bool:
+    """The process answers 200 on /healthz (kopf's liveness endpoint) on this loopback port."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
 def stop_process_group(proc: "subprocess.Popen[bytes] | None") -> None:
     """SIGTERM the process group of an operator subprocess, SIGKILL it if it lingers."""
     if proc is None or proc.poll() is not None:
@@ -174,11 +183,7 @@ class OperatorProcess:
     def healthy(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
             raise AssertionError(f"operator exited with {self.proc and self.proc.returncode}; log:\n{self.tail()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
+        return healthz_ok(self.health_port)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from hack.cluster.nodes import TESLA_P40, gpu_node
 from tests.operator.harness import (
     OperatorProcess,
     free_port,
+    healthz_ok,
     kubeconfig_for_token,
     operator_rules,
     service_account_token,
@@ -275,11 +275,7 @@ class FloorOperator:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"floor operator exited {self.proc.returncode}:\n{self.tail()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
+        return healthz_ok(self.port)
 
     def stop(self) -> None:
         stop_process_group(self.proc)
@@ -295,6 +291,15 @@ def running(operator: OperatorProcess | FloorOperator) -> Iterator[Any]:
         yield operator
     finally:
         operator.stop()
+
+
+def has_default_sa(core: client.CoreV1Api, namespace: str) -> bool:
+    """A new namespace's default ServiceAccount exists (pods are refused until it does)."""
+    try:
+        core.read_namespaced_service_account("default", namespace)
+    except client.ApiException:
+        return False
+    return True
 
 
 def load_pvcs(core: client.CoreV1Api, namespace: str) -> None:

@@ -29,7 +29,7 @@ from hack.cluster.layout import REPO_ROOT, STATE_DIR_ENV, Layout
 from hack.cluster.pki import Pki
 from tests.operator.harness import Jobs, OperatorProcess, wait_for
 
-from .cluster_kit import add_gpu_nodes, load_pvcs, our_identity
+from .cluster_kit import add_gpu_nodes, has_default_sa, load_pvcs, our_identity
 from .test_load import LOAD_SPEC
 
 pytestmark = pytest.mark.cluster
@@ -92,7 +92,7 @@ def scenario(layout: Layout, tmp_path: Path, jobs: int, restarts: int, gap_s: fl
     core = client.CoreV1Api(api)
     namespace = "restart"
     core.create_namespace({"metadata": {"name": namespace}})
-    wait_for(lambda: _sa(core, namespace), 60, "default SA")
+    wait_for(lambda: has_default_sa(core, namespace), 60, "default SA")
     load_pvcs(core, namespace)
     add_gpu_nodes(core, "restart", 4)
     kubeconfig = our_identity(api, layout.kubeconfig, tmp_path, "restart")
@@ -105,7 +105,7 @@ def scenario(layout: Layout, tmp_path: Path, jobs: int, restarts: int, gap_s: fl
         created = 0
         back = time.monotonic()
         for round_ in range(restarts):
-            if round_ and figures:
+            if round_:
                 time.sleep(max(0.0, gap_s - (time.monotonic() - back)))
             for _ in range(jobs):
                 ft.create(f"job-{created:03d}", LOAD_SPEC)
@@ -157,14 +157,6 @@ def _jobs_complete(batch: client.BatchV1Api, namespace: str) -> int:
 def _crd_ready(api: client.ApiClient) -> bool:
     crd = client.ApiextensionsV1Api(api).read_custom_resource_definition("finetunejobs.finetune.dev")
     return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
-
-
-def _sa(core: client.CoreV1Api, namespace: str) -> bool:
-    try:
-        core.read_namespaced_service_account("default", namespace)
-    except client.ApiException:
-        return False
-    return True
 
 
 def test_apiserver_restart_converges(own_cluster: Layout, tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from .cluster_kit import (
     count_requests_of,
     dispatched,
     floor_identity,
+    has_default_sa,
     load_pvcs,
     our_identity,
     peak_rss_mib,
@@ -66,17 +67,9 @@ class LoadFigures:
 
 def _namespace(core: client.CoreV1Api, name: str) -> str:
     core.create_namespace({"metadata": {"name": name, "labels": {"finetune.dev/test": "true"}}})
-    wait_for(lambda: _has_default_sa(core, name), 30, "default SA")
+    wait_for(lambda: has_default_sa(core, name), 30, "default SA")
     load_pvcs(core, name)
     return name
-
-
-def _has_default_sa(core: client.CoreV1Api, namespace: str) -> bool:
-    try:
-        core.read_namespaced_service_account("default", namespace)
-    except client.ApiException:
-        return False
-    return True
 
 
 def _finished_jobs(batch: client.BatchV1Api, namespace: str) -> int:

@@ -21,7 +21,16 @@ from kubernetes import client
 from tests.fixtures.cluster import Cluster
 from tests.operator.harness import Jobs, OperatorProcess, wait_for
 
-from .cluster_kit import JobWatch, PodFailer, add_gpu_nodes, children_of, load_pvcs, our_identity, remove_nodes
+from .cluster_kit import (
+    JobWatch,
+    PodFailer,
+    add_gpu_nodes,
+    children_of,
+    has_default_sa,
+    load_pvcs,
+    our_identity,
+    remove_nodes,
+)
 from .test_load import LOAD_SPEC
 
 pytestmark = pytest.mark.cluster
@@ -46,7 +55,7 @@ def chaos(cluster: Cluster, kube: client.ApiClient, tmp_path: Path, jobs: int, k
     kill_log: list[dict[str, Any]] = []
     operator: OperatorProcess | None = None
     try:
-        wait_for(lambda: _has_default_sa(core, namespace), 30, "default SA")
+        wait_for(lambda: has_default_sa(core, namespace), 30, "default SA")
         load_pvcs(core, namespace)
         message = "InvalidData: line 3: instruction: empty text"
         with JobWatch(kube, namespace) as seen, PodFailer(kube, namespace, failing, 11, message):
@@ -121,14 +130,6 @@ def chaos(cluster: Cluster, kube: client.ApiClient, tmp_path: Path, jobs: int, k
     (RESULTS / f"operator-chaos-{jobs}x{kills}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k not in ("kill_log", "details")}))
     return result
-
-
-def _has_default_sa(core: client.CoreV1Api, namespace: str) -> bool:
-    try:
-        core.read_namespaced_service_account("default", namespace)
-    except client.ApiException:
-        return False
-    return True
 
 
 def _pod_exit_codes(core: client.CoreV1Api, namespace: str) -> dict[str, int]:
