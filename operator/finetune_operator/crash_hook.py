@@ -1,6 +1,6 @@
 """A test-only fault: exit hard right after creating one kind of child.
 
-Acceptance test "operator killed mid-reconcile" sets FINETUNE_TEST_CRASH_AFTER=ConfigMap; the
+Acceptance test "operator killed mid-reconcile" sets FINETUNE_TEST_CRASH_AFTER=RoleBinding; the
 next operator must then finish the job with exactly one of each child. Off unless set.
 """
 

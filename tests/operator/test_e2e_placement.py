@@ -107,13 +107,17 @@ def children_of(kube: client.ApiClient, namespace: str, name: str) -> dict[str, 
 def test_operator_killed_between_two_creates_converges_with_one_of_each(
     kube: client.ApiClient, namespace: str, jobs: Jobs, start_operator
 ) -> None:
-    crashing = start_operator(env={"FINETUNE_TEST_CRASH_AFTER": "ConfigMap"}, wait=False)
+    # The RoleBinding is created alone, after the first wave (PVC, ConfigMap, ServiceAccount,
+    # Role side by side) and before the Job: exiting right after it stops exactly between two creates.
+    crashing = start_operator(env={"FINETUNE_TEST_CRASH_AFTER": "RoleBinding"}, wait=False)
     wait_for(crashing.healthy, 60, "the crashing operator to start")
     jobs.create("crash", gpu_spec())
     assert crashing.wait_exit(60) == CRASH_EXIT_CODE
     half = children_of(kube, namespace, "crash")
     assert half["ConfigMap"] == ["crash-trainer-config"]
-    assert half["Job"] == [] and half["ServiceAccount"] == []
+    assert half["ServiceAccount"] == ["crash-trainer"] and half["Role"] == ["crash-trainer"]
+    assert half["RoleBinding"] == ["crash-trainer"]
+    assert half["Job"] == []
 
     start_operator()
     jobs.wait_phase("crash", "Succeeded", 120)
