@@ -22,4 +22,10 @@ LABEL_COMPONENT: Final = f"{GROUP}/component"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "finetune-operator"
 
+# Every trainer pod of a namespace runs as this one ServiceAccount (created by the operator on
+# the namespace's first job). Its Role lets it patch FineTuneJob status; the chart's
+# ValidatingAdmissionPolicy (charts/finetune-operator/files/trainer-status-policy.yaml) narrows
+# that to the job whose pod holds the token.
+TRAINER_SERVICE_ACCOUNT: Final = "finetune-trainer"
+
 DEFAULT_IMAGE: Final = "ghcr.io/finetune-operator/trainer:0.1.0"

@@ -12,16 +12,26 @@ status patch) are stored from the API server's reply, and an older body arriving
 watch never replaces a newer one (resourceVersions compared as numbers; etcd issues them in
 order). A miss (the watch has not caught up yet) falls back to the API server.
 
-Bodies are trimmed to what the status logic reads: no managedFields, no pod template, no pod
-spec but its node, so 500 jobs cost a few MiB.
+Bodies are trimmed to what the status logic reads (no managedFields, no pod template, no pod
+spec but its node) and held as compact JSON text, not as trees of dicts: a parsed body costs
+several times its JSON in Python objects, and at 500 jobs the trees were the largest part of
+the operator's memory. Every read parses a fresh copy, so no caller can change what another
+one reads.
 """
 
+import json
 import threading
+from dataclasses import dataclass
 from typing import Any
+
+from .builders.paths import CONFIG_ANNOTATION
 
 Body = dict[str, Any]
 Key = tuple[str, str]
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+# Annotations that hold whole documents nothing here reads: kubectl's copy of an applied object,
+# and the trainer config that every pod of ours carries.
+BULKY_ANNOTATIONS = frozenset({LAST_APPLIED, CONFIG_ANNOTATION})
 
 
 def _version(body: Body) -> int | None:
@@ -31,10 +41,28 @@ def _version(body: Body) -> int | None:
         return None
 
 
-def _newer_or_equal(incoming: Body, held: Body | None) -> bool:
+@dataclass(frozen=True)
+class _Packed:
+    """One trimmed body as compact JSON, with what ordering and identity checks need."""
+
+    version: int | None
+    uid: str | None
+    text: str
+
+    @classmethod
+    def of(cls, trimmed: Body) -> "_Packed":
+        uid = (trimmed.get("metadata") or {}).get("uid")
+        return cls(_version(trimmed), uid, json.dumps(trimmed, separators=(",", ":")))
+
+    def body(self) -> Body:
+        unpacked: Body = json.loads(self.text)
+        return unpacked
+
+
+def _newer_or_equal(incoming: Body, held: _Packed | None) -> bool:
     if held is None:
         return True
-    new, old = _version(incoming), _version(held)
+    new, old = _version(incoming), held.version
     # Opaque (non-numeric) versions cannot be ordered: the one that arrived last wins.
     return new is None or old is None or new >= old
 
@@ -43,9 +71,8 @@ def _metadata(body: Body) -> Body:
     meta = dict(body.get("metadata") or {})
     meta.pop("managedFields", None)
     annotations = meta.get("annotations")
-    if annotations and LAST_APPLIED in annotations:
-        # `kubectl apply` keeps a whole copy of the object here; nothing reads it.
-        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    if annotations and not BULKY_ANNOTATIONS.isdisjoint(annotations):
+        meta["annotations"] = {k: v for k, v in annotations.items() if k not in BULKY_ANNOTATIONS}
     return meta
 
 
@@ -70,10 +97,10 @@ def trim_pod(body: Body) -> Body:
 class WatchCache:
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._finetunejobs: dict[Key, Body] = {}
-        self._jobs: dict[Key, Body] = {}
+        self._finetunejobs: dict[Key, _Packed] = {}
+        self._jobs: dict[Key, _Packed] = {}
         # (namespace, FineTuneJob name) -> pod name -> pod
-        self._pods: dict[Key, dict[str, Body]] = {}
+        self._pods: dict[Key, dict[str, _Packed]] = {}
 
     # --- FineTuneJobs ---------------------------------------------------------------------
 
@@ -81,11 +108,12 @@ class WatchCache:
         key = _key(body)
         with self._guard:
             if _newer_or_equal(body, self._finetunejobs.get(key)):
-                self._finetunejobs[key] = trim_finetunejob(body)
+                self._finetunejobs[key] = _Packed.of(trim_finetunejob(body))
 
     def finetunejob(self, namespace: str, name: str) -> Body | None:
         with self._guard:
-            return self._finetunejobs.get((namespace, name))
+            held = self._finetunejobs.get((namespace, name))
+        return held.body() if held is not None else None
 
     def forget(self, namespace: str, name: str) -> None:
         """The FineTuneJob is gone; its children follow through the garbage collector."""
@@ -98,19 +126,20 @@ class WatchCache:
         key = _key(body)
         with self._guard:
             if _newer_or_equal(body, self._jobs.get(key)):
-                self._jobs[key] = trim_job(body)
+                self._jobs[key] = _Packed.of(trim_job(body))
 
     def drop_job(self, body: Body) -> None:
         key = _key(body)
         uid = (body.get("metadata") or {}).get("uid")
         with self._guard:
             held = self._jobs.get(key)
-            if held is not None and held["metadata"].get("uid") == uid:
+            if held is not None and held.uid == uid:
                 del self._jobs[key]
 
     def job(self, namespace: str, name: str) -> Body | None:
         with self._guard:
-            return self._jobs.get((namespace, name))
+            held = self._jobs.get((namespace, name))
+        return held.body() if held is not None else None
 
     # --- pods (grouped by their FineTuneJob's label) ----------------------------------------
 
@@ -119,7 +148,7 @@ class WatchCache:
         with self._guard:
             pods = self._pods.setdefault((namespace, job_name), {})
             if _newer_or_equal(body, pods.get(pod_name)):
-                pods[pod_name] = trim_pod(body)
+                pods[pod_name] = _Packed.of(trim_pod(body))
 
     def drop_pod(self, job_name: str, body: Body) -> None:
         namespace, pod_name = _key(body)
@@ -132,7 +161,8 @@ class WatchCache:
 
     def pods(self, namespace: str, job_name: str) -> list[Body]:
         with self._guard:
-            return list((self._pods.get((namespace, job_name)) or {}).values())
+            held = list((self._pods.get((namespace, job_name)) or {}).values())
+        return [p.body() for p in held]
 
     def sizes(self) -> dict[str, int]:
         with self._guard:

@@ -39,18 +39,6 @@ def job_name(job: str) -> str:
     return job
 
 
-def config_map_name(job: str) -> str:
-    return f"{job}-trainer-config"
-
-
-def service_account_name(job: str) -> str:
-    return f"{job}-trainer"
-
-
-def role_name(job: str) -> str:
-    return f"{job}-trainer"
-
-
 def output_pvc_name(job: str) -> str:
     return f"{job}-output"
 

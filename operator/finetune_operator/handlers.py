@@ -63,6 +63,9 @@ def configure(settings: kopf.OperatorSettings, ours: Settings) -> None:
     settings.posting.level = logging.WARNING
     # The handlers only fill the cache and queue a job (the reconciler's workers do the rest).
     settings.execution.max_workers = 4
+    # An object's kopf worker holds its last event's body until it exits; under a burst, the
+    # default 5 s of idling kept thousands of parsed bodies alive at once.
+    settings.batching.idle_timeout = 0.5
 
 
 def _reconcile(namespace: str | None, name: str | None, priority: int = UPDATE) -> None:
@@ -110,11 +113,15 @@ async def _resync_forever(settings: Settings) -> None:
         if reconciler is None:
             continue
         try:
-            jobs = await asyncio.to_thread(reconciler.kube.list_finetunejobs, settings.namespaces)
+            await asyncio.to_thread(_resync_once, reconciler, settings.namespaces)
         except Exception as exc:  # the loop must survive an API outage
             logger.warning("resync: listing FineTuneJobs failed: %s", exc)
-            continue
-        for job in jobs:
+
+
+def _resync_once(reconciler: Reconciler, namespaces: tuple[str, ...]) -> None:
+    # Page by page: no page outlives its loop turn, so a resync never holds every job at once.
+    for page in reconciler.kube.finetunejob_pages(namespaces):
+        for job in page:
             STATE.cache.put_finetunejob(job)
             reconciler.enqueue(job["metadata"]["namespace"], job["metadata"]["name"])
 

@@ -7,7 +7,7 @@ reads the same shapes in unit tests and in the cluster.
 import datetime
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes import client, config
@@ -30,10 +30,9 @@ def load_config() -> client.ApiClient:
     except config.ConfigException:
         config.load_kube_config()  # type: ignore[no-untyped-call]
     configuration = client.Configuration.get_default_copy()
-    # A connection for every thread that may call at once: the reconcile workers, their child
-    # creators (reconcile.py) and the resync loop. Past this urllib3 opens and drops a fresh
-    # TLS connection per request.
-    configuration.connection_pool_maxsize = 96
+    # A connection for every thread that may call at once: the reconcile workers (reconcile.py)
+    # and the resync loop. Past this urllib3 opens and drops a fresh TLS connection per request.
+    configuration.connection_pool_maxsize = 24
     return client.ApiClient(configuration)
 
 
@@ -67,7 +66,6 @@ class Kube:
         self.rbac = client.RbacAuthorizationV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self._create: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
-            "ConfigMap": (self.core.create_namespaced_config_map, self.core.read_namespaced_config_map),
             "ServiceAccount": (self.core.create_namespaced_service_account, self.core.read_namespaced_service_account),
             "PersistentVolumeClaim": (
                 self.core.create_namespaced_persistent_volume_claim,
@@ -153,17 +151,28 @@ class Kube:
                 return None
             raise
 
-    def list_finetunejobs(self, namespaces: tuple[str, ...]) -> list[Body]:
-        items: list[Body] = []
-        if namespaces:
-            for ns in namespaces:
-                found = self._call("list", KIND, self.custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL)
-                items.extend(found.get("items") or [])
-        else:
-            found = self._call("list", KIND, self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
-            items.extend(found.get("items") or [])
-        # A list's items carry no kind; the cache and Events expect whole objects.
-        return [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, **i} for i in items]
+    def finetunejob_pages(self, namespaces: tuple[str, ...], page: int = 100) -> Iterator[list[Body]]:
+        """Every FineTuneJob, a page at a time: a caller that lets each page go never holds
+        the whole list (at 500 jobs, megabytes of parsed objects)."""
+        for namespace in namespaces or (None,):
+            token: str | None = None
+            while True:
+                kwargs: dict[str, Any] = {"limit": page, "_preload_content": False}
+                if token:
+                    kwargs["_continue"] = token
+                if namespace is None:
+                    raw = self._call(
+                        "list", KIND, self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, **kwargs
+                    )
+                else:
+                    list_namespaced = self.custom.list_namespaced_custom_object
+                    raw = self._call("list", KIND, list_namespaced, GROUP, VERSION, namespace, PLURAL, **kwargs)
+                found = self._plain(raw)
+                # A list's items carry no kind; the cache and Events expect whole objects.
+                yield [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, **i} for i in found.get("items") or []]
+                token = (found.get("metadata") or {}).get("continue")
+                if not token:
+                    break
 
     def patch_status(self, namespace: str, name: str, patch: Body) -> Body:
         """Merge-patch the status subresource; the object as the API server now holds it."""

@@ -11,7 +11,6 @@ import logging
 import threading
 import time
 from collections.abc import Hashable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import urllib3.exceptions
@@ -22,14 +21,13 @@ from finetune_api.problems import problems_from
 from finetune_api.spec import FineTuneJobSpec
 
 from . import metrics
-from .builders import config as config_builder
 from .builders import job as job_builder
 from .builders import paths
 from .builders import pvc as pvc_builder
-from .builders import rbac as rbac_builder
 from .cache import WatchCache
 from .children import Owner
 from .crash_hook import maybe_crash
+from .identity import TrainerIdentities
 from .kube import Body, ChildRejected, Kube, describe_error
 from .settings import Settings
 from .status import TERMINAL, Observation, compute, needs_patch, status_patch
@@ -41,8 +39,6 @@ logger = logging.getLogger(__name__)
 TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError)
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
-# The most children one creation wave holds (PVC, ConfigMap, ServiceAccount, Role).
-CREATES_PER_WAVE = 4
 
 
 def _now() -> str:
@@ -58,18 +54,16 @@ def parse_spec(body: Body) -> tuple[FineTuneJobSpec | None, str | None]:
 
 
 def desired_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> list[Body]:
-    """In creation order: the Job last, so a Job never exists without what it mounts and uses."""
+    """A job's own children in creation order: the Job last, so it never exists without its claim.
+
+    The trainer's config rides in the Job's pod template and its identity is the namespace's
+    (identity.py): a job whose output claim the user brings costs one create, its Job.
+    """
     children: list[Body] = []
     claim = pvc_builder.output_pvc(owner, spec)
     if claim is not None:
         children.append(claim)
-    children += [
-        config_builder.config_map(owner, spec),
-        rbac_builder.service_account(owner),
-        rbac_builder.role(owner),
-        rbac_builder.role_binding(owner),
-        job_builder.job(owner, spec, settings),
-    ]
+    children.append(job_builder.job(owner, spec, settings))
     return children
 
 
@@ -107,9 +101,7 @@ class Reconciler:
         self.kube = kube
         self.settings = settings
         self.cache = cache or WatchCache()
-        # Children that do not depend on each other are created side by side: a new job waits
-        # three round trips for its Job instead of six.
-        self._creators = ThreadPoolExecutor(max_workers=CREATES_PER_WAVE * workers, thread_name_prefix="create")
+        self.identities = TrainerIdentities(self._create_identity)
         self._retry_guard = threading.Lock()
         self._failures: dict[Key, int] = {}
         self._retry_pending: set[Key] = set()
@@ -279,28 +271,26 @@ class Reconciler:
         return outcome.phase
 
     def _create_children(self, body: Body, owner: Owner, spec: FineTuneJobSpec) -> tuple[Body, bool]:
-        """The Job, after everything it mounts and runs as; (Job, created now)."""
-        children = desired_children(owner, spec, self.settings)
-        # A RoleBinding is refused until its Role exists, and the Job comes last of all.
-        waves = [
-            [c for c in children if c["kind"] not in ("RoleBinding", "Job")],
-            [c for c in children if c["kind"] == "RoleBinding"],
-        ]
-        for wave in waves:
-            for done in [self._creators.submit(self._create_one, owner, c) for c in wave]:
-                done.result()
-        job_child = children[-1]
-        job, created = self._create_one(owner, job_child)
+        """The Job, after the identity it runs as and the claim it mounts; (Job, created now)."""
+        self.identities.ensure(owner.namespace)
+        *claims, job_child = desired_children(owner, spec, self.settings)
+        where = f"{owner.namespace}/{owner.name}"
+        for claim in claims:
+            self._create_one(where, claim)
+        job, created = self._create_one(where, job_child)
         if created:
             self.kube.post_event(body, "Normal", "JobCreated", f"created Job {job_child['metadata']['name']}")
         return job, created
 
-    def _create_one(self, owner: Owner, child: Body) -> tuple[Body, bool]:
+    def _create_identity(self, child: Body) -> None:
+        self._create_one(f"{child['metadata']['namespace']} (trainer identity)", child)
+
+    def _create_one(self, where: str, child: Body) -> tuple[Body, bool]:
         obj, created = self.kube.create_or_get(child)
         kind = child["kind"]
         if created:
             metrics.CHILDREN_CREATED.labels(kind=kind).inc()
-            logger.info("%s/%s: created %s %s", owner.namespace, owner.name, kind, child["metadata"]["name"])
+            logger.info("%s: created %s %s", where, kind, child["metadata"]["name"])
             maybe_crash(self.settings, kind)
         return obj, created
 

@@ -16,7 +16,15 @@ from finetune_api.constants import DEFAULT_IMAGE, LABEL_COMPONENT, LABEL_MANAGED
 
 from .helm import ALL_ON_VALUES, CHART, by_kind, env_of, helm, one, operator_rules, render, template_args
 
-DEFAULT_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service"}
+DEFAULT_KINDS = {
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Deployment",
+    "Service",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 
 
 @pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["defaults", "all-on"])
@@ -269,3 +277,18 @@ def test_schema_knows_every_value() -> None:
 def test_template_is_deterministic() -> None:
     """Two renders are identical: no random names or generated secrets that churn on upgrade."""
     assert helm(*template_args()).stdout == helm(*template_args()).stdout
+
+
+def test_trainer_status_policy_is_the_files_rule_named_after_the_release() -> None:
+    from tests.operator.harness import trainer_status_policy
+
+    objects = render()
+    policy = one(objects, "ValidatingAdmissionPolicy")
+    binding = one(objects, "ValidatingAdmissionPolicyBinding")
+    source_policy, source_binding = trainer_status_policy()
+    assert policy["spec"] == source_policy["spec"]
+    assert policy["metadata"]["name"].endswith("-trainer-status")
+    assert binding["spec"] == {**source_binding["spec"], "policyName": policy["metadata"]["name"]}
+    assert policy["metadata"]["labels"][LABEL_MANAGED_BY] == "Helm"
+    off = render(sets=["rbac.trainerStatusPolicy=false"])
+    assert not by_kind(off, "ValidatingAdmissionPolicy") and not by_kind(off, "ValidatingAdmissionPolicyBinding")

@@ -13,11 +13,41 @@ from kubernetes.client.exceptions import ApiException
 from finetune_api import crd as crd_model
 from finetune_api.constants import CRD_NAME
 
-from .harness import Jobs, OperatorProcess, operator_identity, wait_for
+from .harness import Jobs, OperatorProcess, operator_identity, trainer_status_policy, wait_for
+
+
+def trainer_status_policy_install(kube: client.ApiClient) -> None:
+    """Create or update the chart's admission policy that keeps each trainer to its own job."""
+    admission = client.AdmissionregistrationV1Api(kube)
+    policy, binding = trainer_status_policy()
+    for body, create, read, replace in (
+        (
+            policy,
+            admission.create_validating_admission_policy,
+            admission.read_validating_admission_policy,
+            admission.replace_validating_admission_policy,
+        ),
+        (
+            binding,
+            admission.create_validating_admission_policy_binding,
+            admission.read_validating_admission_policy_binding,
+            admission.replace_validating_admission_policy_binding,
+        ),
+    ):
+        try:
+            create(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            name = body["metadata"]["name"]
+            version = read(name).metadata.resource_version
+            replace(name, {**body, "metadata": {**body["metadata"], "resourceVersion": version}})
 
 
 def finetune_crd_install(kube: client.ApiClient) -> str:
-    """Create or update the CRD as the models generate it; wait until it is Established."""
+    """Create or update the CRD as the models generate it, and the admission policy that comes
+    with it in the chart; wait until the CRD is Established."""
+    trainer_status_policy_install(kube)
     api = client.ApiextensionsV1Api(kube)
     body = crd_model.crd()
     try:

@@ -27,6 +27,7 @@ from finetune_api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO / "charts" / "finetune-operator" / "files" / "operator-rbac.yaml"
+TRAINER_POLICY_FILE = REPO / "charts" / "finetune-operator" / "files" / "trainer-status-policy.yaml"
 SYSTEM_NAMESPACE = "finetune-system"
 OPERATOR_SA = "finetune-operator"
 OPERATOR_ROLE = "finetune-operator-tests"
@@ -38,6 +39,13 @@ def operator_rules() -> list[dict[str, Any]]:
     rules = yaml.safe_load(RBAC_FILE.read_text())
     assert isinstance(rules, list)
     return rules
+
+
+def trainer_status_policy() -> list[dict[str, Any]]:
+    """The chart's ValidatingAdmissionPolicy and its binding, as the chart renders them (sans labels)."""
+    objects = yaml.safe_load(TRAINER_POLICY_FILE.read_text())
+    assert isinstance(objects, list) and len(objects) == 2
+    return objects
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
@@ -80,8 +88,14 @@ def kubeconfig_for_token(admin_kubeconfig: Path, token: str, path: Path, namespa
     return path
 
 
-def service_account_token(core: client.CoreV1Api, namespace: str, name: str, seconds: int = 7200) -> str:
-    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}}
+def service_account_token(
+    core: client.CoreV1Api, namespace: str, name: str, seconds: int = 7200, pod: tuple[str, str] | None = None
+) -> str:
+    """A token of the ServiceAccount; bound to the pod (name, uid) if given, as a kubelet binds one."""
+    spec: dict[str, Any] = {"expirationSeconds": seconds}
+    if pod is not None:
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": pod[0], "uid": pod[1]}
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
     result = core.create_namespaced_service_account_token(name, namespace, request)
     return str(result.status.token)
 

@@ -23,10 +23,21 @@ def container(s=None, settings=SETTINGS):
     return pod_spec(s, settings)["containers"][0]
 
 
-def test_config_map_holds_the_trainer_config_with_pod_paths():
-    cm = config.config_map(OWNER, spec())
-    cfg = TrainerConfig.model_validate_json(cm["data"]["config.json"])
-    assert cm["metadata"]["name"] == "tiny-trainer-config"
+def test_the_pod_template_carries_the_trainer_config_and_a_volume_makes_it_the_config_file():
+    template = job.job(OWNER, spec(), SETTINGS)["spec"]["template"]
+    cfg = TrainerConfig.model_validate_json(template["metadata"]["annotations"]["finetune.dev/trainer-config"])
+    config_volume = next(v for v in template["spec"]["volumes"] if v["name"] == "config")
+    assert config_volume == {
+        "name": "config",
+        "downwardAPI": {
+            "items": [
+                {
+                    "path": "config.json",
+                    "fieldRef": {"fieldPath": "metadata.annotations['finetune.dev/trainer-config']"},
+                }
+            ]
+        },
+    }
     assert cfg.job_name == "tiny" and cfg.namespace == "team-a"
     assert cfg.paths.model == "/mnt/model/tiny-llama"
     assert cfg.paths.dataset == "/mnt/dataset/tiny/alpaca.jsonl"
@@ -49,14 +60,8 @@ def test_every_owned_child_points_at_the_finetunejob_and_carries_the_job_label()
     children = desired_children(
         OWNER, spec(output={"pvc": None, "storage": {"size": "1Gi", "deleteWithJob": True}}), SETTINGS
     )
-    assert [c["kind"] for c in children] == [
-        "PersistentVolumeClaim",
-        "ConfigMap",
-        "ServiceAccount",
-        "Role",
-        "RoleBinding",
-        "Job",
-    ]
+    # The config rides in the Job and the trainer identity is the namespace's: nothing else per job.
+    assert [c["kind"] for c in children] == ["PersistentVolumeClaim", "Job"]
     for child in children:
         meta = child["metadata"]
         assert meta["namespace"] == "team-a"
@@ -86,15 +91,17 @@ def test_output_pvc_outlives_the_job_unless_asked():
     assert pod_spec(s)["volumes"][1] == {"name": "output", "persistentVolumeClaim": {"claimName": "tiny-output"}}
 
 
-def test_trainer_role_allows_get_and_patch_on_its_own_status_only():
-    role = rbac.role(OWNER)
-    assert role["rules"] == [
-        {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "resourceNames": ["tiny"], "verbs": ["get", "patch"]}
-    ]
-    binding = rbac.role_binding(OWNER)
+def test_the_namespace_trainer_identity_may_only_patch_finetunejob_status():
+    account, role, binding = rbac.identity("team-a")
+    assert [o["kind"] for o in (account, role, binding)] == ["ServiceAccount", "Role", "RoleBinding"]
+    assert role["rules"] == [{"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]}]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tiny-trainer", "namespace": "team-a"}]
-    assert pod_spec()["serviceAccountName"] == "tiny-trainer"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "finetune-trainer", "namespace": "team-a"}]
+    for obj in (account, role, binding):
+        # Shared by every job of the namespace: owned by none of them.
+        assert obj["metadata"]["namespace"] == "team-a" and "ownerReferences" not in obj["metadata"]
+    assert account["automountServiceAccountToken"] is False
+    assert pod_spec()["serviceAccountName"] == "finetune-trainer"
     assert pod_spec()["automountServiceAccountToken"] is True
 
 

@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from finetune_api.constants import GROUP, LABEL_JOB, PLURAL, VERSION
+from finetune_api.constants import GROUP, LABEL_COMPONENT, LABEL_JOB, PLURAL, VERSION
 from finetune_operator.crash_hook import CRASH_EXIT_CODE
 
 from .harness import Jobs, OperatorProcess, wait_for
@@ -83,19 +83,10 @@ def test_more_gpus_than_any_node_has_stays_pending_with_the_schedulers_message(
 
 
 def children_of(kube: client.ApiClient, namespace: str, name: str) -> dict[str, list[str]]:
+    """A job's own children: its Job and, when the operator makes one, its output claim."""
     selector = f"{LABEL_JOB}={name}"
-    core, rbac, batch = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube), client.BatchV1Api(kube)
+    core, batch = client.CoreV1Api(kube), client.BatchV1Api(kube)
     return {
-        "ConfigMap": [
-            o.metadata.name for o in core.list_namespaced_config_map(namespace, label_selector=selector).items
-        ],
-        "ServiceAccount": [
-            o.metadata.name for o in core.list_namespaced_service_account(namespace, label_selector=selector).items
-        ],
-        "Role": [o.metadata.name for o in rbac.list_namespaced_role(namespace, label_selector=selector).items],
-        "RoleBinding": [
-            o.metadata.name for o in rbac.list_namespaced_role_binding(namespace, label_selector=selector).items
-        ],
         "Job": [o.metadata.name for o in batch.list_namespaced_job(namespace, label_selector=selector).items],
         "PersistentVolumeClaim": [
             o.metadata.name
@@ -104,31 +95,44 @@ def children_of(kube: client.ApiClient, namespace: str, name: str) -> dict[str, 
     }
 
 
+def trainer_identity_of(kube: client.ApiClient, namespace: str) -> dict[str, list[str]]:
+    """The namespace's trainer identity: everything of component trainer that is no job's own."""
+    selector = f"{LABEL_COMPONENT}=trainer,!{LABEL_JOB}"
+    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    return {
+        "ServiceAccount": [
+            o.metadata.name for o in core.list_namespaced_service_account(namespace, label_selector=selector).items
+        ],
+        "Role": [o.metadata.name for o in rbac.list_namespaced_role(namespace, label_selector=selector).items],
+        "RoleBinding": [
+            o.metadata.name for o in rbac.list_namespaced_role_binding(namespace, label_selector=selector).items
+        ],
+    }
+
+
+ONE_IDENTITY = {
+    "ServiceAccount": ["finetune-trainer"],
+    "Role": ["finetune-trainer"],
+    "RoleBinding": ["finetune-trainer"],
+}
+
+
 def test_operator_killed_between_two_creates_converges_with_one_of_each(
     kube: client.ApiClient, namespace: str, jobs: Jobs, start_operator
 ) -> None:
-    # The RoleBinding is created alone, after the first wave (PVC, ConfigMap, ServiceAccount,
-    # Role side by side) and before the Job: exiting right after it stops exactly between two creates.
-    crashing = start_operator(env={"FINETUNE_TEST_CRASH_AFTER": "RoleBinding"}, wait=False)
+    # The output claim is created before the Job: exiting right after it stops exactly
+    # between a job's two creates.
+    crashing = start_operator(env={"FINETUNE_TEST_CRASH_AFTER": "PersistentVolumeClaim"}, wait=False)
     wait_for(crashing.healthy, 60, "the crashing operator to start")
     jobs.create("crash", gpu_spec())
     assert crashing.wait_exit(60) == CRASH_EXIT_CODE
-    half = children_of(kube, namespace, "crash")
-    assert half["ConfigMap"] == ["crash-trainer-config"]
-    assert half["ServiceAccount"] == ["crash-trainer"] and half["Role"] == ["crash-trainer"]
-    assert half["RoleBinding"] == ["crash-trainer"]
-    assert half["Job"] == []
+    assert children_of(kube, namespace, "crash") == {"Job": [], "PersistentVolumeClaim": ["crash-output"]}
+    assert trainer_identity_of(kube, namespace) == ONE_IDENTITY
 
     start_operator()
     jobs.wait_phase("crash", "Succeeded", 120)
-    assert children_of(kube, namespace, "crash") == {
-        "ConfigMap": ["crash-trainer-config"],
-        "ServiceAccount": ["crash-trainer"],
-        "Role": ["crash-trainer"],
-        "RoleBinding": ["crash-trainer"],
-        "Job": ["crash"],
-        "PersistentVolumeClaim": ["crash-output"],
-    }
+    assert children_of(kube, namespace, "crash") == {"Job": ["crash"], "PersistentVolumeClaim": ["crash-output"]}
+    assert trainer_identity_of(kube, namespace) == ONE_IDENTITY
     assert len(jobs.pods("crash")) == 1
 
 
@@ -146,6 +150,8 @@ def test_deleting_the_job_removes_every_owned_child_but_keeps_the_output(
 
     wait_for(only_output_left, 90, f"children of gone to be collected (left: {children_of(kube, namespace, 'gone')})")
     assert children_of(kube, namespace, "gone")["PersistentVolumeClaim"] == ["gone-output"]
+    # The namespace's trainer identity serves the next job; it is no job's child.
+    assert trainer_identity_of(kube, namespace) == ONE_IDENTITY
 
 
 def test_the_trainer_identity_may_patch_its_own_status_and_nothing_else(
@@ -154,56 +160,54 @@ def test_the_trainer_identity_may_patch_its_own_status_and_nothing_else(
     from tests.fixtures.cluster import token_client
 
     for name in ("mine", "other"):
-        jobs.create(name, gpu_spec(gpus=8))  # unschedulable: the pods never run, the identities exist
-    wait_for(lambda: jobs.status("mine").get("phase"), 60, "status on mine")
-    wait_for(
-        lambda: any(
-            r.metadata.name == "mine-trainer"
-            for r in client.RbacAuthorizationV1Api(jobs.api).list_namespaced_role_binding(namespace).items
-        ),
-        60,
-        "the trainer's RoleBinding",
-    )
-    trainer = client.CustomObjectsApi(token_client(cluster, core, namespace, "mine-trainer"))
+        jobs.create(name, gpu_spec(gpus=8))  # unschedulable: the pods wait, their tokens can be bound
+    mine = the_pod(jobs, "mine")["metadata"]
+    wait_for(lambda: trainer_identity_of(jobs.api, namespace) == ONE_IDENTITY, 60, "the trainer identity")
+    account = "finetune-trainer"
+    # A token as the kubelet mounts it into mine's pod: bound to that pod, which names the job.
+    trainer = client.CustomObjectsApi(token_client(cluster, core, namespace, account, (mine["name"], mine["uid"])))
     patch = {"status": {"progress": {"step": 3, "totalSteps": 6}}}
 
     def allowed() -> bool:
         try:
             trainer.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "mine", patch)
         except ApiException as exc:
-            if exc.status == 403:
+            if exc.status == 403 and "own FineTuneJob" not in str(exc.body):
                 return False  # the RoleBinding may take a moment to reach the authorizer cache
             raise
         return True
 
     wait_for(allowed, 30, "the trainer's own status patch to be allowed")
     assert jobs.status("mine")["progress"]["step"] == 3
-    assert trainer.get_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "mine")
 
-    def forbidden(call) -> int:
+    def refused(call) -> ApiException:
         with pytest.raises(ApiException) as caught:
             call()
-        return caught.value.status
+        assert caught.value.status == 403, caught.value.body
+        return caught.value
 
-    assert (
-        forbidden(
-            lambda: trainer.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "other", patch)
-        )
-        == 403
+    other = refused(
+        lambda: trainer.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "other", patch)
     )
-    assert (
-        forbidden(
-            lambda: trainer.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, "mine", {"spec": {"suspend": True}}
-            )
-        )
-        == 403
+    assert f"pod {mine['name']} is not a pod of other" in str(other.body)
+    # A token of the same account bound to no pod (kubectl create token) patches nothing.
+    unbound = client.CustomObjectsApi(token_client(cluster, core, namespace, account))
+    assert "bound to no pod" in str(
+        refused(
+            lambda: unbound.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "mine", patch)
+        ).body
     )
-    assert forbidden(lambda: trainer.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)) == 403
+    refused(
+        lambda: trainer.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "mine", {"spec": {"suspend": True}}
+        )
+    )
+    refused(lambda: trainer.get_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "other"))
+    refused(lambda: trainer.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL))
     trainer_core = client.CoreV1Api(trainer.api_client)
-    assert forbidden(lambda: trainer_core.list_namespaced_pod(namespace)) == 403
-    assert forbidden(lambda: trainer_core.list_namespaced_secret(namespace)) == 403
-    assert forbidden(lambda: trainer_core.read_namespaced_config_map("mine-trainer-config", namespace)) == 403
+    refused(lambda: trainer_core.list_namespaced_pod(namespace))
+    refused(lambda: trainer_core.list_namespaced_secret(namespace))
+    refused(lambda: trainer_core.list_namespaced_config_map(namespace))
 
 
 def test_the_hub_token_stays_in_its_secret(

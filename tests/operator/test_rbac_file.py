@@ -1,10 +1,10 @@
 """The operator's RBAC file (shared with the chart): no wildcards, no verbs it does not use,
 and enough to grant each trainer its own Role (RBAC refuses to grant what one does not hold)."""
 
+from finetune_api.constants import GROUP, MAX_NAME_LENGTH, PLURAL, TRAINER_SERVICE_ACCOUNT
 from finetune_operator.builders import rbac
-from finetune_operator.children import Owner
 
-from .harness import operator_rules
+from .harness import operator_rules, trainer_status_policy
 
 WRITES = {"create", "patch", "update", "delete", "deletecollection"}
 
@@ -30,7 +30,7 @@ def test_secrets_are_never_readable():
 
 
 def test_operator_holds_every_permission_it_grants_a_trainer():
-    for rule in rbac.role(Owner("x", "ns", "uid"))["rules"]:
+    for rule in rbac.role("ns")["rules"]:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
@@ -39,7 +39,6 @@ def test_operator_holds_every_permission_it_grants_a_trainer():
 
 def test_children_it_creates_are_creatable():
     for group, resource in [
-        ("", "configmaps"),
         ("", "serviceaccounts"),
         ("", "persistentvolumeclaims"),
         ("rbac.authorization.k8s.io", "roles"),
@@ -53,3 +52,19 @@ def test_children_it_creates_are_creatable():
     for resource in ("finetunejobs", "jobs", "pods"):
         group = {"finetunejobs": "finetune.dev", "jobs": "batch", "pods": ""}[resource]
         assert all(allowed(group, resource, v) for v in ("get", "list", "watch")), resource
+
+
+def test_the_trainer_status_policy_names_what_the_operator_builds():
+    """The admission policy (a YAML file the chart renders) and the Python builders agree."""
+    policy, binding = trainer_status_policy()
+    spec = policy["spec"]
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": [f"{PLURAL}/status"]}
+    ]
+    assert f"':{TRAINER_SERVICE_ACCOUNT}'" in spec["matchConditions"][0]["expression"]
+    assert rbac.service_account("ns")["metadata"]["name"] == TRAINER_SERVICE_ACCOUNT
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    # The policy reads the job from the pod's name "<job>-<5 characters>": the API server
+    # truncates a generateName prefix past 58 characters, which job names never reach.
+    assert MAX_NAME_LENGTH + 1 <= 58
+    assert "size(object.metadata.name) + 6" in spec["validations"][0]["expression"]

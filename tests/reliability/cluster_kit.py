@@ -369,7 +369,8 @@ class PodFailer:
 
 
 def children_of(api: client.ApiClient, namespace: str) -> dict[str, dict[str, int]]:
-    """Per job name: how many of each child kind carry its label."""
+    """Per job name: how many of each child kind carry its label (kinds a job never owns are
+    listed too, so a stray one shows up as a duplicate)."""
     core, batch, rbac = client.CoreV1Api(api), client.BatchV1Api(api), client.RbacAuthorizationV1Api(api)
     listings = {
         "Job": batch.list_namespaced_job,
@@ -386,3 +387,14 @@ def children_of(api: client.ApiClient, namespace: str) -> dict[str, dict[str, in
             counts.setdefault(job, {}).setdefault(kind, 0)
             counts[job][kind] += 1
     return counts
+
+
+def trainer_identities(api: client.ApiClient, namespace: str) -> dict[str, int]:
+    """How many of each part of the namespace's shared trainer identity exist (1 each is right)."""
+    selector = "finetune.dev/component=trainer,!finetune.dev/job"
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    return {
+        "ServiceAccount": len(core.list_namespaced_service_account(namespace, label_selector=selector).items),
+        "Role": len(rbac.list_namespaced_role(namespace, label_selector=selector).items),
+        "RoleBinding": len(rbac.list_namespaced_role_binding(namespace, label_selector=selector).items),
+    }

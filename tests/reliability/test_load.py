@@ -149,6 +149,13 @@ def compare(cluster: Cluster, kube: client.ApiClient, tmp_path: Path, jobs: int,
         floor_config = floor_identity(kube, cluster.kubeconfig, tmp_path)
         ours_config = our_identity(kube, cluster.kubeconfig, tmp_path)
         timeout = 120 + jobs * 2.0
+        # Unmeasured warm-up on the same nodes, so the floor (measured first) does not pay
+        # for a just-started control plane and just-registered nodes that ours never sees.
+        warm_ns = _namespace(core, f"load-warm-{stamp}")
+        namespaces.append(warm_ns)
+        warm = max(10, jobs // 10)
+        warm_floor = FloorOperator(floor_config, warm_ns, tmp_path / "warm.log")
+        run_load(kube, warm_ns, warm_floor, "floor", "floor", warm, timeout)
         floor = run_load(
             kube,
             floor_ns,

@@ -1,5 +1,7 @@
-"""Progress lands on a real FineTuneJob: the trainer, as its own ServiceAccount with the Role the
-operator grants it, patches status.progress and status.lastCheckpoint and nothing else."""
+"""Progress lands on a real FineTuneJob: the trainer, as the namespace's trainer ServiceAccount
+with the Role the operator grants it and a token bound to a pod of the job (as the kubelet
+mounts it; the chart's admission policy checks that binding), patches status.progress and
+status.lastCheckpoint and nothing else."""
 
 import json
 from pathlib import Path
@@ -8,9 +10,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from finetune_api.constants import GROUP, PLURAL, VERSION
+from finetune_api.constants import GROUP, PLURAL, TRAINER_SERVICE_ACCOUNT, VERSION
 from finetune_operator.builders import rbac as trainer_rbac
-from finetune_operator.children import Owner, service_account_name
 from tests.operator.conftest import finetune_crd_install
 from tests.operator.harness import kubeconfig_for_token, service_account_token
 
@@ -20,16 +21,29 @@ pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 
 
 def trainer_identity(kube: client.ApiClient, cluster: Any, job: dict[str, Any], folder: Path) -> Path:
-    """The ServiceAccount, Role and RoleBinding the operator makes for a job; a kubeconfig for it."""
-    meta = job["metadata"]
-    owner = Owner(meta["name"], meta["namespace"], meta["uid"])
+    """The namespace's trainer identity as the operator makes it, and a kubeconfig with a token
+    bound to a pod named as the job's Job names its pods (a stand-in pod: no kubelet runs it)."""
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
     core = client.CoreV1Api(kube)
     rbac = client.RbacAuthorizationV1Api(kube)
-    core.create_namespaced_service_account(owner.namespace, trainer_rbac.service_account(owner))
-    rbac.create_namespaced_role(owner.namespace, trainer_rbac.role(owner))
-    rbac.create_namespaced_role_binding(owner.namespace, trainer_rbac.role_binding(owner))
-    token = service_account_token(core, owner.namespace, service_account_name(owner.name), seconds=3600)
-    return kubeconfig_for_token(Path(cluster.kubeconfig), token, folder / "trainer.kubeconfig", owner.namespace)
+    core.create_namespaced_service_account(namespace, trainer_rbac.service_account(namespace))
+    rbac.create_namespaced_role(namespace, trainer_rbac.role(namespace))
+    rbac.create_namespaced_role_binding(namespace, trainer_rbac.role_binding(namespace))
+    pod = core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": f"{name}-x7k2q"},
+            "spec": {
+                "serviceAccountName": TRAINER_SERVICE_ACCOUNT,
+                "nodeName": "no-such-node",  # never runs: it only anchors the token
+                "containers": [{"name": "trainer", "image": "trainer"}],
+            },
+        },
+    )
+    token = service_account_token(
+        core, namespace, TRAINER_SERVICE_ACCOUNT, seconds=3600, pod=(pod.metadata.name, pod.metadata.uid)
+    )
+    return kubeconfig_for_token(Path(cluster.kubeconfig), token, folder / "trainer.kubeconfig", namespace)
 
 
 def test_progress_and_last_checkpoint_land_on_the_finetunejob(

@@ -1,12 +1,15 @@
-"""The ConfigMap holding the trainer's config: the validated spec plus in-pod paths, as JSON."""
+"""The trainer's config: the validated spec plus in-pod paths, as JSON.
 
-from typing import Any
+It travels in an annotation of the Job's pod template and reaches the trainer as a file through
+a downwardAPI volume: no ConfigMap, so a job costs one write fewer and its config can never
+drift from the pod that runs it.
+"""
 
 from finetune_api.spec import FineTuneJobSpec
 from finetune_api.trainer_config import TrainerConfig
 
-from ..children import Owner, config_map_name, metadata
-from .paths import CONFIG_KEY, runtime_paths
+from ..children import Owner
+from .paths import runtime_paths
 
 
 def trainer_config(owner: Owner, spec: FineTuneJobSpec) -> TrainerConfig:
@@ -15,12 +18,6 @@ def trainer_config(owner: Owner, spec: FineTuneJobSpec) -> TrainerConfig:
     )
 
 
-def config_map(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any]:
-    # The spec names Secrets but never holds their values, so this JSON is safe to store.
-    text = trainer_config(owner, spec).model_dump_json(by_alias=True, exclude_none=True, indent=2)
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata(owner, config_map_name(owner.name)),
-        "data": {CONFIG_KEY: text},
-    }
+def config_json(owner: Owner, spec: FineTuneJobSpec) -> str:
+    # The spec names Secrets but never holds their values, so this JSON is safe in an annotation.
+    return trainer_config(owner, spec).model_dump_json(by_alias=True, exclude_none=True, indent=2)

@@ -2,14 +2,18 @@
 
 from typing import Any, Final
 
+from finetune_api.constants import TRAINER_SERVICE_ACCOUNT
 from finetune_api.gpus import is_pascal
 from finetune_api.reasons import NON_RETRYABLE, TERMINATION_LOG
 from finetune_api.spec import FineTuneJobSpec
 
-from ..children import KUEUE_QUEUE_LABEL, Owner, config_map_name, job_name, labels, metadata, service_account_name
+from ..children import KUEUE_QUEUE_LABEL, Owner, job_name, labels, metadata
 from ..settings import Settings
+from .config import config_json
 from .paths import (
+    CONFIG_ANNOTATION,
     CONFIG_DIR,
+    CONFIG_KEY,
     CONFIG_PATH,
     DATASET_MOUNT,
     HUB_CACHE,
@@ -46,7 +50,7 @@ def pod_failure_policy() -> dict[str, Any]:
 
 
 def _secret_env(name: str, secret: str) -> dict[str, Any]:
-    # The Hub token reaches the pod only this way: never in args, annotations or the ConfigMap.
+    # The Hub token reaches the pod only this way: never in args, annotations or the config.
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": HUB_TOKEN_KEY}}}
 
 
@@ -96,7 +100,14 @@ def volumes(
     owner: Owner, spec: FineTuneJobSpec, settings: Settings
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     vols: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": config_map_name(owner.name)}},
+        {
+            "name": "config",
+            "downwardAPI": {
+                "items": [
+                    {"path": CONFIG_KEY, "fieldRef": {"fieldPath": f"metadata.annotations['{CONFIG_ANNOTATION}']"}}
+                ]
+            },
+        },
         {"name": "output", "persistentVolumeClaim": {"claimName": output_claim_name(owner, spec)}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
         {"name": "tmp", "emptyDir": {}},
@@ -182,7 +193,7 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
         container["resources"] = res
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "serviceAccountName": service_account_name(owner.name),
+        "serviceAccountName": TRAINER_SERVICE_ACCOUNT,
         # The trainer patches its own status with this token.
         "automountServiceAccountToken": True,
         "securityContext": pod_security,
@@ -202,7 +213,10 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
         # A replacement pod starts only once the failed one is gone: two trainers never share
         # the output folder.
         "podReplacementPolicy": "Failed",
-        "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+        "template": {
+            "metadata": {"labels": pod_labels, "annotations": {CONFIG_ANNOTATION: config_json(owner, spec)}},
+            "spec": pod_spec,
+        },
     }
     if spec.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds

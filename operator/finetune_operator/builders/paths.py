@@ -8,6 +8,8 @@ from finetune_api.trainer_config import RuntimePaths
 CONFIG_DIR: Final = "/etc/finetune"
 CONFIG_KEY: Final = "config.json"
 CONFIG_PATH: Final = f"{CONFIG_DIR}/{CONFIG_KEY}"
+# The pod template annotation that holds the config; a downwardAPI volume makes it CONFIG_PATH.
+CONFIG_ANNOTATION: Final = "finetune.dev/trainer-config"
 MODEL_MOUNT: Final = "/mnt/model"
 DATASET_MOUNT: Final = "/mnt/dataset"
 OUTPUT_MOUNT: Final = "/mnt/output"

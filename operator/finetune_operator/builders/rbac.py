@@ -1,47 +1,61 @@
-"""The per-job identity of the trainer: it may read and patch its own job's status, nothing else."""
+"""The trainer's identity in a namespace: one ServiceAccount, a Role to patch FineTuneJob status,
+and the binding between them, shared by every job of the namespace.
+
+One identity per namespace, not per job: a job then costs the API server one write (its Job)
+instead of four. Which job a trainer may patch is decided at admission, by the chart's
+ValidatingAdmissionPolicy: the token of a Job's pod names that pod, and the pod's name names the
+job (charts/finetune-operator/files/trainer-status-policy.yaml).
+"""
 
 from typing import Any
 
-from finetune_api.constants import GROUP, PLURAL
+from finetune_api.constants import GROUP, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, TRAINER_SERVICE_ACCOUNT
 
-from ..children import Owner, metadata, role_name, service_account_name
+from ..children import COMPONENT_TRAINER
 
-TRAINER_VERBS = ("get", "patch")
+# A merge patch of status: the trainer never reads (progress and checkpoints only go out).
+TRAINER_VERBS = ("patch",)
+ROLE_NAME = TRAINER_SERVICE_ACCOUNT
 
 
-def service_account(owner: Owner) -> dict[str, Any]:
+def _metadata(namespace: str, name: str) -> dict[str, Any]:
+    # No owner: the identity serves every job of the namespace and outlives each of them.
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": {LABEL_COMPONENT: COMPONENT_TRAINER, LABEL_MANAGED_BY: MANAGED_BY},
+    }
+
+
+def service_account(namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": metadata(owner, service_account_name(owner.name)),
+        "metadata": _metadata(namespace, TRAINER_SERVICE_ACCOUNT),
         # The trainer pod mounts its token explicitly; nothing else should get one by default.
         "automountServiceAccountToken": False,
     }
 
 
-def role(owner: Owner) -> dict[str, Any]:
+def role(namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": metadata(owner, role_name(owner.name)),
-        "rules": [
-            {
-                "apiGroups": [GROUP],
-                "resources": [f"{PLURAL}/status"],
-                "resourceNames": [owner.name],
-                "verbs": list(TRAINER_VERBS),
-            }
-        ],
+        "metadata": _metadata(namespace, ROLE_NAME),
+        "rules": [{"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": list(TRAINER_VERBS)}],
     }
 
 
-def role_binding(owner: Owner) -> dict[str, Any]:
+def role_binding(namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": metadata(owner, role_name(owner.name)),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name(owner.name)},
-        "subjects": [
-            {"kind": "ServiceAccount", "name": service_account_name(owner.name), "namespace": owner.namespace}
-        ],
+        "metadata": _metadata(namespace, ROLE_NAME),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ROLE_NAME},
+        "subjects": [{"kind": "ServiceAccount", "name": TRAINER_SERVICE_ACCOUNT, "namespace": namespace}],
     }
+
+
+def identity(namespace: str) -> list[dict[str, Any]]:
+    """In creation order: the API server refuses a binding to a Role that is not there yet."""
+    return [service_account(namespace), role(namespace), role_binding(namespace)]
