@@ -1,7 +1,7 @@
 """What the trainer reads: the validated spec plus where things are mounted.
 
-The operator renders this into the job's ConfigMap; `ftjob run` builds it from a local
-workdir. One model for both, so the pod and the laptop take the same code path.
+The operator renders this into the Job's pod template (an annotation); `ftjob run` builds it
+from a local workdir. One model for both, so the pod and the laptop take the same code path.
 """
 
 from typing import Annotated

@@ -1,7 +1,8 @@
 """A test-only fault: exit hard right after creating one kind of child.
 
-Acceptance test "operator killed mid-reconcile" sets FINETUNE_TEST_CRASH_AFTER=RoleBinding; the
-next operator must then finish the job with exactly one of each child. Off unless set.
+Acceptance test "operator killed mid-reconcile" sets FINETUNE_TEST_CRASH_AFTER=PersistentVolumeClaim
+(between a job's output claim and its Job); the next operator must then finish the job with
+exactly one of each child. Off unless set.
 """
 
 import logging

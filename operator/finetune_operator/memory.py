@@ -1,7 +1,7 @@
 """Keep the operator's resident memory flat as its thread count grows.
 
 glibc gives every thread that calls malloc an arena of its own (up to 8 per core); with the
-reconcile workers and their child creators that is dozens of half-empty arenas, and peak RSS
+reconcile workers and kopf's threads that is dozens of half-empty arenas, and peak RSS
 under a burst of 500 jobs grew by a third. Two arenas are plenty for threads that mostly wait
 on the API server. Must run before the threads start; a no-op off glibc.
 """

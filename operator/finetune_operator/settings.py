@@ -36,7 +36,7 @@ ENV_LOG_LEVEL = "FINETUNE_LOG_LEVEL"
 ENV_LOG_FORMAT = "FINETUNE_LOG_FORMAT"
 ENV_RESYNC_SECONDS = "FINETUNE_RESYNC_SECONDS"
 # Test hook only (acceptance: operator killed between two creates). Names the child kind after
-# whose creation the process exits hard, e.g. "ConfigMap". Never set it in production.
+# whose creation the process exits hard, e.g. "Job". Never set it in production.
 ENV_CRASH_AFTER = "FINETUNE_TEST_CRASH_AFTER"
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
