@@ -8,7 +8,6 @@ install, use, upgrade, uninstall.
 """
 
 import json
-import socket
 import subprocess
 import time
 import uuid
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from tests.fixtures.cluster import Cluster
+from tests.operator.harness import free_ports
 
 from .helm import ALL_ON_VALUES, CHART, REPO, helm, render
 
@@ -94,12 +94,6 @@ class Kube:
         raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}: last seen {json.dumps(last)[-3000:]}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def kubectl(cluster: Cluster) -> Kube:
     return Kube(cluster.kubeconfig)
@@ -166,12 +160,13 @@ def _ready_operator_pod(kubectl: Kube, operator_ns: str, timeout: float = 180) -
 @pytest.fixture(scope="module")
 def release(kubectl: Kube, namespaces: tuple[str, str]) -> Iterator[dict[str, Any]]:
     operator_ns, job_ns = namespaces
+    health_port, metrics_port = free_ports(2)
     sets = [
         "watch.mode=namespaced",
         f"watch.namespaces={{{job_ns}}}",
         f"nodeSelector.kubernetes\\.io/hostname={LOCAL_NODE}",
-        f"health.port={_free_port()}",
-        f"metrics.port={_free_port()}",
+        f"health.port={health_port}",
+        f"metrics.port={metrics_port}",
         "logFormat=text",
     ]
     args = ["install", _release_name(), str(CHART), "--namespace", operator_ns, "--wait", "--timeout", "5m"]

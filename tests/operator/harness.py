@@ -125,10 +125,21 @@ def operator_identity(api: client.ApiClient, admin_kubeconfig: Path, folder: Pat
     return kubeconfig_for_token(admin_kubeconfig, token, folder / "operator.kubeconfig", SYSTEM_NAMESPACE)
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports. All sockets stay bound until every port is chosen: two
+    calls of bind-to-0-and-close may get the same port back, and an operator whose health
+    and metrics servers share a port dies at start (the metrics server even answers /healthz)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def healthz_ok(port: int) -> bool:
@@ -160,8 +171,7 @@ class OperatorProcess:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log = log
-        self.health_port = free_port()
-        self.metrics_port = free_port()
+        self.health_port, self.metrics_port = free_ports(2)
         self.extra_env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
