@@ -297,3 +297,18 @@ class Jobs:
 
 def volume_folder(repo: Path, namespace: str, claim: str) -> Path:
     return repo / ".cache" / "cluster" / "volumes" / namespace / claim
+
+
+def trainer_identity_of(api: client.ApiClient, namespace: str) -> dict[str, list[str]]:
+    """The namespace's shared trainer identity: objects of component trainer that are no job's own."""
+    selector = "finetune.dev/component=trainer,!finetune.dev/job"
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    return {
+        "ServiceAccount": [
+            o.metadata.name for o in core.list_namespaced_service_account(namespace, label_selector=selector).items
+        ],
+        "Role": [o.metadata.name for o in rbac.list_namespaced_role(namespace, label_selector=selector).items],
+        "RoleBinding": [
+            o.metadata.name for o in rbac.list_namespaced_role_binding(namespace, label_selector=selector).items
+        ],
+    }

@@ -8,10 +8,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from finetune_api.constants import GROUP, LABEL_COMPONENT, LABEL_JOB, PLURAL, VERSION
+from finetune_api.constants import GROUP, LABEL_JOB, PLURAL, VERSION
 from finetune_operator.crash_hook import CRASH_EXIT_CODE
 
-from .harness import Jobs, OperatorProcess, wait_for
+from .harness import Jobs, OperatorProcess, trainer_identity_of, wait_for
 from .specs import body
 
 pytestmark = pytest.mark.cluster
@@ -91,21 +91,6 @@ def children_of(kube: client.ApiClient, namespace: str, name: str) -> dict[str, 
         "PersistentVolumeClaim": [
             o.metadata.name
             for o in core.list_namespaced_persistent_volume_claim(namespace, label_selector=selector).items
-        ],
-    }
-
-
-def trainer_identity_of(kube: client.ApiClient, namespace: str) -> dict[str, list[str]]:
-    """The namespace's trainer identity: everything of component trainer that is no job's own."""
-    selector = f"{LABEL_COMPONENT}=trainer,!{LABEL_JOB}"
-    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
-    return {
-        "ServiceAccount": [
-            o.metadata.name for o in core.list_namespaced_service_account(namespace, label_selector=selector).items
-        ],
-        "Role": [o.metadata.name for o in rbac.list_namespaced_role(namespace, label_selector=selector).items],
-        "RoleBinding": [
-            o.metadata.name for o in rbac.list_namespaced_role_binding(namespace, label_selector=selector).items
         ],
     }
 

@@ -25,6 +25,7 @@ from tests.operator.harness import (
     operator_rules,
     service_account_token,
     stop_process_group,
+    trainer_identity_of,
     wait_for,
 )
 
@@ -391,10 +392,4 @@ def children_of(api: client.ApiClient, namespace: str) -> dict[str, dict[str, in
 
 def trainer_identities(api: client.ApiClient, namespace: str) -> dict[str, int]:
     """How many of each part of the namespace's shared trainer identity exist (1 each is right)."""
-    selector = "finetune.dev/component=trainer,!finetune.dev/job"
-    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
-    return {
-        "ServiceAccount": len(core.list_namespaced_service_account(namespace, label_selector=selector).items),
-        "Role": len(rbac.list_namespaced_role(namespace, label_selector=selector).items),
-        "RoleBinding": len(rbac.list_namespaced_role_binding(namespace, label_selector=selector).items),
-    }
+    return {kind: len(names) for kind, names in trainer_identity_of(api, namespace).items()}
