@@ -1,10 +1,11 @@
-"""The latest FineTuneJobs, Jobs and pods seen on kopf's watch streams, so a reconcile reads
-memory instead of asking the API server three times.
+"""The latest FineTuneJobs, Jobs and pods seen on the watch streams (kopf's for FineTuneJobs,
+streams.py for Jobs and pods), so a reconcile reads memory instead of asking the API server
+three times.
 
 Each reconcile used to GET the FineTuneJob, GET its Job and LIST its pods: about two thirds of
-the operator's requests under load, and the queue that new jobs waited behind. kopf already
-streams every one of those objects to the event handlers; keeping the newest body of each is
-the informer pattern other controllers use.
+the operator's requests under load, and the queue that new jobs waited behind. The watches
+already stream every one of those objects; keeping the newest body of each is the informer
+pattern other controllers use.
 
 Freshness: a handler stores a body before it triggers the reconcile, so a reconcile never
 sees less than the event that caused it. Writes the operator makes itself (a created Job, a
@@ -34,11 +35,15 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 BULKY_ANNOTATIONS = frozenset({LAST_APPLIED, CONFIG_ANNOTATION})
 
 
-def _version(body: Body) -> int | None:
+def _as_int(version: str | None) -> int | None:
     try:
-        return int((body.get("metadata") or {}).get("resourceVersion") or "")
+        return int(version or "")
     except ValueError:
         return None
+
+
+def _version(body: Body) -> int | None:
+    return _as_int((body.get("metadata") or {}).get("resourceVersion"))
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,11 @@ class _Packed:
     def body(self) -> Body:
         unpacked: Body = json.loads(self.text)
         return unpacked
+
+
+def _older(held: "_Packed", listed_at: int | None) -> bool:
+    """Whether a held body predates a list taken at `listed_at` (unknown order: assume so)."""
+    return held.version is None or listed_at is None or held.version <= listed_at
 
 
 def _newer_or_equal(incoming: Body, held: _Packed | None) -> bool:
@@ -136,6 +146,22 @@ class WatchCache:
             if held is not None and held.uid == uid:
                 del self._jobs[key]
 
+    def keep_listed_jobs(self, listed: list[Body], namespace: str | None, version: str) -> list[Key]:
+        """After a list of one namespace's Jobs (None: all namespaces) at resourceVersion
+        `version`, forget the Jobs it no longer has (deleted while the watch was away); their
+        keys. A Job stored after the list was taken (a create's reply) is newer and stays."""
+        present = {_key(body) for body in listed}
+        listed_at = _as_int(version)
+        with self._guard:
+            gone = [
+                k
+                for k, held in self._jobs.items()
+                if (namespace is None or k[0] == namespace) and k not in present and _older(held, listed_at)
+            ]
+            for key in gone:
+                del self._jobs[key]
+        return gone
+
     def job(self, namespace: str, name: str) -> Body | None:
         with self._guard:
             held = self._jobs.get((namespace, name))
@@ -158,6 +184,24 @@ class WatchCache:
                 pods.pop(pod_name, None)
                 if not pods:
                     del self._pods[(namespace, job_name)]
+
+    def keep_listed_pods(self, listed: list[Body], namespace: str | None, version: str) -> list[Key]:
+        """As keep_listed_jobs, for pods; the (namespace, FineTuneJob) keys that lost a pod."""
+        present = {_key(body) for body in listed}
+        listed_at = _as_int(version)
+        touched: list[Key] = []
+        with self._guard:
+            for key, pods in list(self._pods.items()):
+                if namespace is not None and key[0] != namespace:
+                    continue
+                gone = [n for n, held in pods.items() if (key[0], n) not in present and _older(held, listed_at)]
+                for name in gone:
+                    del pods[name]
+                if gone:
+                    touched.append(key)
+                if not pods:
+                    del self._pods[key]
+        return touched
 
     def pods(self, namespace: str, job_name: str) -> list[Body]:
         with self._guard:

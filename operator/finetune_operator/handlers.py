@@ -1,5 +1,5 @@
-"""kopf wiring: every trigger (the job's own events, its Job's and pods' events, a periodic
-resync) runs the same level-based reconcile. Handlers stay thin on purpose.
+"""Wiring: every trigger (the job's own events from kopf, its Job's and pods' events from
+streams.py, a periodic resync) runs the same level-based reconcile. Handlers stay thin on purpose.
 
 No change-detection handlers and no timers: those need kopf's per-object state and a
 finalizer, and a finalizer would block deleting a job while the operator is down. Deletion is
@@ -8,7 +8,7 @@ the garbage collector's work (owner references on every child).
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -17,9 +17,10 @@ from finetune_api.constants import GROUP, LABEL_JOB, PLURAL, VERSION
 
 from . import metrics
 from .cache import WatchCache
-from .kube import Kube, load_config
+from .kube import Body, Kube, describe_error, load_config
 from .reconcile import Reconciler
 from .settings import Settings, from_env
+from .streams import OnRelist, Stream, sources
 from .workqueue import NEW, UPDATE
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,10 @@ class _State:
     # Filled by the handlers below from the first listing on; read by the reconciler.
     cache = WatchCache()
     resync: asyncio.Task[None] | None = None
+    identities: asyncio.Task[None] | None = None
+
+    def __init__(self) -> None:
+        self.streams: list[Stream] = []
 
 
 STATE = _State()
@@ -82,7 +87,14 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     metrics.serve(ours.metrics_port)
     kube = Kube(await asyncio.to_thread(load_config))
     STATE.reconciler = Reconciler(kube, ours, STATE.cache)
+    STATE.streams = start_streams(kube, ours.namespaces)
     STATE.resync = asyncio.create_task(_resync_forever(ours))
+    if ours.namespaces:
+        # The namespaces are known up front: their trainer identity is made now, not in the
+        # way of the first job (cluster-wide, a namespace's first job still makes it).
+        STATE.identities = asyncio.create_task(
+            asyncio.to_thread(_prepare_identities, STATE.reconciler, ours.namespaces)
+        )
     logger.info(
         "finetune-operator started: %s, trainer image %s",
         "cluster-wide" if ours.clusterwide else f"namespaces {', '.join(ours.namespaces)}",
@@ -94,6 +106,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 async def cleanup(**_: Any) -> None:
     if STATE.resync is not None:
         STATE.resync.cancel()
+    for stream in STATE.streams:
+        stream.stop()
 
 
 @kopf.on.probe(id="reconciler")
@@ -101,11 +115,19 @@ def probe(**_: Any) -> bool:
     return STATE.reconciler is not None
 
 
+def _prepare_identities(reconciler: Reconciler, namespaces: tuple[str, ...]) -> None:
+    for namespace in namespaces:
+        try:
+            reconciler.identities.ensure(namespace)
+        except Exception as exc:  # the namespace's first job tries again
+            logger.warning("%s: could not make the trainer identity yet: %s", namespace, describe_error(exc))
+
+
 async def _resync_forever(settings: Settings) -> None:
     """Reconcile every job now and then, so status converges even after missed events.
 
-    The listing refreshes the cache's FineTuneJobs; Jobs and pods are re-listed by kopf itself
-    whenever a watch stream restarts.
+    The listing refreshes the cache's FineTuneJobs; Jobs and pods are re-listed by their
+    streams whenever the server cannot resume a watch.
     """
     while True:
         await asyncio.sleep(settings.resync_seconds)
@@ -145,21 +167,46 @@ def finetunejob_event(type: str | None, body: kopf.Body, name: str | None, names
         reconciler.enqueue(namespace, name, NEW if reconciler.needs_job(namespace, name, plain) else UPDATE)
 
 
-@kopf.on.event("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})
-def job_event(type: str | None, body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+# Jobs and pods arrive on streams.py's threads, not through kopf (see there why).
+
+
+def job_event(type: str, body: Body) -> None:
     if type == "DELETED":
-        STATE.cache.drop_job(dict(body))
+        STATE.cache.drop_job(body)
     else:
-        STATE.cache.put_job(dict(body))
-    _reconcile(namespace, labels.get(LABEL_JOB))
+        STATE.cache.put_job(body)
+    meta = body.get("metadata") or {}
+    _reconcile(meta.get("namespace"), (meta.get("labels") or {}).get(LABEL_JOB))
 
 
-@kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
-def pod_event(type: str | None, body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-    job = labels.get(LABEL_JOB)
+def pod_event(type: str, body: Body) -> None:
+    meta = body.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(LABEL_JOB)
     if job:
         if type == "DELETED":
-            STATE.cache.drop_pod(job, dict(body))
+            STATE.cache.drop_pod(job, body)
         else:
-            STATE.cache.put_pod(job, dict(body))
-    _reconcile(namespace, job)
+            STATE.cache.put_pod(job, body)
+    _reconcile(meta.get("namespace"), job)
+
+
+def _relisted(keep: Callable[[list[Body], str | None, str], list[tuple[str, str]]], namespace: str | None) -> OnRelist:
+    def relisted(listed: list[Body], version: str) -> None:
+        for gone_namespace, name in keep(listed, namespace, version):
+            _reconcile(gone_namespace, name)
+
+    return relisted
+
+
+def start_streams(kube: Kube, namespaces: tuple[str, ...]) -> list[Stream]:
+    job_sources, pod_sources = sources(kube, namespaces, LABEL_JOB)
+    scopes: list[str | None] = list(namespaces) or [None]
+    started = [
+        Stream(source, job_event, _relisted(STATE.cache.keep_listed_jobs, scope)).start()
+        for source, scope in zip(job_sources, scopes, strict=True)
+    ]
+    started += [
+        Stream(source, pod_event, _relisted(STATE.cache.keep_listed_pods, scope)).start()
+        for source, scope in zip(pod_sources, scopes, strict=True)
+    ]
+    return started

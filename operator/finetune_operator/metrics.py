@@ -1,4 +1,5 @@
-"""Prometheus metrics: jobs by phase, reconcile latency and backlog, API errors, Events posted."""
+"""Prometheus metrics: jobs by phase, reconcile latency and backlog, paced writes, API errors,
+Events posted."""
 
 import threading
 from typing import Final
@@ -22,6 +23,11 @@ API_ERRORS = Counter(
     registry=REGISTRY,
 )
 QUEUE_DEPTH = Gauge("finetune_workqueue_depth", "Jobs waiting for a reconcile worker.", registry=REGISTRY)
+WRITES_PARKED = Gauge(
+    "finetune_status_writes_parked",
+    "Jobs whose status or Event write waits while Jobs are being created (pacing).",
+    registry=REGISTRY,
+)
 RECONCILE_RETRIES = Counter(
     "finetune_reconcile_retries_total",
     "Reconciles that failed on an API call and were scheduled again with backoff.",

@@ -29,6 +29,7 @@ from .children import Owner
 from .crash_hook import maybe_crash
 from .identity import TrainerIdentities
 from .kube import Body, ChildRejected, Kube, describe_error
+from .pacing import WritePacer
 from .settings import Settings
 from .status import TERMINAL, Observation, compute, needs_patch, status_patch
 from .workqueue import NEW, UPDATE, WorkQueue
@@ -105,13 +106,20 @@ class Reconciler:
         self._retry_guard = threading.Lock()
         self._failures: dict[Key, int] = {}
         self._retry_pending: set[Key] = set()
+        # Jobs whose Job this process created and whose JobCreated Event is not written yet:
+        # the creating pass writes nothing but the Job (pacing.py), the next one says so.
+        self._unannounced: set[Key] = set()
         # Reconciles wait on the API server, not the CPU: enough threads to keep many jobs moving.
         self.queue = WorkQueue(self._work, workers)
+        self.pacer = WritePacer(lambda key: self.queue.add(key, UPDATE))
         metrics.QUEUE_DEPTH.set_function(self.queue.depth)
+        metrics.WRITES_PARKED.set_function(self.pacer.parked)
 
     def forget(self, namespace: str, name: str) -> None:
         with self._retry_guard:
             self._failures.pop((namespace, name), None)
+            self._unannounced.discard((namespace, name))
+        self.pacer.forget((namespace, name))
         self.cache.forget(namespace, name)
         metrics.PHASE_BOOK.set(namespace, name, None)
 
@@ -144,6 +152,8 @@ class Reconciler:
         as the server answers. Other exceptions are bugs and propagate.
         """
         key = (namespace, name)
+        with self._retry_guard:
+            self._retry_pending.discard(key)  # whatever retry was due, this reconcile is it
         try:
             self.reconcile(namespace, name)
         except TRANSIENT as exc:
@@ -169,14 +179,7 @@ class Reconciler:
             describe_error(exc),
         )
 
-        def again() -> None:
-            with self._retry_guard:
-                self._retry_pending.discard(key)
-            self.queue.add(key, NEW if self.cache.job(*key) is None else UPDATE)
-
-        timer = threading.Timer(delay, again)
-        timer.daemon = True
-        timer.start()
+        self.queue.add_after(key, delay, NEW if self.cache.job(*key) is None else UPDATE)
 
     def _finetunejob(self, namespace: str, name: str) -> Body | None:
         body = self.cache.finetunejob(namespace, name)
@@ -220,7 +223,6 @@ class Reconciler:
         spec, invalid = parse_spec(body)
         job: Body | None = None
         pods: list[Body] = []
-        created = False
         if spec is not None:
             job, seen_pods = self._job_and_pods(namespace, name, current)
             if job is not None and not self._owned(job, owner):
@@ -230,7 +232,14 @@ class Reconciler:
                 try:
                     job, created = self._create_children(body, owner, spec)
                     if created:
-                        seen_pods = []  # a Job this moment old has no pods yet
+                        # The pass that creates a Job writes nothing else: its status and
+                        # Event follow in the next pass, paced while Jobs are being created.
+                        self.cache.put_job(job)
+                        self.pacer.created()
+                        with self._retry_guard:
+                            self._unannounced.add((namespace, name))
+                        self.enqueue(namespace, name, UPDATE)
+                        return current.get("phase")
                 except ChildRejected as exc:
                     # Admission let the spec through but a child is refused (e.g. a malformed
                     # affinity): that is a spec problem, reported once as Failed, not a retry loop.
@@ -259,11 +268,20 @@ class Reconciler:
                 queued=bool(spec and spec.placement.queue_name),
             )
         )
+        with self._retry_guard:
+            announce = (namespace, name) in self._unannounced
+        if (needs_patch(current, outcome.status) or announce) and not self.pacer.may_write((namespace, name)):
+            return current.get("phase")  # parked: the pacer hands the job back when its turn comes
+        if announce:
+            if job is not None:
+                self.kube.post_event(body, "Normal", "JobCreated", f"created Job {job['metadata']['name']}")
+            with self._retry_guard:
+                self._unannounced.discard((namespace, name))
         if needs_patch(current, outcome.status):
             self.cache.put_finetunejob(self.kube.patch_status(namespace, name, status_patch(current, outcome.status)))
             for t in outcome.transitions:
-                if created and t.reason == "Pending" and not current.get("phase"):
-                    continue  # "JobCreated" has just said it, one Event per job is enough
+                if announce and t.reason == "Pending" and not current.get("phase"):
+                    continue  # "JobCreated" has said it, one Event per job is enough
                 self.kube.post_event(body, t.type, t.reason, t.message)
             if outcome.phase != current.get("phase"):
                 logger.info("%s/%s: phase %s -> %s", namespace, name, current.get("phase"), outcome.phase)
@@ -277,10 +295,7 @@ class Reconciler:
         where = f"{owner.namespace}/{owner.name}"
         for claim in claims:
             self._create_one(where, claim)
-        job, created = self._create_one(where, job_child)
-        if created:
-            self.kube.post_event(body, "Normal", "JobCreated", f"created Job {job_child['metadata']['name']}")
-        return job, created
+        return self._create_one(where, job_child)
 
     def _create_identity(self, child: Body) -> None:
         self._create_one(f"{child['metadata']['namespace']} (trainer identity)", child)

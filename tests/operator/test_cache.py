@@ -64,3 +64,25 @@ def test_deletes_remove_only_what_they_name() -> None:
     cache.put_finetunejob(obj("a", "8"))
     cache.forget("ns", "a")
     assert cache.finetunejob("ns", "a") is None
+
+
+def test_a_fresh_list_forgets_what_was_deleted_while_the_watch_was_away_but_not_what_is_newer() -> None:
+    cache = WatchCache()
+    cache.put_job(obj("kept", "10"))
+    cache.put_job(obj("deleted", "11"))
+    cache.put_job(obj("created-after-the-list", "30"))  # a create's reply, stored after the list
+    other = obj("elsewhere", "12")
+    other["metadata"]["namespace"] = "other-ns"
+    cache.put_job(other)
+    gone = cache.keep_listed_jobs([obj("kept", "10")], "ns", version="20")
+    assert gone == [("ns", "deleted")]
+    assert cache.job("ns", "kept") and cache.job("ns", "created-after-the-list") and cache.job("other-ns", "elsewhere")
+    assert cache.job("ns", "deleted") is None
+
+    cache.put_pod("train", obj("train-aaaaa", "10"))
+    cache.put_pod("train", obj("train-bbbbb", "11"))
+    cache.put_pod("solo", obj("solo-ccccc", "12"))
+    touched = cache.keep_listed_pods([obj("train-aaaaa", "10")], None, version="20")
+    assert sorted(touched) == [("ns", "solo"), ("ns", "train")]
+    assert [p["metadata"]["name"] for p in cache.pods("ns", "train")] == ["train-aaaaa"]
+    assert cache.pods("ns", "solo") == [] and cache.sizes()["pods"] == 1

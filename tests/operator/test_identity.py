@@ -1,5 +1,8 @@
 """The namespace trainer identity is made on a namespace's first job and re-checked only now and then."""
 
+import threading
+import time
+
 import pytest
 
 from finetune_operator.identity import TrainerIdentities
@@ -39,3 +42,26 @@ def test_a_failed_create_is_not_remembered():
         identities.ensure("team-a")
     identities.ensure("team-a")
     assert calls == ["ServiceAccount", "Role", "ServiceAccount", "Role", "RoleBinding"]
+
+
+def test_jobs_that_arrive_while_the_identity_is_being_made_wait_for_it_instead_of_making_it_again():
+    started, release = threading.Event(), threading.Event()
+    made: list[str] = []
+
+    def create(body):
+        made.append(body["kind"])
+        started.set()
+        release.wait(5)
+
+    identities = TrainerIdentities(create, 60)
+    first = threading.Thread(target=identities.ensure, args=("team-a",))
+    first.start()
+    assert started.wait(5)
+    others = [threading.Thread(target=identities.ensure, args=("team-a",)) for _ in range(8)]
+    for thread in others:
+        thread.start()
+    time.sleep(0.1)
+    release.set()
+    for thread in [first, *others]:
+        thread.join(5)
+    assert made == ["ServiceAccount", "Role", "RoleBinding"]

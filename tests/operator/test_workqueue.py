@@ -89,3 +89,15 @@ def test_different_jobs_do_not_wait_for_each_other() -> None:
     wait(lambda: done == ["quick"])
     release.set()
     wait(lambda: done == ["quick", "slow"])
+
+
+def test_a_key_added_for_later_runs_when_due_and_holds_no_worker_meanwhile() -> None:
+    runs: list[tuple[Hashable, float]] = []
+    queue = WorkQueue(lambda key: runs.append((key, time.monotonic())), workers=1)
+    started = time.monotonic()
+    queue.add_after("later", 0.3)
+    queue.add("now")
+    wait(lambda: len(runs) == 2)
+    assert [key for key, _ in runs] == ["now", "later"]
+    assert runs[0][1] - started < 0.2  # the waiting key did not block the worker
+    assert runs[1][1] - started >= 0.3

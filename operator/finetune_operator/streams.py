@@ -1,0 +1,182 @@
+"""Lean list-and-watch streams for the operator's Jobs and pods (the informer pattern).
+
+kopf serves the FineTuneJobs; the Jobs' and pods' events, several per job and most of the
+operator's input under load, come here instead. kopf builds a cause, copies the body and runs a
+handler through its executor for every event: measured at 500 jobs, that was about half of the
+operator's extra latency over a bare-kopf floor. A stream here parses each event once and hands
+the plain dict to a callback, on a thread of its own.
+
+Each stream lists (a page at a time), then watches from the list's resourceVersion with
+bookmarks, so a reconnect resumes where it left off. When the server says the version is too
+old (410 Gone) it lists again; after a list, objects the cache still holds that the list no
+longer has are dropped (`on_relist`), so a deletion missed while disconnected is not kept
+forever. API errors and broken connections are retried with capped exponential backoff; the
+stream never gives up.
+"""
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import urllib3.exceptions
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from .kube import Body, Kube, describe_error
+
+logger = logging.getLogger(__name__)
+
+# The server ends each watch after about this long; the client gives up on a silent one (no
+# events, no bookmarks) a little later.
+SERVER_TIMEOUT_S = 300
+CLIENT_TIMEOUT_S = 330
+CONNECT_TIMEOUT_S = 30
+PAGE = 500
+BACKOFF_FIRST_S = 0.5
+# Short enough that a stream is back within seconds of an API server restart.
+BACKOFF_MAX_S = 5.0
+
+OnEvent = Callable[[str, Body], None]
+OnRelist = Callable[[list[Body], str], None]  # (every listed object, the list's resourceVersion)
+
+
+class Gone(Exception):
+    """The resourceVersion to resume from is no longer in the server's history: list again."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One kind in one scope: `call(**kwargs)` is a kubernetes-client list function bound to it."""
+
+    what: str  # for logs, e.g. "pods in team-a"
+    call: Callable[..., Any]
+    label_selector: str
+
+
+class Stream:
+    def __init__(self, source: Source, on_event: OnEvent, on_relist: OnRelist) -> None:
+        self._source = source
+        self._on_event = on_event
+        self._on_relist = on_relist
+        self._stopped = threading.Event()
+        self.listed = threading.Event()  # set after the first complete list
+        self._thread = threading.Thread(target=self._run, name=f"stream {source.what}", daemon=True)
+
+    def start(self) -> "Stream":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        version: str | None = None
+        failures = 0
+        while not self._stopped.is_set():
+            try:
+                if version is None:
+                    version = self._list()
+                    self.listed.set()
+                for seen in self._watch(version):
+                    version, failures = seen, 0
+            except Gone:
+                logger.info("%s: resourceVersion %s is gone, listing again", self._source.what, version)
+                version = None
+            except ApiException as exc:
+                if exc.status == 410:
+                    version = None
+                    continue
+                failures = self._back_off(failures, exc)
+            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                failures += 1
+                delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (failures - 1))
+                logger.warning(
+                    "%s: watch failed (%d in a row), again in %.1f s: %s",
+                    self._source.what,
+                    failures,
+                    delay,
+                    describe_error(exc),
+                )
+                self._stopped.wait(delay)
+            except Exception:
+                # A bug in a callback: logged in full; the stream lists again rather than die.
+                logger.exception("%s: stream error", self._source.what)
+                version = None
+                self._stopped.wait(BACKOFF_MAX_S)
+
+    def _back_off(self, failures: int, exc: BaseException) -> int:
+        failures += 1
+        delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (failures - 1))
+        logger.warning(
+            "%s: watch failed (%d in a row), again in %.1f s: %s",
+            self._source.what,
+            failures,
+            delay,
+            describe_error(exc),
+        )
+        self._stopped.wait(delay)
+        return failures
+
+    def _list(self) -> str:
+        items: list[Body] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"label_selector": self._source.label_selector, "limit": PAGE}
+            if token:
+                kwargs["_continue"] = token
+            raw = self._source.call(**kwargs, _preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, 60))
+            page = json.loads(raw.data)
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                break
+        version = str(meta.get("resourceVersion") or "")
+        for item in items:
+            self._on_event("ADDED", item)
+        self._on_relist(items, version)
+        return version
+
+    def _watch(self, version: str) -> Iterator[str]:
+        """Events since `version`, each handed to the callback; yields the version after each."""
+        response = self._source.call(
+            label_selector=self._source.label_selector,
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=version,
+            timeout_seconds=SERVER_TIMEOUT_S,
+            _preload_content=False,
+            _request_timeout=(CONNECT_TIMEOUT_S, CLIENT_TIMEOUT_S),
+        )
+        try:
+            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                if self._stopped.is_set():
+                    return
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone()
+                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind != "BOOKMARK":
+                    self._on_event(str(kind), obj)
+                yield version
+        finally:
+            response.release_conn()
+
+
+def sources(kube: Kube, namespaces: tuple[str, ...], label_selector: str) -> tuple[list[Source], list[Source]]:
+    """(Jobs, pods) with the label, one source per namespace, or one for all namespaces."""
+    if not namespaces:
+        return (
+            [Source("Jobs in all namespaces", kube.batch.list_job_for_all_namespaces, label_selector)],
+            [Source("pods in all namespaces", kube.core.list_pod_for_all_namespaces, label_selector)],
+        )
+    jobs = [Source(f"Jobs in {ns}", partial(kube.batch.list_namespaced_job, ns), label_selector) for ns in namespaces]
+    pods = [Source(f"pods in {ns}", partial(kube.core.list_namespaced_pod, ns), label_selector) for ns in namespaces]
+    return jobs, pods
