@@ -17,6 +17,7 @@ stream never gives up.
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -81,8 +82,13 @@ class Stream:
                 if version is None:
                     version = self._list()
                     self.listed.set()
+                started, events = time.monotonic(), 0
                 for seen in self._watch(version):
-                    version, failures = seen, 0
+                    version, failures, events = seen, 0, events + 1
+                if not events and time.monotonic() - started < 1.0:
+                    # Closed at once with nothing said (a proxy, a server shutting down): do
+                    # not spin on it.
+                    failures = self._back_off(failures, ConnectionError("watch closed at once"))
             except Gone:
                 logger.info("%s: resourceVersion %s is gone, listing again", self._source.what, version)
                 version = None
@@ -92,16 +98,7 @@ class Stream:
                     continue
                 failures = self._back_off(failures, exc)
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-                failures += 1
-                delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (failures - 1))
-                logger.warning(
-                    "%s: watch failed (%d in a row), again in %.1f s: %s",
-                    self._source.what,
-                    failures,
-                    delay,
-                    describe_error(exc),
-                )
-                self._stopped.wait(delay)
+                failures = self._back_off(failures, exc)
             except Exception:
                 # A bug in a callback: logged in full; the stream lists again rather than die.
                 logger.exception("%s: stream error", self._source.what)
