@@ -2,8 +2,9 @@
 
 kopf serves the FineTuneJobs; the Jobs' and pods' events, several per job and most of the
 operator's input under load, come here instead. kopf builds a cause, copies the body and runs a
-handler through its executor for every event: measured at 500 jobs, that was about half of the
-operator's extra latency over a bare-kopf floor. A stream here parses each event once and hands
+handler through its executor for every event: at 500 jobs on the 2-core test machine, moving
+Jobs and pods here took the operator's CPU during the burst from 59 % to 48 % and CR-to-Job
+p50/p99 from 0.134 s / 0.588 s to 0.087 s / 0.359 s. A stream parses each event once and hands
 the plain dict to a callback, on a thread of its own.
 
 Each stream lists (a page at a time), then watches from the list's resourceVersion with

@@ -6,6 +6,7 @@ every object and event it sees.
 """
 
 import threading
+import uuid
 from functools import partial
 from typing import Any
 
@@ -13,7 +14,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from finetune_operator.streams import Source, Stream
+from finetune_operator.kube import Kube
+from finetune_operator.streams import Source, Stream, sources
 
 from .harness import wait_for
 
@@ -83,3 +85,44 @@ def test_a_stream_that_cannot_resume_lists_again_and_goes_on(core: client.CoreV1
         assert [names for names, _ in seen.lists] == [["first"], ["first"]]
     finally:
         stream.stop()
+
+
+def test_cluster_wide_sources_stream_jobs_and_pods_of_every_namespace(
+    kube: client.ApiClient, core: client.CoreV1Api, batch: client.BatchV1Api, namespace: str
+) -> None:
+    """The chart's default (`watch.mode: cluster`): one Job and one pod stream for all namespaces."""
+    selector = f"finetune.dev/stream-test={uuid.uuid4().hex[:8]}"
+    key, value = selector.split("=")
+    other = f"{namespace[:50]}-b"
+    core.create_namespace({"metadata": {"name": other, "labels": {"finetune.dev/test": "true"}}})
+    job_sources, pod_sources = sources(Kube(kube), (), selector)
+    assert len(job_sources) == len(pod_sources) == 1
+    jobs_seen, pods_seen = Seen(), Seen()
+    streams = [
+        Stream(job_sources[0], jobs_seen.event, jobs_seen.relisted).start(),
+        Stream(pod_sources[0], pods_seen.event, pods_seen.relisted).start(),
+    ]
+    container = {"name": "c", "image": "busybox", "command": ["true"]}
+    try:
+        assert all(s.listed.wait(30) for s in streams)
+        batch.create_namespaced_job(
+            other,
+            {
+                "metadata": {"name": "suspended", "labels": {key: value}},
+                "spec": {
+                    "suspend": True,
+                    "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+                },
+            },
+        )
+        core.create_namespaced_pod(
+            namespace, {"metadata": {"name": "bare", "labels": {key: value}}, "spec": {"containers": [container]}}
+        )
+        wait_for(lambda: ("ADDED", "suspended") in jobs_seen.events, 30, "the Job in the second namespace")
+        wait_for(lambda: ("ADDED", "bare") in pods_seen.events, 30, "the pod in the first namespace")
+        assert {name for _, name in jobs_seen.events} == {"suspended"}
+        assert {name for _, name in pods_seen.events} == {"bare"}
+    finally:
+        for stream in streams:
+            stream.stop()
+        core.delete_namespace(other, propagation_policy="Background")
