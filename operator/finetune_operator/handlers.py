@@ -7,6 +7,7 @@ the garbage collector's work (owner references on every child).
 """
 
 import asyncio
+import gc
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -95,6 +96,12 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         STATE.identities = asyncio.create_task(
             asyncio.to_thread(_prepare_identities, STATE.reconciler, ours.namespaces)
         )
+    # Everything built so far (imported modules, the API client's models, kopf's registry: about
+    # 70 000 objects) lives as long as the process. Frozen, a full collection no longer walks
+    # it: unfrozen, one took 265 ms holding the GIL in the middle of a 500-job burst, and the
+    # jobs submitted in that moment waited for their Job that much longer.
+    gc.collect()
+    gc.freeze()
     logger.info(
         "finetune-operator started: %s, trainer image %s",
         "cluster-wide" if ours.clusterwide else f"namespaces {', '.join(ours.namespaces)}",
@@ -134,6 +141,13 @@ async def _resync_forever(settings: Settings) -> None:
         reconciler = STATE.reconciler
         if reconciler is None:
             continue
+        # A resync reconciles every job at once: a safety net, so it waits while Jobs are being
+        # created (at most one more period). In a 500-job run, the jobs submitted while one
+        # ran waited up to 0.7 s for their Job (0.1 s typical).
+        waited = 0.0
+        while reconciler.pacer.creating() and waited < settings.resync_seconds:
+            await asyncio.sleep(1.0)
+            waited += 1.0
         try:
             await asyncio.to_thread(_resync_once, reconciler, settings.namespaces)
         except Exception as exc:  # the loop must survive an API outage

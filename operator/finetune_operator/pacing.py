@@ -50,6 +50,11 @@ class WritePacer:
         with self._cond:
             self._last_creation = self._clock()
 
+    def creating(self) -> bool:
+        """Whether a Job was created within the last QUIET_S."""
+        with self._cond:
+            return self._clock() - self._last_creation < self._quiet_s
+
     def may_write(self, key: Hashable) -> bool:
         """True: write now. False: the key is parked and will be handed to `release` later."""
         with self._cond:

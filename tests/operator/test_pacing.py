@@ -30,6 +30,9 @@ def test_nothing_is_paced_while_no_job_is_being_created() -> None:
     pacer = WritePacer(released, busy_writes_per_s=1, quiet_s=1)
     assert all(pacer.may_write(f"job-{i}") for i in range(50))
     assert pacer.parked() == 0 and released.keys == []
+    assert not pacer.creating()
+    pacer.created()
+    assert pacer.creating()  # the resync waits while this holds
 
 
 def test_while_jobs_are_created_one_write_goes_per_slot_in_the_order_asked() -> None:
