@@ -214,13 +214,6 @@ def _relisted(keep: Callable[[list[Body], str | None, str], list[tuple[str, str]
 
 def start_streams(kube: Kube, namespaces: tuple[str, ...]) -> list[Stream]:
     job_sources, pod_sources = sources(kube, namespaces, LABEL_JOB)
-    scopes: list[str | None] = list(namespaces) or [None]
-    started = [
-        Stream(source, job_event, _relisted(STATE.cache.keep_listed_jobs, scope)).start()
-        for source, scope in zip(job_sources, scopes, strict=True)
-    ]
-    started += [
-        Stream(source, pod_event, _relisted(STATE.cache.keep_listed_pods, scope)).start()
-        for source, scope in zip(pod_sources, scopes, strict=True)
-    ]
+    started = [Stream(s, job_event, _relisted(STATE.cache.keep_listed_jobs, s.namespace)).start() for s in job_sources]
+    started += [Stream(s, pod_event, _relisted(STATE.cache.keep_listed_pods, s.namespace)).start() for s in pod_sources]
     return started

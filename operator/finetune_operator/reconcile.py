@@ -270,14 +270,15 @@ class Reconciler:
         )
         with self._retry_guard:
             announce = (namespace, name) in self._unannounced
-        if (needs_patch(current, outcome.status) or announce) and not self.pacer.may_write((namespace, name)):
+        patch_needed = needs_patch(current, outcome.status)
+        if (patch_needed or announce) and not self.pacer.may_write((namespace, name)):
             return current.get("phase")  # parked: the pacer hands the job back when its turn comes
         if announce:
             if job is not None:
                 self.kube.post_event(body, "Normal", "JobCreated", f"created Job {job['metadata']['name']}")
             with self._retry_guard:
                 self._unannounced.discard((namespace, name))
-        if needs_patch(current, outcome.status):
+        if patch_needed:
             self.cache.put_finetunejob(self.kube.patch_status(namespace, name, status_patch(current, outcome.status)))
             for t in outcome.transitions:
                 if announce and t.reason == "Pending" and not current.get("phase"):

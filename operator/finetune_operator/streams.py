@@ -57,6 +57,7 @@ class Source:
     what: str  # for logs, e.g. "pods in team-a"
     call: Callable[..., Any]
     label_selector: str
+    namespace: str | None = None  # None: every namespace
 
 
 class Stream:
@@ -175,6 +176,10 @@ def sources(kube: Kube, namespaces: tuple[str, ...], label_selector: str) -> tup
             [Source("Jobs in all namespaces", kube.batch.list_job_for_all_namespaces, label_selector)],
             [Source("pods in all namespaces", kube.core.list_pod_for_all_namespaces, label_selector)],
         )
-    jobs = [Source(f"Jobs in {ns}", partial(kube.batch.list_namespaced_job, ns), label_selector) for ns in namespaces]
-    pods = [Source(f"pods in {ns}", partial(kube.core.list_namespaced_pod, ns), label_selector) for ns in namespaces]
+    jobs = [
+        Source(f"Jobs in {ns}", partial(kube.batch.list_namespaced_job, ns), label_selector, ns) for ns in namespaces
+    ]
+    pods = [
+        Source(f"pods in {ns}", partial(kube.core.list_namespaced_pod, ns), label_selector, ns) for ns in namespaces
+    ]
     return jobs, pods
