@@ -238,6 +238,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU the process has used so far (/proc/PID/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mib(pid: int) -> float:
     """VmHWM: the most resident memory the process ever had."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

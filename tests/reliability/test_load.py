@@ -1,13 +1,15 @@
 """Load: many FineTuneJobs on many fake GPU nodes, our operator against a bare-kopf floor.
 
-Both operators run in the same test, one after the other, on the same cluster and nodes, each
-under a ServiceAccount of its own; the API server counts each one's requests (a FlowSchema per
-account). Measured: CR-to-Job latency p50/p99 (from the create call to the Job's first sight
-on a watch), peak RSS, API requests per job; every job must be placed and finish.
+Both operators run in the same test, one after the other (in rounds, see `compare`), on the
+same cluster and nodes, each under a ServiceAccount of its own; the API server counts each
+one's requests (a FlowSchema per account). Measured: CR-to-Job latency p50/p99 (from the
+create call to the Job's first sight on a watch), peak RSS, API requests per job; every job
+must be placed and finish.
 """
 
 import json
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from .cluster_kit import (
     JobWatch,
     add_gpu_nodes,
     count_requests_of,
+    cpu_seconds,
     dispatched,
     floor_identity,
     has_default_sa,
@@ -60,6 +63,11 @@ class LoadFigures:
     p99_s: float
     max_s: float
     peak_rss_mib: float
+    # Diagnostics, not targets: what the operator burned, and how long the test's own creates
+    # took (the API server's load shows there first).
+    burst_cpu_s: float  # until the last Job was seen
+    cpu_s: float  # until every job finished
+    submit_s: float
     requests: int
     requests_per_job: float
     wall_s: float
@@ -101,7 +109,10 @@ def run_load(
             name = f"load-{index:04d}"
             submitted[name] = time.monotonic()
             custom.create(name, LOAD_SPEC)
+        submit = time.monotonic() - started
         wait_for(lambda: len(seen.seen) >= jobs, timeout, f"{jobs} Jobs from {label} (have {len(seen.seen)})", 1)
+        pid = operator.proc.pid if operator.proc else 0
+        burst_cpu = cpu_seconds(pid)
         wait_for(
             lambda: _finished_jobs(batch, namespace) >= jobs,
             timeout,
@@ -117,8 +128,8 @@ def run_load(
             )
         wall = time.monotonic() - started
         requests = dispatched(kube, flow) - before
-        pid = operator.proc.pid if operator.proc else 0
         rss = peak_rss_mib(pid)
+        cpu = cpu_seconds(pid)
         latencies = [seen.seen[n] - t for n, t in submitted.items() if n in seen.seen]
         return LoadFigures(
             operator=label,
@@ -130,6 +141,9 @@ def run_load(
             p99_s=round(percentile(latencies, 0.99), 3),
             max_s=round(max(latencies), 3),
             peak_rss_mib=round(rss, 1),
+            burst_cpu_s=round(burst_cpu, 1),
+            cpu_s=round(cpu, 1),
+            submit_s=round(submit, 1),
             requests=requests,
             requests_per_job=round(requests / jobs, 2),
             wall_s=round(wall, 1),
@@ -137,54 +151,83 @@ def run_load(
     del core
 
 
-def compare(cluster: Cluster, kube: client.ApiClient, tmp_path: Path, jobs: int, nodes: int) -> dict[str, Any]:
+def _ratios(ours: LoadFigures, floor: LoadFigures) -> dict[str, float | None]:
+    return {
+        "latency_p50_ratio": round(ours.p50_s / floor.p50_s, 2) if floor.p50_s else None,
+        "latency_p99_ratio": round(ours.p99_s / floor.p99_s, 2) if floor.p99_s else None,
+        "rss_ratio": round(ours.peak_rss_mib / floor.peak_rss_mib, 2) if floor.peak_rss_mib else None,
+        "requests_ratio": round(ours.requests_per_job / floor.requests_per_job, 2) if floor.requests_per_job else None,
+    }
+
+
+def _gone(core: client.CoreV1Api, names: list[str], timeout: float) -> None:
+    """Delete the namespaces and wait until they are gone, so the next round starts from the same state."""
+    for name in names:
+        core.delete_namespace(name, propagation_policy="Background")
+
+    def gone() -> bool:
+        return not {ns.metadata.name for ns in core.list_namespace().items} & set(names)
+
+    wait_for(gone, timeout, f"namespaces {names} deleted", 2)
+
+
+def compare(
+    cluster: Cluster, kube: client.ApiClient, tmp_path: Path, jobs: int, nodes: int, rounds: int = 1
+) -> dict[str, Any]:
+    """Floor and ours, `rounds` times on the same nodes, in alternating order (floor first in odd rounds).
+
+    One ratio from one burst each is at the mercy of whatever else the two shared cores do in
+    that half minute (an etcd snapshot, a collection, the machine's neighbours): on one commit
+    the p99 ratio of single runs went from 0.88 to 2.42. So the soak measures several rounds,
+    alternating which operator goes first against drift, and judges each ratio's median; the
+    JSON keeps every round.
+    """
     core = client.CoreV1Api(kube)
     stamp = time.strftime("%H%M%S")
     added = add_gpu_nodes(core, f"load-{stamp}", nodes)
-    namespaces: list[str] = []
+    per_round: list[dict[str, Any]] = []
     try:
-        floor_ns = _namespace(core, f"load-floor-{stamp}")
-        ours_ns = _namespace(core, f"load-ours-{stamp}")
-        namespaces += [floor_ns, ours_ns]
         floor_config = floor_identity(kube, cluster.kubeconfig, tmp_path)
         ours_config = our_identity(kube, cluster.kubeconfig, tmp_path)
         timeout = 120 + jobs * 2.0
-        # Unmeasured warm-up on the same nodes, so the floor (measured first) does not pay
-        # for a just-started control plane and just-registered nodes that ours never sees.
+        # Unmeasured warm-up on the same nodes, so the first operator measured does not pay
+        # for a just-started control plane and just-registered nodes that the other never sees.
         warm_ns = _namespace(core, f"load-warm-{stamp}")
-        namespaces.append(warm_ns)
-        warm = max(10, jobs // 10)
-        warm_floor = FloorOperator(floor_config, warm_ns, tmp_path / "warm.log")
-        run_load(kube, warm_ns, warm_floor, "floor", "floor", warm, timeout)
-        floor = run_load(
-            kube,
-            floor_ns,
-            FloorOperator(floor_config, floor_ns, tmp_path / "floor.log"),
-            "floor",
-            "floor",
-            jobs,
-            timeout,
-        )
-        ours_proc = OperatorProcess(
-            ours_config,
-            ours_ns,
-            tmp_path / "ours.log",
-            env={"FINETUNE_LOG_LEVEL": "INFO", "FINETUNE_RESYNC_SECONDS": "30"},
-        )
-        ours = run_load(kube, ours_ns, ours_proc, "ours", "ours", jobs, timeout)
+        warm = FloorOperator(floor_config, warm_ns, tmp_path / "warm.log")
+        run_load(kube, warm_ns, warm, "floor", "floor", max(10, jobs // 10), timeout)
+        _gone(core, [warm_ns], timeout)
+        for index in range(rounds):
+            floor_ns = _namespace(core, f"load-floor-{stamp}-{index}")
+            ours_ns = _namespace(core, f"load-ours-{stamp}-{index}")
+            floor_op = FloorOperator(floor_config, floor_ns, tmp_path / f"floor-{index}.log")
+            ours_op = OperatorProcess(
+                ours_config,
+                ours_ns,
+                tmp_path / f"ours-{index}.log",
+                env={"FINETUNE_LOG_LEVEL": "INFO", "FINETUNE_RESYNC_SECONDS": "30"},
+            )
+            runs = [(floor_ns, floor_op, "floor"), (ours_ns, ours_op, "ours")]
+            figures: dict[str, LoadFigures] = {}
+            for namespace, operator, label in runs if index % 2 == 0 else runs[::-1]:
+                figures[label] = run_load(kube, namespace, operator, label, label, jobs, timeout)
+            per_round.append(
+                {
+                    "floor": asdict(figures["floor"]),
+                    "ours": asdict(figures["ours"]),
+                    **_ratios(figures["ours"], figures["floor"]),
+                }
+            )
+            _gone(core, [floor_ns, ours_ns], timeout)
     finally:
-        for name in namespaces:
-            core.delete_namespace(name, propagation_policy="Background")
+        leftovers = [ns.metadata.name for ns in core.list_namespace().items if ns.metadata.name.startswith("load-")]
+        for name in leftovers:
+            if stamp in name:
+                core.delete_namespace(name, propagation_policy="Background")
         remove_nodes(core, added)
-    result = {
-        "floor": asdict(floor),
-        "ours": asdict(ours),
-        "latency_p99_ratio": round(ours.p99_s / floor.p99_s, 2) if floor.p99_s else None,
-        "latency_p50_ratio": round(ours.p50_s / floor.p50_s, 2) if floor.p50_s else None,
-        "rss_ratio": round(ours.peak_rss_mib / floor.peak_rss_mib, 2),
-        "requests_ratio": round(ours.requests_per_job / floor.requests_per_job, 2) if floor.requests_per_job else None,
-        "nodes": nodes,
-    }
+    result: dict[str, Any] = {"jobs": jobs, "nodes": nodes, "rounds": per_round}
+    for key in ("latency_p50_ratio", "latency_p99_ratio", "rss_ratio", "requests_ratio"):
+        values = [r[key] for r in per_round if r[key] is not None]
+        result[key] = round(statistics.median(values), 2) if values else None
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"load-{jobs}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
@@ -192,18 +235,22 @@ def compare(cluster: Cluster, kube: client.ApiClient, tmp_path: Path, jobs: int,
 
 
 def check_accounted(result: dict[str, Any], jobs: int) -> None:
-    """Nothing lost, nothing doubled: every job got exactly one Job and finished, under both operators."""
-    for figures in (result["ours"], result["floor"]):
-        assert figures["jobs_created"] == jobs, figures
-        assert figures["jobs_finished"] == jobs, figures
-        assert figures["duplicates"] == 0, figures
+    """Nothing lost, nothing doubled: every job got exactly one Job and finished, under both operators, every round."""
+    for round_ in result["rounds"]:
+        for figures in (round_["ours"], round_["floor"]):
+            assert figures["jobs_created"] == jobs, figures
+            assert figures["jobs_finished"] == jobs, figures
+            assert figures["duplicates"] == 0, figures
 
 
 def check_targets(result: dict[str, Any], p99_limit: float) -> None:
-    """The issue's speed and memory targets; asserted by the soak run, whose figures the README reports."""
-    ours = result["ours"]
-    assert ours["p99_s"] < p99_limit, f"p99 CR-to-Job {ours['p99_s']}s over {p99_limit}s"
-    assert result["rss_ratio"] <= 1.5, f"peak RSS {result['rss_ratio']}x the floor"
+    """The issue's targets, asserted by the soak run whose figures the README reports: the absolute
+    p99 in every round, the ratios to the floor on their median over the rounds."""
+    for round_ in result["rounds"]:
+        p99 = round_["ours"]["p99_s"]
+        assert p99 < p99_limit, f"p99 CR-to-Job {p99}s over {p99_limit}s"
+    for key in ("rss_ratio", "latency_p50_ratio", "latency_p99_ratio"):
+        assert result[key] is not None and result[key] <= 1.5, f"{key} {result[key]} over 1.5: {result}"
 
 
 def test_load_short(cluster: Cluster, kube: client.ApiClient, tmp_path: Path) -> None:
@@ -217,8 +264,6 @@ def test_load_short(cluster: Cluster, kube: client.ApiClient, tmp_path: Path) ->
 @pytest.mark.soak
 @pytest.mark.timeout(3600)
 def test_load_500_jobs_on_50_nodes(cluster: Cluster, kube: client.ApiClient, tmp_path: Path) -> None:
-    result = compare(cluster, kube, tmp_path, jobs=500, nodes=50)
+    result = compare(cluster, kube, tmp_path, jobs=500, nodes=50, rounds=3)
     check_accounted(result, 500)
     check_targets(result, p99_limit=2.0)
-    for ratio in ("latency_p50_ratio", "latency_p99_ratio"):
-        assert result[ratio] is not None and result[ratio] <= 1.5, result
