@@ -92,14 +92,12 @@ def run_load(
     kube: client.ApiClient,
     namespace: str,
     operator: OperatorProcess | FloorOperator,
-    label: str,
-    account: str,
+    label: str,  # "ours" or "floor": also the name of the operator's ServiceAccount
     jobs: int,
     timeout: float,
 ) -> LoadFigures:
-    core = client.CoreV1Api(kube)
     batch = client.BatchV1Api(kube)
-    flow = count_requests_of(kube, account)
+    flow = count_requests_of(kube, label)
     custom = Jobs(kube, namespace)
     with running(operator), JobWatch(kube, namespace) as seen:
         before = dispatched(kube, flow)
@@ -148,19 +146,25 @@ def run_load(
             requests_per_job=round(requests / jobs, 2),
             wall_s=round(wall, 1),
         )
-    del core
+
+
+RATIOS = {  # ratio to the floor -> the figure it divides
+    "latency_p50_ratio": "p50_s",
+    "latency_p99_ratio": "p99_s",
+    "rss_ratio": "peak_rss_mib",
+    "requests_ratio": "requests_per_job",
+}
 
 
 def _ratios(ours: LoadFigures, floor: LoadFigures) -> dict[str, float | None]:
-    return {
-        "latency_p50_ratio": round(ours.p50_s / floor.p50_s, 2) if floor.p50_s else None,
-        "latency_p99_ratio": round(ours.p99_s / floor.p99_s, 2) if floor.p99_s else None,
-        "rss_ratio": round(ours.peak_rss_mib / floor.peak_rss_mib, 2) if floor.peak_rss_mib else None,
-        "requests_ratio": round(ours.requests_per_job / floor.requests_per_job, 2) if floor.requests_per_job else None,
-    }
+    ratios: dict[str, float | None] = {}
+    for key, figure in RATIOS.items():
+        below = getattr(floor, figure)
+        ratios[key] = round(getattr(ours, figure) / below, 2) if below else None
+    return ratios
 
 
-def _gone(core: client.CoreV1Api, names: list[str], timeout: float) -> None:
+def _delete_namespaces(core: client.CoreV1Api, names: list[str], timeout: float) -> None:
     """Delete the namespaces and wait until they are gone, so the next round starts from the same state."""
     for name in names:
         core.delete_namespace(name, propagation_policy="Background")
@@ -194,8 +198,8 @@ def compare(
         # for a just-started control plane and just-registered nodes that the other never sees.
         warm_ns = _namespace(core, f"load-warm-{stamp}")
         warm = FloorOperator(floor_config, warm_ns, tmp_path / "warm.log")
-        run_load(kube, warm_ns, warm, "floor", "floor", max(10, jobs // 10), timeout)
-        _gone(core, [warm_ns], timeout)
+        run_load(kube, warm_ns, warm, "floor", max(10, jobs // 10), timeout)
+        _delete_namespaces(core, [warm_ns], timeout)
         for index in range(rounds):
             floor_ns = _namespace(core, f"load-floor-{stamp}-{index}")
             ours_ns = _namespace(core, f"load-ours-{stamp}-{index}")
@@ -209,23 +213,18 @@ def compare(
             runs = [(floor_ns, floor_op, "floor"), (ours_ns, ours_op, "ours")]
             figures: dict[str, LoadFigures] = {}
             for namespace, operator, label in runs if index % 2 == 0 else runs[::-1]:
-                figures[label] = run_load(kube, namespace, operator, label, label, jobs, timeout)
-            per_round.append(
-                {
-                    "floor": asdict(figures["floor"]),
-                    "ours": asdict(figures["ours"]),
-                    **_ratios(figures["ours"], figures["floor"]),
-                }
-            )
-            _gone(core, [floor_ns, ours_ns], timeout)
+                figures[label] = run_load(kube, namespace, operator, label, jobs, timeout)
+            ours, floor = figures["ours"], figures["floor"]
+            per_round.append({"floor": asdict(floor), "ours": asdict(ours), **_ratios(ours, floor)})
+            _delete_namespaces(core, [floor_ns, ours_ns], timeout)
     finally:
-        leftovers = [ns.metadata.name for ns in core.list_namespace().items if ns.metadata.name.startswith("load-")]
-        for name in leftovers:
-            if stamp in name:
-                core.delete_namespace(name, propagation_policy="Background")
+        for ns in core.list_namespace().items:  # what a failed round left behind
+            ours_left = ns.metadata.name.startswith("load-") and f"-{stamp}" in ns.metadata.name
+            if ours_left and ns.status.phase != "Terminating":
+                core.delete_namespace(ns.metadata.name, propagation_policy="Background")
         remove_nodes(core, added)
     result: dict[str, Any] = {"jobs": jobs, "nodes": nodes, "rounds": per_round}
-    for key in ("latency_p50_ratio", "latency_p99_ratio", "rss_ratio", "requests_ratio"):
+    for key in RATIOS:
         values = [r[key] for r in per_round if r[key] is not None]
         result[key] = round(statistics.median(values), 2) if values else None
     RESULTS.mkdir(parents=True, exist_ok=True)
