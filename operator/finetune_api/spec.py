@@ -8,7 +8,7 @@ carry the same message text, and tests feed the same wrong specs to both.
 
 from typing import Annotated, Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
 
 from .base import (
@@ -141,6 +141,7 @@ Precision = Literal["auto", "fp32", "bf16", "fp16"]
 LrScheduler = Literal["cosine", "linear", "constant", "constant_with_warmup", "cosine_with_min_lr", "polynomial"]
 Optimizer = Literal["paged_adamw_8bit", "paged_adamw_32bit", "adamw_8bit", "adamw_torch", "adafactor", "sgd"]
 BOTH_LENGTHS = "set either epochs or maxSteps, not both"
+Parallelism = Literal["auto", "dataParallel", "fsdp", "deviceMap"]
 
 
 class TrainingSpec(ApiModel):
@@ -173,6 +174,13 @@ class TrainingSpec(ApiModel):
     packing: bool = Field(default=False, description="Pack short samples into full-length sequences.")
     gradient_checkpointing: bool = Field(default=True, description="Recompute activations to save memory.")
     optimizer: Optimizer = Field(default="paged_adamw_8bit", description="Optimizer.")
+    parallelism: Parallelism = Field(
+        default="auto",
+        description="How the pod's GPUs share the work: dataParallel = a whole NF4 copy per GPU with LoRA "
+        "gradients averaged; fsdp = NF4 weights sharded over the GPUs (float32 storage), one process per GPU; "
+        "deviceMap = one process, layers spread over the GPUs (one GPU busy at a time); auto = the planner's "
+        "choice (`ftjob plan` shows it).",
+    )
     weight_decay: Annotated[float, Field(ge=0, le=1)] = Field(default=0.0, description="AdamW weight decay.")
     max_grad_norm: Annotated[float, Field(gt=0, le=1000)] = Field(default=1.0, description="Gradient clipping norm.")
     logging_steps: Annotated[int, Field(ge=1, le=100_000)] = Field(
@@ -248,13 +256,43 @@ class OutputSpec(ApiModel):
 # --- where it runs -------------------------------------------------------------------------
 
 
+PROCESSES_NEED_CPU = "processes is for CPU pods (gpus: 0); on GPUs there is one process per GPU"
+DEVICE_MAP_ONE_PROCESS = (
+    "resources.processes must be 1 with training.parallelism deviceMap (one process drives every device)"
+)
+
+
 class ResourcesSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.processes) || self.processes <= 1 || (has(self.gpus) && self.gpus == 0)",
+                    PROCESSES_NEED_CPU,
+                    ".processes",
+                )
+            ]
+        }
+    )
+
     gpus: Annotated[int, Field(ge=0, le=64)] = Field(default=4, description="GPUs for the pod (0 = CPU).")
     gpu_product: Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)] = Field(
         default="Tesla-P40", description="Value of the node label nvidia.com/gpu.product."
     )
     cpu: PositiveQuantity | None = Field(default=None, description="CPU request and limit.")
     memory: PositiveQuantity | None = Field(default=None, description="Memory request and limit.")
+    processes: Annotated[int, Field(ge=1, le=64)] | None = Field(
+        default=None,
+        description="Training processes of a CPU pod (gpus: 0; default 1). On GPUs there is one process per "
+        "GPU (deviceMap: one process).",
+    )
+
+    @field_validator("processes")
+    @classmethod
+    def _processes_on_cpu(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value > 1 and info.data.get("gpus", 0) != 0:
+            raise ValueError(PROCESSES_NEED_CPU)
+        return value
 
 
 class Toleration(ApiModel):
@@ -279,6 +317,10 @@ class PlacementSpec(ApiModel):
 
 # --- the whole spec ------------------------------------------------------------------------
 
+_DEVICE_MAP_RULE = (
+    "!(has(self.training) && has(self.training.parallelism) && self.training.parallelism == 'deviceMap' "
+    "&& has(self.resources) && has(self.resources.processes) && self.resources.processes > 1)"
+)
 _PASCAL_RULE = (
     f"!(self.precision in ['bf16', 'fp16']) || !self.resources.gpuProduct.matches('{PASCAL_PRODUCT_PATTERN}')"
 )
@@ -293,7 +335,8 @@ class FineTuneJobSpec(ApiModel):
                     "precision bf16/fp16 is not supported on Pascal GPUs (no bf16; fp16 mixed "
                     "precision breaks QLoRA there); use precision: fp32 or auto",
                     ".precision",
-                )
+                ),
+                _cel(_DEVICE_MAP_RULE, DEVICE_MAP_ONE_PROCESS, ".resources.processes"),
             ]
         }
     )
@@ -326,6 +369,13 @@ class FineTuneJobSpec(ApiModel):
     def _pascal_precision(self) -> Self:
         if self.precision in HALF_PRECISIONS and is_pascal(self.resources.gpu_product):
             raise ValueError(pascal_precision_message(self.resources.gpu_product, self.precision))
+        return self
+
+    @model_validator(mode="after")
+    def _device_map_one_process(self) -> Self:
+        processes = self.resources.processes
+        if self.training.parallelism == "deviceMap" and processes is not None and processes > 1:
+            raise ValueError(DEVICE_MAP_ONE_PROCESS)
         return self
 
 

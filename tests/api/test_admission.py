@@ -30,6 +30,7 @@ ADMISSION_FIELD = {
     "fp16 on P100": "not supported on Pascal",
     "epochs and maxSteps": "set either epochs or maxSteps",
     "no output": "spec.output: Required value",
+    "deviceMap with processes": "spec.resources.processes",
 }
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from finetune_api import parse_file
 from finetune_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +77,19 @@ WRONG_SPECS = [
     ("bad quantization", {"quantization": {"type": "int3"}}, "spec.quantization.type:"),
     ("epochs and maxSteps", {"training": {"epochs": 1}}, "set either epochs or maxSteps"),
     ("no output", {"output": None}, "spec.output: required field is missing"),
+    ("unknown parallelism", {"training": {"parallelism": "pipeline"}}, "spec.training.parallelism:"),
+    ("zero processes", {"resources": {"processes": 0}}, "spec.resources.processes:"),
+    ("too many processes", {"resources": {"processes": 65}}, "spec.resources.processes:"),
+    (
+        "processes on GPUs",
+        {"resources": {"gpus": 2, "processes": 2}},
+        "spec.resources.processes: processes is for CPU pods (gpus: 0)",
+    ),
+    (
+        "deviceMap with processes",
+        {"training": {"parallelism": "deviceMap"}, "resources": {"processes": 2}},
+        "resources.processes must be 1 with training.parallelism deviceMap",
+    ),
 ]
 
 
@@ -88,6 +102,27 @@ def test_wrong_specs_name_the_field(
     out = capsys.readouterr().out
     assert f"{path}: " in out
     assert expected in out, out
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"resources": {"processes": 4}, "training": {"parallelism": "fsdp"}},
+        {"resources": {"processes": 2}, "training": {"parallelism": "dataParallel"}},
+        {"resources": {"processes": 1}, "training": {"parallelism": "deviceMap"}},
+        {"resources": {"gpus": 4, "processes": 1}},
+        {"resources": {"gpus": 2}, "training": {"parallelism": "deviceMap"}},
+    ],
+    ids=["cpu fsdp", "cpu dataParallel", "cpu deviceMap one process", "gpus one process", "gpus deviceMap"],
+)
+def test_parallelism_and_processes_that_make_sense(tmp_path: Path, change: dict[str, Any]) -> None:
+    assert main(["validate", str(_write(tmp_path, _with(change)))]) == 0
+
+
+def test_parallelism_defaults_to_auto_and_processes_to_unset() -> None:
+    job = parse_file(ROOT / "examples" / "tiny-job.yaml")[0].job
+    assert job is not None
+    assert job.spec.training.parallelism == "auto" and job.spec.resources.processes is None
 
 
 def test_bf16_on_a_newer_gpu_is_fine(tmp_path: Path) -> None:
