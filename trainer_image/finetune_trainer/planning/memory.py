@@ -58,15 +58,30 @@ class Recipe:
         return self.batch_size * self.max_length
 
 
-def quantised_bytes_per_param(recipe: Recipe) -> float:
+def packed_bytes_per_param(recipe: Recipe) -> float:
+    """The weight data itself: two 4-bit weights per byte (the same bytes whether bitsandbytes
+    stores them as uint8 or, for FSDP, as float32), or the compute dtype unquantised."""
+    return float(recipe.compute_bytes) if recipe.quantization == "none" else 0.5
+
+
+def quant_constant_bytes_per_param(recipe: Recipe) -> float:
+    """The quantisation state (absmax, nested absmax): kept on the module, not a parameter."""
     if recipe.quantization == "none":
-        return float(recipe.compute_bytes)
-    constants = (1 + FP32 / DOUBLE_QUANT_BLOCK) / NF4_BLOCK if recipe.double_quant else FP32 / NF4_BLOCK
-    return 0.5 + constants
+        return 0.0
+    return (1 + FP32 / DOUBLE_QUANT_BLOCK) / NF4_BLOCK if recipe.double_quant else FP32 / NF4_BLOCK
+
+
+def quantised_bytes_per_param(recipe: Recipe) -> float:
+    return packed_bytes_per_param(recipe) + quant_constant_bytes_per_param(recipe)
 
 
 def layer_weight_bytes(shape: ModelShape, recipe: Recipe) -> float:
     return shape.linear_params_per_layer * quantised_bytes_per_param(recipe)
+
+
+def layer_packed_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    """What FSDP shards and gathers of one layer's linears (the quantisation state stays whole)."""
+    return shape.linear_params_per_layer * packed_bytes_per_param(recipe)
 
 
 def embedding_bytes(shape: ModelShape, recipe: Recipe) -> float:

@@ -1,12 +1,13 @@
 """The plan: does this job fit these GPUs, in which mode, with what per-GPU peak, how fast.
 
-Modes (all one pod):
+Modes (all one pod; in the spec's words `deviceMap`, `dataParallel`, `fsdp`, see SPEC_WORDS):
 - device_map: one process; layers in contiguous blocks over the GPUs (GPU 0 also holds the
   embeddings, the last GPU the head and the loss). Only one GPU computes at a time.
 - data_parallel: one process per GPU, each with a full NF4 copy and its own micro-batches.
 - fsdp: one process per GPU, each holding 1/N of every weight and gathering a layer's full
   weights just before it runs; every GPU computes its own micro-batches.
-`auto` picks the fastest mode that fits.
+`auto` picks the fastest mode that fits; on one GPU every mode is the whole model on that GPU,
+and `auto` names it data_parallel (the world-size-1 case).
 """
 
 from __future__ import annotations
@@ -27,6 +28,17 @@ ALL_MODES: Final[tuple[Mode, ...]] = ("data_parallel", "fsdp", "device_map")
 # Chunk of tokens per loss step when the full-sequence logits do not fit.
 LOSS_CHUNK_TOKENS: Final = 512
 MAX_GPUS: Final = 64
+# The words users see (the spec's `training.parallelism` values) for the planner's mode names.
+SPEC_WORDS: Final[dict[str, str]] = {
+    "data_parallel": "dataParallel",
+    "fsdp": "fsdp",
+    "device_map": "deviceMap",
+    "cpu": "cpu",
+}
+
+
+def spec_word(mode: str) -> str:
+    return SPEC_WORDS.get(mode, mode)
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,11 @@ class Plan:
     max_memory: dict[int, int] | None = None
 
     @property
+    def parallelism(self) -> str:
+        """The mode in the spec's words: dataParallel, fsdp or deviceMap."""
+        return spec_word(self.mode)
+
+    @property
     def per_gpu(self) -> tuple[GpuMemory, ...]:
         return self.layout.per_gpu
 
@@ -95,7 +112,7 @@ class Plan:
         """A compact record for the trainer's log and status."""
         return {
             "fits": self.fits,
-            "mode": self.mode,
+            "parallelism": self.parallelism,
             "loss_chunk_tokens": self.layout.loss_chunk_tokens,
             "per_gpu_total_gib": {f"cuda:{g.index}": round(g.total / GIB, 2) for g in self.per_gpu},
             "min_headroom_gib": round(self.layout.fullest.headroom / GIB, 2),
@@ -118,7 +135,7 @@ class Plan:
             }
         return {
             "fits": self.fits,
-            "mode": self.mode,
+            "parallelism": self.parallelism,
             "message": self.message,
             "gpus": self.hardware.gpus,
             "gpu_product": self.hardware.product.name,
@@ -137,7 +154,7 @@ class Plan:
             "per_gpu": [gpu_dict(g) for g in self.per_gpu],
             "alternatives": [
                 {
-                    "mode": a.mode,
+                    "parallelism": spec_word(a.mode),
                     "fits": a.fits,
                     "max_total_gib": round(a.fullest.total / GIB, 2),
                     "loss_chunk_tokens": a.loss_chunk_tokens,
@@ -221,30 +238,66 @@ def data_parallel_layout(shape: ModelShape, recipe: Recipe, hw: Hardware) -> Lay
     return Layout("data_parallel", tuple(replace(one, index=i) for i in range(hw.gpus)), recipe.loss_chunk_tokens)
 
 
-def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware) -> Layout:
+def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_in_root: bool = False) -> Layout:
+    """FSDP (torch FSDP1, FULL_SHARD, one process per GPU) with the units the trainer wraps:
+
+    - one unit per decoder layer: its NF4 linears, stored as float32 (`bnb_4bit_quant_storage`;
+      the packed bytes are those of uint8 storage) and its two norms, all frozen;
+    - the LoRA adapters in units of their own, so that no unit mixes frozen and trainable
+      parameters: FSDP allocates a gradient for a whole flat parameter, so a layer unit holding
+      its adapters would keep a sharded gradient as large as its NF4 shard (8 GiB a GPU for 70B
+      on four);
+    - `embed_tokens` and `lm_head` in units of their own, gathered only while they run. FSDP1
+      never reshards the root unit after its forward (it expects the backward to need it at
+      once), so whatever stays in the root is held whole from the first forward to the end of
+      the backward: `embeddings_in_root=True` plans that wrapping (the FP32 embeddings and head
+      of 70B are 7.8 GiB per GPU). A tied head shares the embedding's parameter, which FSDP
+      must keep in one unit: the root, so a tied matrix is always planned whole.
+
+    Each rank then holds (the terms of the returned GpuMemory):
+    - quantised_weights: 1/N of every layer's packed 4-bit bytes, plus the whole quantisation
+      state (absmax and nested absmax are module attributes, not parameters: FSDP neither shards
+      nor syncs them, so every rank keeps all of it);
+    - embeddings_head: 1/N of the embedding and head (own units), or the whole matrices plus
+      their 1/N shard (root unit, or tied);
+    - norms: 1/N of every norm (the final norm sits in the root, whole: 32 KiB);
+    - lora_optimizer: 1/N of the adapters, their gradients and the optimizer state;
+    - activations: what one data-parallel rank keeps, since every rank runs whole sequences;
+    - temporaries (a layer's backward): the single-GPU layer pass plus two layers gathered whole
+      (the running one and the one prefetched for the next backward step);
+    - logits (the loss): the logits' transients plus the head gathered whole (own unit; the root
+      already holds it whole).
+    """
     n = hw.gpus
-    layer_weights = mem.layer_weight_bytes(shape, recipe)
-    head = mem.head_bytes(shape) or mem.embedding_bytes(shape, recipe)
+    layers = shape.layers
+    packed = mem.layer_packed_bytes(shape, recipe)
+    constants = shape.linear_params_per_layer * mem.quant_constant_bytes_per_param(recipe)
+    embedding = mem.embedding_bytes(shape, recipe)
+    head = mem.head_bytes(shape)
+    whole_in_root = embeddings_in_root or shape.tied_embeddings
+    embeddings_head = (embedding + head) * (1 + 1 / n) if whole_in_root else (embedding + head) / n
+    final_hidden = recipe.tokens * shape.hidden * recipe.compute_bytes
     gpu = GpuMemory(
         index=0,
-        layers=shape.layers,
-        quantised_weights=shape.layers * layer_weights / n,
-        embeddings_head=(mem.embedding_bytes(shape, recipe) + mem.head_bytes(shape)) / n,
-        norms=(shape.layers * mem.norm_bytes_per_layer(shape) + shape.hidden * mem.FP32) / n,
-        lora_optimizer=shape.layers * mem.lora_state_bytes_per_layer(shape, recipe) / n,
-        activations=shape.layers * mem.layer_activation_bytes(shape, recipe)
-        + recipe.tokens * shape.hidden * recipe.compute_bytes,
-        # The running layer and the prefetched next one, gathered whole.
-        temporaries=mem.layer_pass_temporaries(shape, recipe) + 2 * layer_weights,
-        # The head is gathered whole for the loss.
-        logits=mem.logits_bytes(shape, recipe) + head,
+        layers=layers,
+        quantised_weights=layers * (packed / n + constants),
+        embeddings_head=embeddings_head,
+        norms=layers * mem.norm_bytes_per_layer(shape) / n + shape.hidden * mem.FP32,
+        lora_optimizer=layers * mem.lora_state_bytes_per_layer(shape, recipe) / n,
+        activations=layers * mem.layer_activation_bytes(shape, recipe) + final_hidden,
+        temporaries=mem.layer_pass_temporaries(shape, recipe) + 2 * (packed + mem.norm_bytes_per_layer(shape)),
+        logits=mem.logits_bytes(shape, recipe) + (0.0 if whole_in_root else head),
         capacity=hw.capacity,
     )
     return Layout("fsdp", tuple(replace(gpu, index=i) for i in range(n)), recipe.loss_chunk_tokens)
 
 
 def layout_for(mode: Mode, shape: ModelShape, recipe: Recipe, hw: Hardware) -> Layout:
-    if mode == "device_map" or hw.gpus == 1:
+    if hw.gpus == 1:
+        # One process holding the whole model, whatever the mode is called: FSDP over one rank
+        # switches itself to NO_SHARD, and data-parallel of one has nothing to average.
+        return replace(device_map_layout(shape, recipe, hw), mode=mode)
+    if mode == "device_map":
         return device_map_layout(shape, recipe, hw)
     if mode == "data_parallel":
         return data_parallel_layout(shape, recipe, hw)
@@ -252,11 +305,10 @@ def layout_for(mode: Mode, shape: ModelShape, recipe: Recipe, hw: Hardware) -> L
 
 
 def _modes(choice: ModeChoice, hw: Hardware, allowed: Sequence[Mode]) -> list[Mode]:
-    if hw.gpus == 1:
-        return ["device_map"]
     if choice != "auto":
         return [choice]
-    return [m for m in ALL_MODES if m in allowed]
+    modes = [m for m in ALL_MODES if m in allowed]
+    return modes[:1] if hw.gpus == 1 else modes
 
 
 def _best_layout(
@@ -284,14 +336,20 @@ def _fits(shape: ModelShape, recipe: Recipe, hw: Hardware, modes: Sequence[Mode]
 
 
 def _suggestions(
-    shape: ModelShape, recipe: Recipe, hw: Hardware, allowed: Sequence[Mode], chunks: Sequence[int]
+    shape: ModelShape,
+    recipe: Recipe,
+    hw: Hardware,
+    *,
+    choice: ModeChoice,
+    allowed: Sequence[Mode],
+    chunks: Sequence[int],
 ) -> list[str]:
+    """What would fit, in the mode asked for (auto: any allowed mode)."""
     out: list[str] = []
-    auto_modes = list(allowed)
 
     def layout_on(gpus: int) -> Layout:
         more = hw.with_gpus(gpus)
-        return _best_layout(shape, recipe, more, _modes("auto", more, auto_modes), chunks)[0]
+        return _best_layout(shape, recipe, more, _modes(choice, more, allowed), chunks)[0]
 
     if hw.gpus < MAX_GPUS and layout_on(MAX_GPUS).fits:
         # More GPUs never need more memory per GPU, so the fewest that fit can be bisected.
@@ -302,10 +360,10 @@ def _suggestions(
                 high = middle
             else:
                 low = middle + 1
-        out.append(f"fits on {low} x {hw.product.name} ({layout_on(low).mode} mode)")
+        out.append(f"fits on {low} x {hw.product.name} ({spec_word(layout_on(low).mode)} mode)")
     else:
         out.append(f"does not fit on up to {MAX_GPUS} x {hw.product.name} at maxLength {recipe.max_length}")
-    modes = _modes("auto", hw, auto_modes)
+    modes = _modes(choice, hw, allowed)
     low, high = 16, recipe.max_length - 1
     if high >= low and _fits(shape, replace(recipe, max_length=low), hw, modes, chunks):
         while low < high:
@@ -375,22 +433,24 @@ def make_plan(
     speed = estimate(shape, chosen, hardware.product, gpus=hardware.gpus, mode=layout.mode, epoch_tokens=epoch_tokens)
     fullest = layout.fullest
     where = f"{hardware.gpus} x {hardware.product.name}"
+    word = spec_word(layout.mode)
     others = [a for a in alternatives if a.mode != layout.mode]
     other_text = "; ".join(
-        f"{a.mode} needs {_gib(a.fullest.total)} on GPU {a.fullest.index}" + ("" if a.fits else " (does not fit)")
+        f"{spec_word(a.mode)} needs {_gib(a.fullest.total)} on GPU {a.fullest.index}"
+        + ("" if a.fits else " (does not fit)")
         for a in others
     )
     suggestions: list[str] = []
     if layout.fits:
         chunk = f", loss in chunks of {layout.loss_chunk_tokens} tokens" if layout.loss_chunk_tokens else ""
         message = (
-            f"fits on {where} in {layout.mode} mode{chunk}: peak {_gib(fullest.total)} on GPU {fullest.index} "
+            f"fits on {where} in {word} mode{chunk}: peak {_gib(fullest.total)} on GPU {fullest.index} "
             f"of {hardware.memory_gib:.1f} GiB ({_gib(fullest.headroom)} headroom)"
         )
     else:
-        suggestions = _suggestions(shape, recipe, hardware, allowed_modes, chunks)
+        suggestions = _suggestions(shape, recipe, hardware, choice=mode, allowed=allowed_modes, chunks=chunks)
         message = (
-            f"does not fit on {where}: the closest is {layout.mode} mode, which needs {_gib(fullest.total)} on "
+            f"does not fit on {where}: the closest is {word} mode, which needs {_gib(fullest.total)} on "
             f"GPU {fullest.index}, {_gib(layout.shortfall)} more than its {hardware.memory_gib:.1f} GiB; "
             + "; ".join(suggestions)
         )

@@ -37,7 +37,7 @@ def _params(count: int) -> str:
     return f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
 
 
-def render(plan: Plan) -> str:
+def render(plan: Plan, processes: int | None = None) -> str:
     shape, recipe, hw = plan.shape, plan.recipe, plan.hardware
     quant = recipe.quantization + (" + double quant" if recipe.double_quant and recipe.quantization != "none" else "")
     compute = "fp32" if recipe.compute_bytes == 4 else "16-bit"
@@ -52,7 +52,8 @@ def render(plan: Plan) -> str:
         + (
             f"in chunks of {recipe.loss_chunk_tokens} tokens" if recipe.loss_chunk_tokens else "over the whole sequence"
         ),
-        f"gpus      {hw.gpus} x {hw.product.name}, {hw.memory_gib:.1f} GiB each; mode {plan.mode}",
+        f"gpus      {hw.gpus} x {hw.product.name}, {hw.memory_gib:.1f} GiB each; parallelism {plan.parallelism}"
+        + ("" if processes is None else f", {processes} process{'' if processes == 1 else 'es'}"),
         "",
     ]
     width = 26

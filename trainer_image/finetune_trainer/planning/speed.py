@@ -9,7 +9,7 @@ from typing import Literal
 
 from . import calibration as cal
 from .gpu_products import GpuProduct
-from .memory import Recipe, layer_weight_bytes, quantised_bytes_per_param
+from .memory import Recipe, layer_packed_bytes, quantised_bytes_per_param
 from .model_shape import ModelShape
 
 Mode = Literal["device_map", "data_parallel", "fsdp", "cpu"]
@@ -66,12 +66,14 @@ def compute_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> f
 
 
 def gather_bytes(shape: ModelShape, recipe: Recipe, gpus: int) -> float:
-    """FSDP: bytes each GPU receives per micro-batch (every layer gathered once per pass, the
-    embedding once, the FP32 head forward and backward)."""
+    """FSDP: bytes each GPU receives per micro-batch. Every layer is gathered twice (forward;
+    backward, whose recompute runs inside the same gather), the embedding once and the FP32
+    head twice (forward and backward); the adapters' gathers and gradient reduce-scatters are
+    too small to count. A tied matrix stays whole in the root: gathered once."""
     if gpus <= 1:
         return 0.0
     share = (gpus - 1) / gpus
-    layers = _passes(recipe) * shape.layers * layer_weight_bytes(shape, recipe)
+    layers = 2 * shape.layers * layer_packed_bytes(shape, recipe)
     embed_head = shape.embedding_params * recipe.compute_bytes + 2 * shape.head_params * 4
     return share * (layers + embed_head)
 

@@ -1,0 +1,209 @@
+"""`choose()`: the mode and process count the trainer launches, the same call `ftjob plan` makes."""
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from finetune_api import parse_file
+from finetune_api.spec import FineTuneJobSpec
+from finetune_trainer.planning import (
+    GIB,
+    TRAINER_LOSS_CHUNKS,
+    Hardware,
+    LaunchPlan,
+    ModelConfigError,
+    choose,
+    known_model,
+    lookup,
+    shape_from_config,
+)
+from finetune_trainer.planning.plan import fsdp_layout
+from finetune_trainer.planning.preflight import recipe_from_spec
+
+from .models import LLAMA_3_8B, LLAMA_33_70B
+from .test_preflight import EXAMPLE
+
+P40_BYTES = int(22.4 * GIB)
+# The issue's "larger than one card" slice: 70B-shaped layers, 40 of them.
+SLICE_40 = {**LLAMA_33_70B, "num_hidden_layers": 40}
+
+
+def example_spec(**changes: Any) -> FineTuneJobSpec:
+    """The 70B-on-4-P40 example's spec, with training/resources fields changed."""
+    job = parse_file(EXAMPLE)[0].job
+    assert job is not None
+    spec = job.spec
+    training = {k: v for k, v in changes.items() if k in type(spec.training).model_fields}
+    resources = {k: v for k, v in changes.items() if k in type(spec.resources).model_fields}
+    assert len(training) + len(resources) == len(changes), changes
+    return spec.model_copy(
+        update={
+            "training": spec.training.model_copy(update=training),
+            "resources": spec.resources.model_copy(update=resources),
+        }
+    )
+
+
+def launch(spec: FineTuneJobSpec, config: dict[str, Any] | None, gpus: int, **kwargs: Any) -> LaunchPlan:
+    return choose(spec, config, gpus, P40_BYTES if gpus else None, "Tesla P40" if gpus else None, **kwargs)
+
+
+# --- the CPU -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "processes", "expected"),
+    [
+        ("auto", None, ("dataParallel", 1)),
+        ("auto", 3, ("dataParallel", 3)),
+        ("fsdp", 2, ("fsdp", 2)),
+        ("dataParallel", None, ("dataParallel", 1)),
+        ("deviceMap", None, ("deviceMap", 1)),
+    ],
+)
+def test_cpu_takes_the_spec_and_plans_no_memory(parallelism: str, processes: int | None, expected: tuple[str, int]):
+    spec = example_spec(gpus=0, parallelism=parallelism, processes=processes)
+    result = launch(spec, None, 0)
+    assert (result.parallelism, result.processes) == expected
+    assert result.plan is None and result.fits
+
+
+def test_cpu_needs_no_model_config_but_gpus_do():
+    assert launch(example_spec(gpus=0), None, 0).plan is None
+    with pytest.raises(ModelConfigError):
+        launch(example_spec(), None, 4)
+
+
+def test_an_unreadable_model_config_raises_model_config_error():
+    with pytest.raises(ModelConfigError, match="num_attention_heads"):
+        launch(example_spec(), {"hidden_size": 8}, 2)
+
+
+# --- GPUs, auto ----------------------------------------------------------------------------
+
+
+def test_one_gpu_is_data_parallel_of_one():
+    result = launch(example_spec(), LLAMA_3_8B, 1)
+    assert (result.parallelism, result.processes) == ("dataParallel", 1)
+    assert result.plan is not None and result.plan.fits and result.plan.parallelism == "dataParallel"
+
+
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_a_model_that_fits_one_gpu_runs_data_parallel_on_every_gpu(gpus: int):
+    result = launch(example_spec(), LLAMA_3_8B, gpus)
+    assert (result.parallelism, result.processes) == ("dataParallel", gpus)
+    assert result.plan is not None and result.plan.fits
+    assert result.plan.speed is not None
+    one = launch(example_spec(), LLAMA_3_8B, 1).plan
+    assert one is not None and one.speed is not None
+    assert result.plan.speed.tokens_per_second == pytest.approx(gpus * one.speed.tokens_per_second)
+
+
+def test_a_model_larger_than_one_gpu_is_sharded_with_fsdp():
+    result = launch(example_spec(), SLICE_40, 2)
+    assert (result.parallelism, result.processes) == ("fsdp", 2)
+    assert result.plan is not None and result.plan.fits
+    single = launch(example_spec(), SLICE_40, 1)
+    assert single.plan is not None and not single.plan.fits
+
+
+def test_70b_on_four_p40s_fits_in_the_mode_the_attention_allows():
+    materialised = launch(example_spec(), LLAMA_33_70B, 4)
+    assert materialised.fits and (materialised.parallelism, materialised.processes) == ("deviceMap", 1)
+    efficient = launch(example_spec(), LLAMA_33_70B, 4, attention="memory_efficient")
+    assert efficient.fits and (efficient.parallelism, efficient.processes) == ("fsdp", 4)
+    assert efficient.plan is not None and efficient.plan.recipe.loss_chunk_tokens in TRAINER_LOSS_CHUNKS
+
+
+def test_a_plan_that_does_not_fit_is_returned_not_raised():
+    result = launch(example_spec(), LLAMA_33_70B, 2)
+    assert not result.fits
+    assert result.plan is not None and "does not fit" in result.plan.message
+
+
+# --- GPUs, forced modes --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "gpus", "expected"),
+    [
+        ("dataParallel", 2, ("dataParallel", 2)),
+        ("fsdp", 2, ("fsdp", 2)),
+        ("fsdp", 4, ("fsdp", 4)),
+        ("deviceMap", 4, ("deviceMap", 1)),
+        ("deviceMap", 1, ("deviceMap", 1)),
+        ("fsdp", 1, ("fsdp", 1)),
+    ],
+)
+def test_a_forced_mode_is_kept(parallelism: str, gpus: int, expected: tuple[str, int]):
+    result = launch(example_spec(parallelism=parallelism), LLAMA_3_8B, gpus)
+    assert (result.parallelism, result.processes) == expected
+    assert result.plan is not None and result.plan.parallelism == expected[0]
+
+
+def test_forced_data_parallel_that_does_not_fit_says_so():
+    result = launch(example_spec(parallelism="dataParallel"), SLICE_40, 2)
+    assert result.parallelism == "dataParallel" and not result.fits
+
+
+def test_device_map_forced_on_four_gpus_spreads_the_layers():
+    result = launch(example_spec(parallelism="deviceMap"), LLAMA_33_70B, 4)
+    assert result.processes == 1 and result.plan is not None
+    assert result.plan.device_map is not None and result.plan.device_map["lm_head"] == 3
+
+
+def test_the_gpu_name_picks_the_product_and_memory_defaults_to_it():
+    result = choose(example_spec(), LLAMA_3_8B, 2, gpu_name="NVIDIA H200")
+    assert result.plan is not None
+    assert result.plan.hardware.product.name == "NVIDIA-H200"
+    assert result.plan.hardware.memory_gib == pytest.approx(139.8)
+
+
+# --- the loss chunks the trainer must implement ---------------------------------------------
+
+
+def test_the_trainer_needs_chunked_loss_for_the_issue_cases():
+    """Whole-sequence FP32 logits do not fit next to the gathered head: the 40-layer slice on
+    2 x 22.4 GiB and 70B on 4 x P40 (memory-efficient attention) fit in fsdp only in chunks."""
+    assert TRAINER_LOSS_CHUNKS[0] == 0 and len(TRAINER_LOSS_CHUNKS) > 1
+    for config, gpus, attention in ((SLICE_40, 2, "materialised"), (LLAMA_33_70B, 4, "memory_efficient")):
+        chunked = launch(example_spec(parallelism="fsdp"), config, gpus, attention=attention)
+        assert chunked.plan is not None and chunked.plan.fits
+        assert chunked.plan.recipe.loss_chunk_tokens > 0
+
+
+# --- the FSDP memory model -----------------------------------------------------------------
+
+
+def test_fsdp_embeddings_left_in_the_root_unit_stay_whole_for_the_step():
+    """FSDP1 does not reshard the root after its forward: embeddings and head left there are
+    held whole (plus their shard) from the forward to the end of the backward."""
+    shape = shape_from_config(SLICE_40)
+    p40 = lookup("Tesla-P40")
+    assert p40 is not None
+    recipe = replace(recipe_from_spec(example_spec(), p40), loss_chunk_tokens=512)
+    hw = Hardware(2, p40, 22.4)
+    own = fsdp_layout(shape, recipe, hw).per_gpu[0]
+    root = fsdp_layout(shape, recipe, hw, embeddings_in_root=True).per_gpu[0]
+    matrices = 2 * shape.vocab * shape.hidden * 4
+    assert own.embeddings_head == pytest.approx(matrices / 2)
+    assert root.embeddings_head == pytest.approx(matrices * 1.5)
+    assert root.logits < own.logits  # the root's head needs no second gather for the loss
+    assert own.total <= 22.4 * GIB < root.total
+
+
+def test_a_tied_head_is_planned_whole_in_the_root():
+    tied = shape_from_config({**LLAMA_3_8B, "tie_word_embeddings": True})
+    p40 = lookup("Tesla-P40")
+    assert p40 is not None
+    gpu = fsdp_layout(tied, recipe_from_spec(example_spec(), p40), Hardware(4, p40, 22.4)).per_gpu[0]
+    assert gpu.embeddings_head == pytest.approx(tied.vocab * tied.hidden * 4 * 1.25)
+
+
+def test_known_model_table_plans_the_example_like_its_config():
+    table = known_model("meta-llama/Llama-3.3-70B-Instruct")
+    assert table is not None
+    a, b = launch(example_spec(), table, 4), launch(example_spec(), LLAMA_33_70B, 4)
+    assert a.plan is not None and b.plan is not None
+    assert (a.parallelism, a.plan.per_gpu) == (b.parallelism, b.plan.per_gpu)

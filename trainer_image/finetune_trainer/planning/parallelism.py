@@ -1,0 +1,103 @@
+"""How a pod's processes share the work: the one decision `ftjob plan` and the trainer both call.
+
+`choose()` turns a spec and the hardware the pod really has into a LaunchPlan: the mode in the
+spec's words (`training.parallelism`), the number of processes to launch, and on GPUs the memory
+and speed plan. Both callers go through it, so the mode `ftjob plan` prints is by construction
+the mode the trainer runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from finetune_api.spec import FineTuneJobSpec
+
+from .gpu_products import GpuProduct
+from .memory import GIB, Attention
+from .model_shape import ModelConfigError, shape_from_config
+from .plan import LOSS_CHUNK_TOKENS, Hardware, ModeChoice, Plan, make_plan
+from .preflight import product_for, recipe_from_spec
+from .speed import Mode
+
+Parallelism = Literal["dataParallel", "fsdp", "deviceMap"]
+
+# Loss chunk sizes the trainer can run, tried in order; 0 = whole-sequence logits. Chunks are
+# needed: Llama-3.3-70B on 4 x P40 at 2048 tokens does not fit in fsdp with whole-sequence
+# FP32 logits (three copies of 2048 x 128256 floats, 2.9 GiB, next to the gathered head), and
+# neither does the issue's 40-layer 70B-shaped slice on 2 x 22.4 GiB.
+TRAINER_LOSS_CHUNKS: Final[tuple[int, ...]] = (0, LOSS_CHUNK_TOKENS)
+
+_MODES: Final[dict[str, ModeChoice]] = {
+    "auto": "auto",
+    "dataParallel": "data_parallel",
+    "fsdp": "fsdp",
+    "deviceMap": "device_map",
+}
+_WORDS: Final[dict[Mode, Parallelism]] = {
+    "data_parallel": "dataParallel",
+    "fsdp": "fsdp",
+    "device_map": "deviceMap",
+}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    parallelism: Parallelism
+    processes: int  # processes in the pod (world size on one node)
+    plan: Plan | None  # the memory/speed plan; None on the CPU
+
+    @property
+    def fits(self) -> bool:
+        """False only when a GPU plan says the job does not fit (the CPU is not planned)."""
+        return self.plan is None or self.plan.fits
+
+
+def cpu_launch(spec: FineTuneJobSpec) -> LaunchPlan:
+    """The CPU's launch needs no model config: the pod runs what the spec says."""
+    wanted = spec.training.parallelism
+    parallelism: Parallelism = "dataParallel" if wanted == "auto" else wanted
+    processes = 1 if parallelism == "deviceMap" else spec.resources.processes or 1
+    return LaunchPlan(parallelism, processes, None)
+
+
+def choose(
+    spec: FineTuneJobSpec,
+    model_config: Mapping[str, Any] | None,
+    gpus: int,
+    gpu_memory_bytes: int | None = None,
+    gpu_name: str | None = None,
+    *,
+    attention: Attention = "materialised",
+    epoch_tokens: int | None = None,
+    model_name: str = "",
+    product: GpuProduct | None = None,
+) -> LaunchPlan:
+    """The launch for `spec` on `gpus` visible GPUs of `gpu_memory_bytes` each (the smallest,
+    when they differ; default: the product's), named `gpu_name` by torch (default: the spec's
+    `resources.gpuProduct`); `product` replaces the looked-up product (what-if figures).
+
+    On the CPU: the spec's parallelism (auto: dataParallel) with `resources.processes`
+    processes (deviceMap: one). On GPUs: the planner's mode (auto: the fastest that fits; on
+    one GPU dataParallel, the world-size-1 case), one process per GPU (deviceMap: one). A plan
+    that does not fit is returned with `plan.fits` False, not raised; a `model_config` the
+    planner cannot read raises ModelConfigError.
+    """
+    if gpus < 1:
+        return cpu_launch(spec)
+    if model_config is None:
+        raise ModelConfigError("config.json: the model's config is needed to plan GPUs")
+    chosen = product or product_for(gpu_name, spec.resources.gpu_product)
+    memory_gib = gpu_memory_bytes / GIB if gpu_memory_bytes else chosen.memory_gib
+    shape = shape_from_config(model_config, name=model_name)
+    plan = make_plan(
+        shape,
+        recipe_from_spec(spec, chosen, attention),
+        Hardware(gpus, chosen, memory_gib),
+        mode=_MODES[spec.training.parallelism],
+        epoch_tokens=epoch_tokens,
+        loss_chunks=TRAINER_LOSS_CHUNKS,
+    )
+    parallelism = _WORDS[plan.mode]
+    return LaunchPlan(parallelism, 1 if parallelism == "deviceMap" else gpus, plan)
