@@ -1,8 +1,11 @@
 """`ftjob plan FILE`: will the job fit its GPUs, in which mode, and how long will an epoch take.
 
+The mode and the number of processes come from `finetune_trainer.planning.choose`, the call the
+trainer makes in the pod, so what this prints is what the trainer will run on that hardware.
 The model's config.json comes from `--model-config`, or from the job's model source when it is
 on disk here (a PVC folder under `--volumes`, $FTJOB_VOLUMES or the current folder), or from
-the planner's table of well-known Hub models. Exit status: 0 fits, 3 does not fit, 1 bad input.
+the planner's table of well-known Hub models (also when a PVC folder is named after one).
+Exit status: 0 fits, 3 does not fit, 1 bad input.
 """
 
 from __future__ import annotations
@@ -16,24 +19,19 @@ from typing import Any
 
 from finetune_api import FineTuneJob, ManifestError, parse_file
 from finetune_api.problems import format_problems
-from finetune_trainer.planning import (
-    Hardware,
-    ModelConfigError,
-    Plan,
-    known_model,
-    lookup,
-    make_plan,
-    shape_from_config,
-)
+from finetune_api.spec import FineTuneJobSpec
+from finetune_trainer.planning import GIB, LaunchPlan, ModelConfigError, choose, known_model, lookup
 from finetune_trainer.planning.gpu_products import known_names
-from finetune_trainer.planning.memory import Recipe
-from finetune_trainer.planning.preflight import product_for, recipe_from_spec
+from finetune_trainer.planning.preflight import product_for
 from finetune_trainer.planning.report import render
 
 from .errors import CliError
 
 DOES_NOT_FIT = 3
 BYTES_PER_TOKEN = 4  # a rough average for English text with Llama-3's tokenizer
+MODES = ("auto", "dataParallel", "fsdp", "deviceMap")
+# Spellings of earlier releases, still accepted.
+MODE_ALIASES = {"data_parallel": "dataParallel", "device_map": "deviceMap"}
 
 
 def _bool(flag: str, text: str | None) -> bool | None:
@@ -66,14 +64,18 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--batch-size", type=int, metavar="B")
     parser.add_argument("--lora-r", type=int, metavar="R")
     parser.add_argument("--gradient-checkpointing", metavar="true|false")
-    parser.add_argument("--mode", choices=("auto", "device_map", "data_parallel", "fsdp"), default="auto")
+    parser.add_argument(
+        "--mode",
+        metavar="|".join(MODES),
+        help="training.parallelism to plan with (default: the spec's)",
+    )
     parser.add_argument(
         "--attention",
-        choices=("materialised", "memory_efficient"),
-        default="materialised",
-        help="materialised: FP32 SDPA/eager keep the heads x seq x seq probabilities (default)",
+        choices=("memory_efficient", "materialised"),
+        default="memory_efficient",
+        help="memory_efficient: what the trainer plans with when it runs SDPA, its usual kernel (default); "
+        "materialised: eager attention, which keeps the heads x seq x seq probabilities",
     )
-    parser.add_argument("--loss-chunk-tokens", type=int, metavar="N", help="compute the loss N tokens at a time")
     parser.add_argument("--tokens", type=int, metavar="N", help="tokens in one epoch of the dataset")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(handler=run)
@@ -109,6 +111,9 @@ def model_config(job: FineTuneJob, args: argparse.Namespace) -> tuple[dict[str, 
         for candidate in candidates:
             if candidate.is_file():
                 return _read_json(candidate, "model config"), str(candidate)
+        named = _known_by_path(source.pvc.path)
+        if named is not None:
+            return named
         looked = ", ".join(str(c) for c in candidates)
         raise CliError(
             f"spec.model.source.pvc: the model's config.json is not here (looked at {looked}); "
@@ -122,6 +127,16 @@ def model_config(job: FineTuneJob, args: argparse.Namespace) -> tuple[dict[str, 
             "(the repository's config.json)"
         )
     return known, source.hub.id
+
+
+def _known_by_path(path: str) -> tuple[dict[str, Any], str] | None:
+    """A PVC folder named like a Hub model (`.../meta-llama/Llama-3.3-70B-Instruct`) in the table."""
+    parts = [p for p in path.split("/") if p]
+    if len(parts) < 2:
+        return None
+    hub_id = "/".join(parts[-2:])
+    known = known_model(hub_id)
+    return None if known is None else (known, f"{hub_id} (the planner's table)")
 
 
 def epoch_tokens(job: FineTuneJob, args: argparse.Namespace) -> tuple[int | None, str]:
@@ -149,41 +164,68 @@ def _check_positive(name: str, value: int | float | None) -> None:
         raise CliError(f"{name}: must be positive, got {value}")
 
 
-def plan_job(job: FineTuneJob, args: argparse.Namespace) -> tuple[Plan | None, str]:
-    for flag in ("gpu_memory_gib", "fp32_tflops", "max_length", "batch_size", "lora_r", "loss_chunk_tokens"):
+def _mode(text: str | None) -> str | None:
+    if text is None:
+        return None
+    mode = MODE_ALIASES.get(text, text)
+    if mode not in MODES:
+        raise CliError(f"--mode: expected one of {', '.join(MODES)}, got {text!r}")
+    return mode
+
+
+def planned_spec(spec: FineTuneJobSpec, args: argparse.Namespace) -> FineTuneJobSpec:
+    """The spec with the command line's what-if overrides applied."""
+    training = {
+        "max_length": args.max_length,
+        "batch_size": args.batch_size,
+        "gradient_checkpointing": _bool("--gradient-checkpointing", args.gradient_checkpointing),
+        "parallelism": _mode(args.mode),
+    }
+    changed = {k: v for k, v in training.items() if v is not None}
+    update: dict[str, Any] = {}
+    if changed:
+        update["training"] = spec.training.model_copy(update=changed)
+    if args.lora_r is not None:
+        update["lora"] = spec.lora.model_copy(update={"r": args.lora_r})
+    return spec.model_copy(update=update) if update else spec
+
+
+def plan_job(job: FineTuneJob, args: argparse.Namespace) -> tuple[LaunchPlan, str]:
+    for flag in ("gpu_memory_gib", "fp32_tflops", "max_length", "batch_size", "lora_r"):
         _check_positive("--" + flag.replace("_", "-"), getattr(args, flag))
     if args.gpus is not None and args.gpus < 0:
         raise CliError(f"--gpus: must be 0 or more, got {args.gpus}")
-    spec = job.spec
+    spec = planned_spec(job.spec, args)
     gpus = spec.resources.gpus if args.gpus is None else args.gpus
     if gpus == 0:
-        return (
-            None,
-            "spec.resources.gpus is 0: the job trains on the CPU, there is no GPU memory to plan (try --gpus N)",
-        )
+        return choose(spec, None, 0), ""
     if args.gpu_product and lookup(args.gpu_product) is None:
         raise CliError(f"--gpu-product {args.gpu_product}: unknown product; known: {', '.join(known_names())}")
     product = product_for(args.gpu_product, spec.resources.gpu_product)
     if args.fp32_tflops:
         product = replace(product, fp32_tflops=args.fp32_tflops)
     config, origin = model_config(job, args)
+    tokens, token_origin = epoch_tokens(job, args)
+    memory = int(args.gpu_memory_gib * GIB) if args.gpu_memory_gib else None
     try:
-        shape = shape_from_config(config, name=origin)
+        launch = choose(
+            spec,
+            config,
+            gpus,
+            memory,
+            attention=args.attention,
+            epoch_tokens=tokens,
+            model_name=origin,
+            product=product,
+        )
     except ModelConfigError as exc:
         raise CliError(f"{origin}: {exc}") from None
-    recipe: Recipe = recipe_from_spec(spec, product, args.attention)
-    overrides = {
-        "max_length": args.max_length,
-        "batch_size": args.batch_size,
-        "lora_r": args.lora_r,
-        "gradient_checkpointing": _bool("--gradient-checkpointing", args.gradient_checkpointing),
-        "loss_chunk_tokens": args.loss_chunk_tokens,
-    }
-    recipe = replace(recipe, **{k: v for k, v in overrides.items() if v is not None})
-    tokens, token_origin = epoch_tokens(job, args)
-    memory = args.gpu_memory_gib or product.memory_gib
-    plan = make_plan(shape, recipe, Hardware(gpus, product, memory), mode=args.mode, epoch_tokens=tokens)
-    return plan, token_origin
+    return launch, token_origin
+
+
+def _cpu_line(launch: LaunchPlan) -> str:
+    count = f"{launch.processes} process" + ("" if launch.processes == 1 else "es")
+    return f"CPU (spec.resources.gpus is 0): {launch.parallelism}, {count}, no GPU memory to plan (try --gpus N)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -198,15 +240,18 @@ def run(args: argparse.Namespace) -> int:
         source = args.file if len(documents) == 1 else f"{args.file}[{doc.index}]"
         if doc.job is None:
             raise CliError("; ".join(format_problems(doc.problems, source)))
-        plan, token_origin = plan_job(doc.job, args)
+        launch, token_origin = plan_job(doc.job, args)
         name = doc.job.metadata.name or doc.job.metadata.generate_name or ""
+        launched = {"parallelism": launch.parallelism, "processes": launch.processes}
+        plan = launch.plan
         if plan is None:
-            results.append({"name": name, "fits": True, "mode": "cpu", "per_gpu": [], "message": token_origin})
-            texts.append(f"{source}: {token_origin}")
+            line = _cpu_line(launch)
+            results.append({"name": name, "fits": True, **launched, "gpus": 0, "per_gpu": [], "message": line})
+            texts.append(f"{source}: {name}: {line}")
             continue
         all_fit = all_fit and plan.fits
-        results.append({"name": name, **plan.to_dict(), "tokens_source": token_origin or None})
-        text = render(plan)
+        results.append({"name": name, **plan.to_dict(), **launched, "tokens_source": token_origin or None})
+        text = render(plan, launch.processes)
         if token_origin and token_origin != "given":
             text += f"\n          (epoch tokens {token_origin}, ~{BYTES_PER_TOKEN} bytes per token)"
         texts.append(f"{source}: {name}\n{text}")

@@ -28,6 +28,12 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     )
     parser.add_argument("file", metavar="FILE.yaml")
     parser.add_argument("--workdir", required=True, metavar="DIR", help="folder holding one sub-folder per claim")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="training processes to launch, overriding the spec's (for CPU runs: N processes with gloo)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -66,7 +72,15 @@ def local_config(path: str, workdir: Path) -> TrainerConfig:
     )
 
 
+def trainer_args(config_path: Path, state: Path, nproc: int | None) -> list[str]:
+    """The trainer entry's command line: the pod's, plus `--nproc` when given."""
+    argv = ["--config", str(config_path), "--termination-log", str(state / "termination-log")]
+    return argv if nproc is None else [*argv, "--nproc", str(nproc)]
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.nproc is not None and args.nproc < 1:
+        raise CliError(f"--nproc: must be at least 1, got {args.nproc}")
     workdir = Path(args.workdir).resolve()
     if not workdir.is_dir():
         raise CliError(f"--workdir {args.workdir}: no such folder")
@@ -78,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here: `ftjob validate` must not pay for torch.
     from finetune_trainer.entry import main as trainer_main
 
-    code = trainer_main(["--config", str(config_path), "--termination-log", str(state / "termination-log")])
+    code = trainer_main(trainer_args(config_path, state, args.nproc))
     if code == 0:
         print(f"done: outputs in {config.paths.output}")
     else:

@@ -2,10 +2,13 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from finetune_api import parse_file
+from finetune_trainer.planning import GIB, choose, lookup
 from tests.planning.models import LLAMA_3_8B, LLAMA_33_70B
 
 from .cli import REPO, assert_one_line_error, ftjob
@@ -37,7 +40,16 @@ def test_70b_on_four_p40s_fits_and_prints_every_part(config_70b: str):
     ):
         assert row in out
     assert "GPU3" in out and "FITS:" in out
+    assert "parallelism fsdp, 4 processes" in out and "in fsdp mode, loss in chunks of 512 tokens" in out
     assert "tokens/s" in out and "epoch     10,000,000 tokens:" in out
+
+
+def test_the_example_alone_is_planned_from_the_known_model_table():
+    """No --model-config: the PVC folder is named after a model the planner knows."""
+    result = ftjob("plan", EXAMPLE_70B, cwd=REPO / "examples")
+    assert result.returncode == 0, result.stderr
+    assert "FITS: fits on 4 x Tesla-P40 in fsdp mode" in result.stdout
+    assert "80 layers" in result.stdout
 
 
 def test_json_has_fits_mode_and_per_gpu_totals(config_70b: str):
@@ -45,7 +57,7 @@ def test_json_has_fits_mode_and_per_gpu_totals(config_70b: str):
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["fits"] is True
-    assert plan["mode"] in ("fsdp", "device_map", "data_parallel")
+    assert (plan["parallelism"], plan["processes"]) == ("fsdp", 4)
     assert len(plan["per_gpu"]) == 4
     assert all(0 < gpu["total_gib"] <= 22.4 for gpu in plan["per_gpu"])
 
@@ -60,7 +72,7 @@ def test_two_gpus_do_not_fit_and_exit_3(config_70b: str):
 
 def test_overrides_change_the_plan(config_70b: str):
     def peak(*extra: str) -> float:
-        result = ftjob("plan", EXAMPLE_70B, "--model-config", config_70b, "--mode", "device_map", "--json", *extra)
+        result = ftjob("plan", EXAMPLE_70B, "--model-config", config_70b, "--mode", "deviceMap", "--json", *extra)
         assert result.returncode in (0, 3), result.stderr
         return max(g["total_gib"] for g in json.loads(result.stdout)["per_gpu"])
 
@@ -70,9 +82,9 @@ def test_overrides_change_the_plan(config_70b: str):
     assert peak("--batch-size", "2") > base
     assert peak("--lora-r", "64") > base
     small = json.loads(
-        ftjob("plan", EXAMPLE_70B, "--model-config", config_70b, "--gpu-memory-gib", "16", "--json").stdout
+        ftjob("plan", EXAMPLE_70B, "--model-config", config_70b, "--gpu-memory-gib", "12", "--json").stdout
     )
-    assert small["gpu_memory_gib"] == 16 and small["fits"] is False
+    assert small["gpu_memory_gib"] == 12 and small["fits"] is False
 
 
 def test_reads_config_json_from_the_local_model_volume(tmp_path: Path):
@@ -105,7 +117,84 @@ def test_hub_models_in_the_table_need_no_config(tmp_path: Path):
 def test_cpu_job_has_nothing_to_plan():
     result = ftjob("plan", EXAMPLE_TINY, "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["mode"] == "cpu"
+    plan = json.loads(result.stdout)
+    assert (plan["parallelism"], plan["processes"], plan["per_gpu"]) == ("dataParallel", 1, [])
+    text = ftjob("plan", EXAMPLE_TINY)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.strip() == (
+        f"{EXAMPLE_TINY}: tiny: CPU (spec.resources.gpus is 0): dataParallel, 1 process, no GPU memory to plan "
+        "(try --gpus N)"
+    )
+
+
+def test_cpu_job_with_processes(tmp_path: Path):
+    body = yaml.safe_load(Path(EXAMPLE_TINY).read_text())
+    body["spec"]["resources"]["processes"] = 2
+    body["spec"]["training"]["parallelism"] = "fsdp"
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(body))
+    result = ftjob("plan", str(manifest))
+    assert result.returncode == 0, result.stderr
+    assert "CPU (spec.resources.gpus is 0): fsdp, 2 processes" in result.stdout
+
+
+@pytest.mark.parametrize(("spelling", "word"), [("device_map", "deviceMap"), ("data_parallel", "dataParallel")])
+def test_old_mode_spellings_still_work(config_70b: str, spelling: str, word: str):
+    result = ftjob("plan", EXAMPLE_70B, "--model-config", config_70b, "--mode", spelling, "--gpus", "8", "--json")
+    assert result.returncode in (0, 3), result.stderr
+    assert json.loads(result.stdout)["parallelism"] == word
+
+
+def _manifest(tmp_path: Path, gpus: int, parallelism: str, name: str) -> str:
+    body = yaml.safe_load(Path(EXAMPLE_70B).read_text())
+    body["spec"]["resources"]["gpus"] = gpus
+    body["spec"]["training"]["parallelism"] = parallelism
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "parallelism", "extra"),
+    [
+        (LLAMA_3_8B, 1, "auto", []),
+        (LLAMA_3_8B, 2, "auto", []),
+        (LLAMA_3_8B, 4, "fsdp", []),
+        (LLAMA_3_8B, 4, "deviceMap", []),
+        ({**LLAMA_33_70B, "num_hidden_layers": 40}, 2, "auto", []),
+        (LLAMA_33_70B, 4, "auto", []),
+        (LLAMA_33_70B, 4, "auto", ["--attention", "materialised"]),
+        (LLAMA_33_70B, 2, "auto", []),
+        (LLAMA_3_8B, 2, "auto", ["--gpu-product", "NVIDIA-H200"]),
+        (LLAMA_3_8B, 0, "fsdp", []),
+    ],
+)
+def test_json_parallelism_and_processes_are_what_the_trainer_chooses(
+    tmp_path: Path, model: dict[str, Any], gpus: int, parallelism: str, extra: list[str]
+):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(model))
+    manifest = _manifest(tmp_path, gpus, parallelism, "job")
+    result = ftjob("plan", manifest, "--model-config", str(config), "--json", *extra)
+    assert result.returncode in (0, 3), result.stderr
+    printed = json.loads(result.stdout)
+    job = parse_file(manifest)[0].job
+    assert job is not None
+    product = lookup(extra[1]) if "--gpu-product" in extra else lookup("Tesla-P40")
+    assert product is not None
+    trainer = choose(
+        job.spec,
+        model if gpus else None,
+        gpus,
+        int(product.memory_gib * GIB) if gpus else None,
+        product.name if gpus else None,
+        attention=extra[1] if "--attention" in extra else "memory_efficient",
+    )
+    assert (printed["parallelism"], printed["processes"]) == (trainer.parallelism, trainer.processes)
+    assert printed["fits"] is trainer.fits
+    assert result.returncode == (0 if trainer.fits else 3)
+    if trainer.plan is not None and trainer.plan.speed is not None:
+        assert printed["speed"]["tokens_per_second"] == pytest.approx(trainer.plan.speed.tokens_per_second, abs=0.01)
 
 
 @pytest.mark.parametrize(
@@ -113,13 +202,14 @@ def test_cpu_job_has_nothing_to_plan():
     [
         (["missing.yaml"], "missing.yaml: no such file"),
         (["{bad}"], "invalid YAML"),
-        ([EXAMPLE_70B], "config.json is not here"),
+        (["{unknown-model}"], "config.json is not here"),
         ([EXAMPLE_70B, "--model-config", "/nonexistent/config.json"], "no such file"),
         ([EXAMPLE_70B, "--model-config", "{notjson}"], "invalid JSON"),
         ([EXAMPLE_70B, "--model-config", "{incomplete}"], "num_hidden_layers"),
         ([EXAMPLE_70B, "--model-config", "{config}", "--gpu-product", "Radeon-9700"], "unknown product"),
         ([EXAMPLE_70B, "--model-config", "{config}", "--max-length", "0"], "--max-length: must be positive"),
         ([EXAMPLE_70B, "--model-config", "{config}", "--gradient-checkpointing", "maybe"], "expected true or false"),
+        ([EXAMPLE_70B, "--model-config", "{config}", "--mode", "pipeline"], "--mode: expected one of"),
         (["{invalid-spec}"], "spec.lora.r"),
     ],
 )
@@ -130,12 +220,16 @@ def test_bad_input_is_one_line(tmp_path: Path, config_70b: str, args: list[str],
     body = yaml.safe_load(Path(EXAMPLE_70B).read_text())
     body["spec"]["lora"]["r"] = 0
     (tmp_path / "invalid.yaml").write_text(yaml.safe_dump(body))
+    body["spec"]["lora"]["r"] = 8
+    body["spec"]["model"]["source"]["pvc"]["path"] = "my-own/model"
+    (tmp_path / "unknown-model.yaml").write_text(yaml.safe_dump(body))
     mapping = {
         "{bad}": str(tmp_path / "bad.yaml"),
         "{notjson}": str(tmp_path / "not.json"),
         "{incomplete}": str(tmp_path / "incomplete.json"),
         "{config}": config_70b,
         "{invalid-spec}": str(tmp_path / "invalid.yaml"),
+        "{unknown-model}": str(tmp_path / "unknown-model.yaml"),
     }
     result = ftjob("plan", *[mapping.get(a, a) for a in args], cwd=tmp_path)
     assert_one_line_error(result, fragment)
