@@ -122,11 +122,38 @@ def measure_head(model: torch.nn.Module, seq: int, device: torch.device) -> dict
     return dict(seq=seq, head_peak_bytes=_peak(device) - base)
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
-    from finetune_trainer.distributed import qlora
+def load(path: str, device: torch.device) -> torch.nn.Module:
+    """The recipe's model on one device: NF4 + double quant, fp32 compute, norms and head fp32, LoRA r=8 on q/k/v/o."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=torch.float32,
+        bnb_4bit_use_double_quant=True,
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        quantization_config=quant,
+        device_map={"": device.index if device.type == "cuda" else "cpu"},
+        dtype=torch.float32,
+        attn_implementation="sdpa",
+    )
+    for name, module in model.named_modules():
+        if "norm" in name.lower() or "lm_head" in name.lower():
+            module.to(torch.float32)
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+    torch.manual_seed(0)
+    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    model = get_peft_model(model, lora)
+    model.train()
+    return model
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    model = qlora.load(spec["path"], device, qlora.QloraRecipe(), seed=0)
+    model = load(spec["path"], device)
     loaded = _allocated(device)
     decoder = _decoder(model)
     base_model = model.get_base_model()

@@ -1,13 +1,18 @@
-"""`make bench`: the reference recipe and our trainer, same shape, same data, same GPUs, one call.
+"""`make bench`: the reference recipe and the product's trainer, same shape, same GPUs, one call.
 
+Ours is always `python -m finetune_trainer --config FILE`, the Job's command (`bench.trainer_job`):
+the trainer starts its own processes, so a benchmark times exactly what a pod runs.
 Everything runs as child processes of this one (one process tree), each GPU job in its own
 process so one's memory never shows in the other's peak:
   1. the FP32 matmul peak of every visible GPU (shared fp32_peak.py, TF32 off);
   2. the 70B-shaped slice written once (the reference's own builder), then for each GPU count:
-     the reference (shared seed_baseline.py, seeded) and ours (data-parallel, one process per
-     GPU) on the same tokens; results to bench/results/<date>-<gpu>-<n>gpu.json;
-  3. optional phases: ours without checkpointing, packing on a realistic length mix, per-layer
-     memory for the planner, the single-process trainer end to end, the planner's calibration.
+     the reference (shared seed_baseline.py; layers split over the GPUs when there are several)
+     and ours in each mode (1 GPU: auto; N GPUs: dataParallel, fsdp, fsdp with
+     NCCL_P2P_DISABLE=1); results to bench/results/<date>-<gpu>-<n>gpu.json;
+  3. `large`: a slice deeper than one P40 holds (`--large-layers`), every process capped at
+     22.4 GiB: the reference split over the GPUs against ours in fsdp;
+  4. optional phases: ours without checkpointing, per-layer memory for the planner, the
+     planner's calibration.
 
     python -m bench.run --shared DIR_WITH_seed_baseline.py [--gpus 1,2] [--phases ...]
 """
@@ -28,7 +33,9 @@ from bench.flops import Shape
 from bench.report import compare_record, environment_versions, gpu_slug
 
 REPO = Path(__file__).resolve().parent.parent
-PHASES = ("compare", "nockpt", "packing", "layers", "trainer", "calibration")
+PHASES = ("compare", "nockpt", "large", "layers", "calibration")
+# What a Tesla P40 gives PyTorch; the `large` phase holds every process to it.
+P40_GIB = 22.4
 SLICE = Shape(layers=4, hidden=8192, inter=28672, heads=64, kv=8, vocab=128256)
 
 
@@ -37,6 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shared", required=True, type=Path, help="folder holding seed_baseline.py and fp32_peak.py")
     parser.add_argument("--gpus", default="1,2", help="GPU counts to compare, e.g. 1,2")
     parser.add_argument("--layers", type=int, default=SLICE.layers)
+    parser.add_argument("--large-layers", type=int, default=40, help="depth of the slice for the `large` phase")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=4, help="timed steps after warm-up")
     parser.add_argument("--warm", type=int, default=2)
@@ -103,10 +111,12 @@ class Bench:
             print(f"[bench] {name} failed; end of its log:\n{tail}", flush=True)
         return found
 
-    def reference(self, runs: list[dict[str, Any]], gpus: int, name: str) -> list[dict[str, Any]]:
-        spec = {"path": str(self.model), "arch": self.arch(), "runs": runs}
-        # The reference draws its tokens from the global CUDA generator; seeding it here (and
-        # nothing else) makes its data stream the one ours replays.
+    def reference(
+        self, runs: list[dict[str, Any]], gpus: int, name: str, model: Path | None = None, layers: int | None = None
+    ) -> list[dict[str, Any]]:
+        arch = {**self.arch(), "layers": layers or self.shape.layers}
+        spec = {"path": str(model or self.model), "arch": arch, "runs": runs}
+        # The reference draws its tokens from the global CUDA generator: seeded, its runs repeat.
         wrapper = (
             "import runpy, sys, torch; torch.manual_seed(int(sys.argv[1])); sys.argv = sys.argv[2:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')"
@@ -114,29 +124,18 @@ class Bench:
         script = str(self.args.shared / "seed_baseline.py")
         return self.child(name, [sys.executable, "-c", wrapper, str(self.args.seed), script, json.dumps(spec)], gpus)
 
-    def ours(self, gpus: int, name: str, **extra: Any) -> dict[str, Any] | None:
+    def ours(self, gpus: int, name: str, model: Path | None = None, **extra: Any) -> dict[str, Any] | None:
+        """The Job's command on the first `gpus` GPUs; `extra` goes to bench.trainer_job."""
         spec = {
-            "path": str(self.model),
+            "path": str(model or self.model),
+            "work": str(self.args.work / name),
             "seq": self.args.seq,
-            "steps": self.args.steps,
-            "warm": self.args.warm,
-            "seed": self.args.seed,
-            "ckpt": True,
-            "attn": "sdpa",
+            "steps": self.args.steps + self.args.warm,
+            "gpus": gpus,
             **extra,
         }
-        argv = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={gpus}",
-            "-m",
-            "bench.ours",
-            json.dumps(spec),
-        ]
-        lines = self.child(name, argv, gpus)
-        return lines[-1] if lines else None
+        lines = self.child(name, [sys.executable, "-m", "bench.trainer_job", json.dumps(spec)], gpus)
+        return next((x for x in reversed(lines) if x.get("event") == "bench-summary"), None)
 
     def arch(self) -> dict[str, int]:
         s = self.shape
@@ -174,52 +173,95 @@ class Bench:
         print(f"[bench] fp32 peaks: {out}", flush=True)
         return out
 
-    def build(self) -> None:
-        if (self.model / "config.json").exists():
+    def build(self, model: Path, layers: int) -> None:
+        if (model / "config.json").exists():
             return
-        self.reference([], 1, "build-slice")
+        self.reference([], 1, f"build-slice-{layers}l", model, layers)
 
-    def compare(self, gpus: int, peaks: list[dict[str, Any]], versions: dict[str, Any], extras: dict[str, Any]) -> None:
-        runs = [{"seq": self.args.seq, "steps": self.args.steps, "warm": self.args.warm, "attn": "sdpa", "ckpt": True}]
+    def modes(self, gpus: int) -> list[tuple[str, dict[str, Any]]]:
+        if gpus == 1:
+            return [("auto", {})]
+        return [
+            ("dataParallel", {"parallelism": "dataParallel"}),
+            ("fsdp", {"parallelism": "fsdp"}),
+            # Traffic through host memory, as on P40 servers without peer-to-peer.
+            ("fsdp-nop2p", {"parallelism": "fsdp", "env": {"NCCL_P2P_DISABLE": "1"}}),
+        ]
+
+    def compare(self, gpus: int, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
+        run = {"seq": self.args.seq, "steps": self.args.steps, "warm": self.args.warm, "attn": "sdpa", "ckpt": True}
+        if 1 not in self.references:
+            lines = [x for x in self.reference([run], 1, "reference-1gpu") if "tok_s" in x or "error" in x]
+            if lines:
+                self.references[1] = lines[-1]
+        split = None
         if gpus > 1:
-            runs[0]["split"] = True  # what device_map does for a model too large for one card
-        ref_lines = [x for x in self.reference(runs, gpus, f"reference-{gpus}gpu") if "tok_s" in x or "error" in x]
-        if ref_lines:
-            self.references[gpus] = ref_lines[-1]
-        ours = self.ours(gpus, f"ours-{gpus}gpu")
+            # What device_map does for a model too large for one card.
+            lines = [
+                x
+                for x in self.reference([{**run, "split": True}], gpus, f"reference-{gpus}gpu-split")
+                if "tok_s" in x or "error" in x
+            ]
+            split = lines[-1] if lines else None
+        for label, extra in self.modes(gpus):
+            if self.left_s() < 90:
+                print(f"[bench] budget spent; {gpus}-GPU {label} not run", flush=True)
+                continue
+            ours = self.ours(gpus, f"ours-{gpus}gpu-{label}", **extra)
+            record = compare_record(
+                date=self.date,
+                shape=self.shape,
+                seq=self.args.seq,
+                steps=self.args.steps,
+                warm=self.args.warm,
+                seed=self.args.seed,
+                gpus=gpus,
+                peaks=peaks[:gpus],
+                reference=self.references.get(1),
+                ours=ours,
+                versions=versions,
+            )
+            record["mode"] = label
+            record["reference_split_same_call"] = split
+            if "nockpt" in self.phases and gpus == 1 and self.left_s() > 120:
+                record["ours_no_checkpointing"] = self.ours(gpus, f"ours-{gpus}gpu-nockpt", ckpt=False)
+            suffix = "" if gpus == 1 else f"-{label}"
+            self.write(f"{self.date}-{gpu_slug(peaks)}-{gpus}gpu{suffix}.json", record)
+
+    def large(self, gpus: int, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
+        """A slice that one P40 cannot hold: fsdp against the reference split over the same GPUs."""
+        layers = self.args.large_layers
+        model = self.args.work / f"slice-{layers}l"
+        self.build(model, layers)
+        run = {
+            "seq": self.args.seq,
+            "steps": self.args.steps,
+            "warm": self.args.warm,
+            "attn": "sdpa",
+            "ckpt": True,
+            "split": True,
+        }
+        name = f"reference-{gpus}gpu-{layers}l-split"
+        lines = [x for x in self.reference([run], gpus, name, model, layers) if "tok_s" in x or "error" in x]
+        ours = self.ours(
+            gpus, f"ours-{gpus}gpu-{layers}l-fsdp", model=model, parallelism="fsdp", gpu_memory_gib=P40_GIB
+        )
         record = compare_record(
             date=self.date,
-            shape=self.shape,
+            shape=Shape(**{**self.shape.__dict__, "layers": layers}),
             seq=self.args.seq,
             steps=self.args.steps,
             warm=self.args.warm,
             seed=self.args.seed,
             gpus=gpus,
             peaks=peaks[:gpus],
-            reference=ref_lines[-1] if ref_lines else None,
+            reference=lines[-1] if lines else None,
             ours=ours,
             versions=versions,
         )
-        record.update(extras)
-        if "nockpt" in self.phases and self.left_s() > 120:
-            record["ours_no_checkpointing"] = self.ours(gpus, f"ours-{gpus}gpu-nockpt", ckpt=False)
-        self.write(f"{self.date}-{gpu_slug(peaks)}-{gpus}gpu.json", record)
-
-    def packing(self, peaks: list[dict[str, Any]]) -> None:
-        record: dict[str, Any] = {
-            "date": self.date,
-            "gpu": peaks[0].get("gpu"),
-            "gpus": 1,
-            "shape": self.arch(),
-            "max_length": self.args.seq,
-        }
-        for mode in ("per_sample", "packed"):
-            spec = {"path": str(self.model), "mode": mode, "samples": 96, "max_length": self.args.seq}
-            lines = self.child(f"packing-{mode}", [sys.executable, "-m", "bench.packing", json.dumps(spec)], 1)
-            record[mode] = lines[-1] if lines else None
-        if record["per_sample"] and record["packed"]:
-            record["ratio"] = round(record["packed"]["real_tok_s"] / record["per_sample"]["real_tok_s"], 3)
-        self.write(f"{self.date}-{gpu_slug(peaks)}-packing.json", record)
+        record["mode"] = "fsdp"
+        record["gpu_memory_cap_gib"] = P40_GIB
+        self.write(f"{self.date}-{gpu_slug(peaks)}-{gpus}gpu-{layers}l-fsdp.json", record)
 
     def layers(self, peaks: list[dict[str, Any]]) -> None:
         spec = {"path": str(self.model), "seqs": [1024, 2048]}
@@ -232,31 +274,6 @@ class Bench:
                 **lines[-1],
             }
             self.write(f"{self.date}-{gpu_slug(peaks)}-layer-memory.json", record)
-
-    def trainer(self, peaks: list[dict[str, Any]]) -> None:
-        spec = {
-            "path": str(self.model),
-            "work": str(self.args.work / "trainer-job"),
-            "seq": self.args.seq,
-            "steps": self.args.steps + self.args.warm,
-        }
-        lines = self.child("trainer-1gpu", [sys.executable, "-m", "bench.trainer_job", json.dumps(spec)], 1)
-        summary = next((x for x in reversed(lines) if x.get("event") == "bench-summary"), None)
-        reference = self.references.get(1)
-        ratio = None
-        if reference and summary and "tok_s" in reference and "tok_s" in summary:
-            ratio = round(summary["tok_s"] / reference["tok_s"], 3)
-        self.write(
-            f"{self.date}-{gpu_slug(peaks)}-trainer-1gpu.json",
-            {
-                "date": self.date,
-                "gpu": peaks[0].get("gpu"),
-                "result": summary,
-                "reference_same_call": reference,
-                "ratio_to_reference": ratio,
-                "events": [x for x in lines if x.get("event") in ("start", "done", "checkpoint")],
-            },
-        )
 
     def calibration(self) -> None:
         script = REPO / "bench" / "calibration" / "measure.py"
@@ -282,17 +299,16 @@ class Bench:
             return 2
         peaks = self.peaks(max(counts))
         versions = environment_versions()
-        self.build()
+        self.build(self.model, self.args.layers)
         if "compare" in self.phases:
             for gpus in counts:
                 if self.left_s() < 60:
                     print(f"[bench] budget spent; {gpus}-GPU comparison not run", flush=True)
                     continue
-                self.compare(gpus, peaks, versions, {})
+                self.compare(gpus, peaks, versions)
         for phase, action in (
+            ("large", lambda: self.large(max(counts), peaks, versions)),
             ("layers", lambda: self.layers(peaks)),
-            ("packing", lambda: self.packing(peaks)),
-            ("trainer", lambda: self.trainer(peaks)),
             ("calibration", self.calibration),
         ):
             if phase in self.phases:

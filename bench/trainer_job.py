@@ -1,12 +1,15 @@
-"""The single-process trainer (`python -m finetune_trainer`) end to end on the 70B-shaped slice.
+"""The product's trainer (`python -m finetune_trainer`, the Job's command) on the 70B-shaped slice.
 
 The slice has weights but no tokenizer; a word-level tokenizer over its whole vocabulary
 (`t4`, `t5`, ... one word per id, `<s>`/`</s>` at the ids the model config names) is written
 next to links to the weights, with a text dataset of random words, so every sample is exactly
 `seq` tokens long. The trainer runs as a child; each progress line is time-stamped on arrival,
-which gives the step times after warm-up without touching the trainer.
+which gives the step times after warm-up without touching the trainer. The trainer itself
+decides how many processes to start on the visible GPUs (`parallelism`: auto, dataParallel,
+fsdp or deviceMap, as in a spec); `gpu_memory_gib` caps every process, as on a P40.
 
-    python -m bench.trainer_job '{"path": SLICE, "work": DIR, "seq": 2048, "steps": 6}'
+    python -m bench.trainer_job '{"path": SLICE, "work": DIR, "seq": 2048, "steps": 6, "gpus": 2,
+                                  "parallelism": "fsdp", "gpu_memory_gib": 22.4}'
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
                 "batchSize": 1,
                 "gradientAccumulation": 1,
                 "maxLength": spec["seq"],
-                "gradientCheckpointing": True,
+                "gradientCheckpointing": spec.get("ckpt", True),
+                "parallelism": spec.get("parallelism", "auto"),
                 "optimizer": "paged_adamw_8bit",
                 "learningRate": 1e-4,
                 "lrScheduler": "constant",
@@ -93,6 +97,9 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     config, tokens_per_sample = prepare(spec)
     env = dict(os.environ, FINETUNE_TERMINATION_LOG=str(Path(spec["work"]) / "termination-log"))
+    env.update({k: str(v) for k, v in spec.get("env", {}).items()})
+    if spec.get("gpu_memory_gib"):
+        env["FINETUNE_GPU_MEMORY_GIB"] = str(spec["gpu_memory_gib"])
     proc = subprocess.Popen(
         [sys.executable, "-m", "finetune_trainer", "--config", str(config)], stdout=subprocess.PIPE, text=True, env=env
     )
@@ -113,8 +120,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         timed = progress[warm:]
         seconds = timed[-1][0] - timed[0][0]
         steps = len(timed) - 1
+        # The trainer's cumulative count of non-padding tokens, all processes together.
+        tokens = timed[-1][1]["tokens"] - timed[0][1]["tokens"]
         result.update(
-            tok_s=round(tokens_per_sample * steps / seconds, 1),
+            tok_s=round(tokens / seconds, 1),
             step_s=round(seconds / steps, 3),
             timed_steps=steps,
             trainer_reported_tok_s=progress[-1][1].get("tokensPerSecond"),
@@ -124,6 +133,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     summary_path = Path(spec["work"]) / "output" / "summary.json"
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
+        guard = summary.get("precisionGuard") or {}
+        result["peak_gib"] = summary.get("peakGiBPerGpu")
+        result["half_tensors"] = sum(guard.get(k, 0) for k in ("halfParameters", "halfBuffers", "halfActivations"))
+        result["plan"] = (summary.get("memoryPlan") or {}).get("per_gpu_total_gib")
         result.update(
             {
                 k: summary.get(k)
@@ -135,6 +148,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                     "hardware",
                     "finalStep",
                     "seconds",
+                    "parallelism",
+                    "worldSize",
                 )
             }
         )

@@ -145,3 +145,72 @@ def test_suspend_removes_the_pod_and_resume_continues_from_the_checkpoint(
     resumed = summary(training_volumes, "pause")["resumedFrom"]
     assert resumed is not None and resumed["step"] >= at_suspend
     assert summary(training_volumes, "pause")["finalStep"] == TRAINING["maxSteps"]
+
+
+# --- more than one process in the pod -------------------------------------------------------
+
+# Two CPU processes (gloo) in one pod, each with one micro-batch of 2 per step.
+TWO_PROCESSES = {"gpus": 0, "cpu": "2", "memory": "4Gi", "processes": 2}
+# Equal adapters from the same math (see tests/trainer/test_parallel.py for the tolerance).
+ADAPTER_TOLERANCE = 1e-5
+
+
+def worker_pid(launcher: int, rank: int) -> int | None:
+    """The pid of the trainer process of `rank` that the pod's launcher started."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) != launcher:
+                continue
+            command = (proc / "cmdline").read_bytes().split(b"\0")
+            environment = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ProcessLookupError):
+            continue
+        if b"--worker" in command and f"RANK={rank}".encode() in environment:
+            return int(proc.name)
+    return None
+
+
+def adapter_tensors(folders: dict[str, Path], status: dict) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(host_path(folders, status["output"]["adapterPath"]) / "adapter_model.safetensors"))
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b)
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_two_process_pods_train_in_each_mode_and_a_killed_rank_retries_to_the_same_adapter(
+    cluster, namespace: str, jobs: Jobs, training_volumes: dict[str, Path], operator: OperatorProcess
+) -> None:
+    """Three 2-process jobs side by side: dataParallel, fsdp, and dataParallel with rank 1 killed."""
+    for name, mode in (("two-dp", "dataParallel"), ("two-fsdp", "fsdp"), ("two-killed", "dataParallel")):
+        training = {**TRAINING, "parallelism": mode}
+        jobs.create(name, cpu_spec(resources=TWO_PROCESSES, training=training, backoffLimit=2))
+    wait_for(lambda: checkpointed(jobs, "two-killed"), RUN_TIMEOUT, "a first checkpoint")
+    pod = running_pod(jobs, "two-killed")
+    assert pod is not None
+    launcher = trainer_pid(cluster, namespace, pod["metadata"]["name"])
+    os.kill(wait_for(lambda: worker_pid(launcher, 1), 30, "rank 1's process"), signal.SIGKILL)
+
+    final = {name: watch_until_done(jobs, name) for name in ("two-dp", "two-fsdp", "two-killed")}
+    for name, mode in (("two-dp", "dataParallel"), ("two-fsdp", "fsdp")):
+        phases, _, status = final[name]
+        assert status["phase"] == "Succeeded", status
+        assert status["progress"]["step"] == TRAINING["maxSteps"]
+        assert status["restarts"] == 0
+        done = summary(training_volumes, name)
+        assert (done["parallelism"], done["worldSize"]) == (mode, 2)
+    dp = adapter_tensors(training_volumes, final["two-dp"][2])
+    # dataParallel and fsdp differ only in where the frozen base lives: the same adapter.
+    assert max_difference(adapter_tensors(training_volumes, final["two-fsdp"][2]), dp) <= ADAPTER_TOLERANCE
+
+    phases, _, status = final["two-killed"]
+    assert "Failed" not in phases, f"a killed rank is retryable: {phases}"
+    assert status["phase"] == "Succeeded", status
+    assert status["restarts"] == 1
+    assert summary(training_volumes, "two-killed")["resumedFrom"] is not None
+    assert max_difference(adapter_tensors(training_volumes, status), dp) <= ADAPTER_TOLERANCE

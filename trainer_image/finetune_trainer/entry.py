@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -37,6 +37,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--self-check", action="store_true", help="check torch, CUDA arches and bitsandbytes, then exit"
     )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="processes to train with, overriding the plan (for CPU runs; GPUs get one process each)",
+    )
+    # Set by the launcher on the processes it starts; not for users.
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -97,37 +105,90 @@ def fail(path: Path | None, reason: ExitReason, message: str) -> int:
     return int(reason)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    configure_logging()
-    termination = _termination_path(args.termination_log)
+def _processes(config: TrainerConfig, nproc: int | None) -> int:
+    """How many processes this pod trains with: the plan's, unless `--nproc` says otherwise."""
+    if nproc is not None:
+        if nproc < 1:
+            raise TrainerFailure(ExitReason.InvalidConfig, f"--nproc: expected 1 or more, got {nproc}")
+        return nproc
+    from .planning.parallelism import cpu_launch
+
+    if config.spec.resources.gpus == 0:
+        return cpu_launch(config.spec).processes
+    from .hardware import detect
+    from .launch_plan import decide
+    from .model_loading import load_model_config
+
+    # The workers probe the attention kernel themselves; SDPA is what a probe finds on sm_50+.
+    return decide(config, detect(config.spec), load_model_config(config), "sdpa").processes
+
+
+def _outcome(termination: Path | None, run: Callable[[], object], worker: bool) -> int:
+    """Run, and turn every ending into an exit code and a reason (a worker records its own)."""
     try:
-        if args.self_check:
-            from .self_check import check_gpu_stack
-
-            print(json.dumps({"event": "selfCheck", "ok": True, **check_gpu_stack()}), flush=True)
-            return 0
-        if not args.config:
-            raise TrainerFailure(ExitReason.InvalidConfig, "--config PATH is required")
-        config = load_config(args.config)
-        from .environment import prepare_process_environment
-
-        prepare_process_environment(config)
-        from .run import train
-
-        train(config)
+        run()
         return 0
     except TrainerFailure as failure:
-        return fail(termination, failure.reason, failure.message)
+        reason, message = failure.reason, failure.message
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
         if _is_out_of_memory(exc):
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return fail(
-                termination,
+            reason, message = (
                 ExitReason.OutOfMemory,
                 f"{first}; lower spec.training.maxLength or batchSize, or add GPUs",
             )
-        log.exception("trainer error")
-        return fail(termination, ExitReason.TrainerError, f"{type(exc).__name__}: {exc}")
+        else:
+            log.exception("trainer error")
+            reason, message = ExitReason.TrainerError, f"{type(exc).__name__}: {exc}"
+    if worker:
+        from .distributed.launch import write_reason
+
+        write_reason(reason, message)
+    return fail(termination, reason, message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging()
+    termination = None if args.worker else _termination_path(args.termination_log)
+    if args.self_check:
+        return _outcome(termination, _self_check, worker=False)
+    if not args.config:
+        return fail(termination, ExitReason.InvalidConfig, "--config PATH is required")
+    state: dict[str, TrainerConfig] = {}
+
+    def setup() -> None:
+        state["config"] = load_config(args.config)
+        from .environment import prepare_process_environment
+
+        prepare_process_environment(state["config"])
+
+    code = _outcome(termination, setup, worker=args.worker)
+    if code:
+        return code
+    config = state["config"]
+    if args.worker:
+        from .distributed.topology import from_env
+        from .run import train
+
+        return _outcome(None, lambda: train(config, from_env()), worker=True)
+    processes: list[int] = []
+    code = _outcome(termination, lambda: processes.append(_processes(config, args.nproc)), worker=False)
+    if code:
+        return code
+    if processes[0] == 1:
+        from .run import train
+
+        return _outcome(termination, lambda: train(config), worker=False)
+    from .distributed.launch import launch
+
+    reason, message = launch(args.config, processes[0])
+    return 0 if reason is None else fail(termination, reason, message)
+
+
+def _self_check() -> None:
+    from .self_check import check_gpu_stack
+
+    print(json.dumps({"event": "selfCheck", "ok": True, **check_gpu_stack()}), flush=True)

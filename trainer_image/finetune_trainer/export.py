@@ -37,9 +37,11 @@ def write_atomically(final: Path, writer: Callable[[Path], None]) -> Path:
     return final
 
 
-def save_adapter(model: Any, tokenizer: Any, output: Path) -> Path:
+def save_adapter(adapter: Any, tokenizer: Any, output: Path) -> Path:
+    """PEFT's layout (adapter_config.json + adapter_model.safetensors) plus the tokenizer."""
+
     def write(folder: Path) -> None:
-        model.save_pretrained(str(folder))
+        adapter.save(folder)
         tokenizer.save_pretrained(str(folder))
 
     return write_atomically(output / ADAPTER_DIR, write)

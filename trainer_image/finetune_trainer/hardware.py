@@ -32,7 +32,8 @@ class Gpu:
     index: int
     name: str
     capability: tuple[int, int]
-    total_bytes: int
+    total_bytes: int  # what this process may use: the card's memory, or the cap when set
+    physical_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,32 @@ class Hardware:
         return ", ".join(f"cuda:{g.index} {g.name} (sm_{g.capability[0]}{g.capability[1]})" for g in self.gpus)
 
 
+# Cap each process's GPU memory (GiB), e.g. 22.4 to behave like a P40 on a larger card.
+MEMORY_CAP_ENV = "FINETUNE_GPU_MEMORY_GIB"
+
+
+def memory_cap_bytes() -> int | None:
+    value = os.environ.get(MEMORY_CAP_ENV, "").strip()
+    try:
+        return int(float(value) * 2**30) if value else None
+    except ValueError:
+        raise TrainerFailure(
+            ExitReason.InvalidConfig, f"{MEMORY_CAP_ENV}: expected GiB as a number, got {value!r}"
+        ) from None
+
+
+def apply_memory_cap(hardware: "Hardware", device_index: int | None) -> None:
+    """Hold this process to the cap on its GPU(s): the allocator refuses beyond it, as a P40 would."""
+    cap = memory_cap_bytes()
+    if cap is None:
+        return
+    for gpu in hardware.gpus:
+        if device_index is None or gpu.index == device_index:
+            torch.cuda.set_per_process_memory_fraction(
+                min(1.0, cap / (gpu.physical_bytes or gpu.total_bytes)), gpu.index
+            )
+
+
 def detect(spec: FineTuneJobSpec) -> Hardware:
     if spec.resources.gpus == 0:
         return Hardware(gpus=())
@@ -63,9 +90,11 @@ def detect(spec: FineTuneJobSpec) -> Hardware:
             "(driver missing or device plugin gave none); use gpus: 0 to train on the CPU",
         )
     gpus = []
+    cap = memory_cap_bytes()
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
-        gpus.append(Gpu(index, props.name, (props.major, props.minor), props.total_memory))
+        usable = min(props.total_memory, cap) if cap else props.total_memory
+        gpus.append(Gpu(index, props.name, (props.major, props.minor), usable, props.total_memory))
     return Hardware(gpus=tuple(gpus))
 
 
@@ -158,7 +187,8 @@ def cpu_threads(cpu: str | None, available: int | None = None) -> int:
     return max(1, min(cores, int(value)))
 
 
-def configure_cpu_threads(spec: FineTuneJobSpec) -> int:
-    threads = cpu_threads(spec.resources.cpu)
+def configure_cpu_threads(spec: FineTuneJobSpec, processes: int = 1) -> int:
+    """The pod's CPU limit shared by its processes (the launcher would leave each one thread)."""
+    threads = max(1, cpu_threads(spec.resources.cpu) // max(1, processes))
     torch.set_num_threads(threads)
     return threads

@@ -1,8 +1,13 @@
 """Load the base model the Pascal-safe way and wrap it with LoRA.
 
 NF4 (or FP4) weights with double quantisation and a float32 compute dtype, `dtype=float32`
-(transformers 5 would otherwise pick the checkpoint's bf16), sharded over the visible GPUs by
-`device_map` with a per-GPU budget, norms and LM head cast to float32, then PEFT LoRA.
+(transformers 5 would otherwise pick the checkpoint's bf16), norms and LM head cast to float32,
+then PEFT LoRA with an initialisation seeded alike on every rank. Where the weights go depends
+on the parallelism:
+- dataParallel: a whole copy on this rank's device;
+- fsdp: loaded on the host with float32 quant storage (FSDP flattens one float dtype per
+  unit), then sharded to the GPUs unit by unit by `distributed.fsdp`: no GPU holds the model;
+- deviceMap: one process, layers spread over the visible GPUs with the planner's placement.
 """
 
 import logging
@@ -68,11 +73,11 @@ def load_tokenizer(config: TrainerConfig) -> Any:
     return tokenizer
 
 
-def _device_map(hardware: Hardware, plan: MemoryPlan) -> Any:
-    if not hardware.on_gpu:
+def _device_map(hardware: Hardware, plan: MemoryPlan, parallelism: str, device: torch.device) -> Any:
+    if not hardware.on_gpu or parallelism == "fsdp":
         return {"": "cpu"}
-    if len(hardware.gpus) == 1:
-        return {"": hardware.gpus[0].index}
+    if parallelism == "dataParallel" or len(hardware.gpus) == 1:
+        return {"": device.index if device.type == "cuda" else hardware.gpus[0].index}
     # Naive model parallelism inside one process: layers spread over the GPUs, one busy at a time;
     # the planner's placement when it made one, else accelerate's within the per-GPU budget.
     return plan.device_map or "auto"
@@ -97,6 +102,10 @@ def load_model(
     precision: ResolvedPrecision,
     attention: Attention,
     plan: MemoryPlan,
+    *,
+    parallelism: str = "dataParallel",
+    device: torch.device | None = None,
+    seed: int = 0,
 ) -> nn.Module:
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -106,7 +115,7 @@ def load_model(
     quantized = spec.quantization.type != "none"
     kwargs: dict[str, Any] = {
         "dtype": dtype,
-        "device_map": _device_map(hardware, plan),
+        "device_map": _device_map(hardware, plan, parallelism, device or torch.device("cpu")),
         "attn_implementation": attention,
         "low_cpu_mem_usage": True,
         **_hub_kwargs(config),
@@ -119,6 +128,8 @@ def load_model(
             bnb_4bit_quant_type=spec.quantization.type,
             bnb_4bit_use_double_quant=spec.quantization.double_quant,
             bnb_4bit_compute_dtype=dtype,
+            # FSDP flattens one float dtype per unit: pack the 4-bit weights into float32.
+            bnb_4bit_quant_storage=torch.float32 if parallelism == "fsdp" else torch.uint8,
         )
     try:
         model = AutoModelForCausalLM.from_pretrained(_model_location(config), **kwargs)
@@ -130,9 +141,12 @@ def load_model(
                 f"the model does not fit on {hardware.describe()} within the memory plan: {text.splitlines()[0]}",
             ) from None
         raise
+    asked = kwargs["device_map"]
     placed = set(map(str, (getattr(model, "hf_device_map", None) or {}).values()))
+    if not placed and isinstance(asked, dict):
+        placed = set(map(str, asked.values()))
     off_gpu = sorted(placed & {"cpu", "disk"})
-    if hardware.on_gpu and off_gpu:
+    if hardware.on_gpu and off_gpu and parallelism != "fsdp":
         raise TrainerFailure(
             ExitReason.WontFit, f"the model does not fit on {hardware.describe()}: device_map put layers on {off_gpu}"
         )
@@ -148,6 +162,8 @@ def load_model(
     elif checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
         model.enable_input_require_grads()  # type: ignore[no-untyped-call]
+    # Activation checkpointing recomputes layers; a KV cache has no use in training.
+    model.config.use_cache = False
     lora = LoraConfig(
         r=spec.lora.r,
         lora_alpha=spec.lora.alpha,
@@ -156,6 +172,9 @@ def load_model(
         bias="none",
         task_type="CAUSAL_LM",
     )
+    # LoRA's A matrices are drawn from the CPU generator: the same seed gives every rank the
+    # same adapter, whatever each rank's loading did to the generator.
+    torch.manual_seed(seed)
     try:
         adapted: nn.Module = get_peft_model(model, lora)
     except ValueError as exc:

@@ -9,9 +9,8 @@ import logging
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any
-
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from .status_patch import StatusReporter
 
@@ -45,66 +44,72 @@ class LossSpikes:
         self.average = loss if self.average is None else EMA_WEIGHT * self.average + (1 - EMA_WEIGHT) * loss
 
 
-class ProgressCallback(TrainerCallback):
-    def __init__(self, reporter: StatusReporter | None) -> None:
+class Progress:
+    """Rank 0's account of the run: JSON lines, TensorBoard scalars and status patches."""
+
+    def __init__(self, reporter: StatusReporter | None, tensorboard: Path | None, total_steps: int) -> None:
         self.reporter = reporter
+        self.total_steps = total_steps
         self.spikes = LossSpikes()
         self.started: float | None = None
         self.start_step = 0
-        self.start_tokens = 0
+        self.tokens = 0
         self.last: dict[str, Any] = {}
         self.first_loss: float | None = None
         self.eval_loss: float | None = None
         self.eval_step: int | None = None
+        self._writer: Any = None
+        if tensorboard is not None:
+            from torch.utils.tensorboard import SummaryWriter
 
-    def on_step_begin(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
-        if self.started is None:
-            self.started = time.monotonic()
-            self.start_step = state.global_step
-            self.start_tokens = int(state.num_input_tokens_seen or 0)
+            self._writer = SummaryWriter(log_dir=str(tensorboard))  # type: ignore[no-untyped-call]
 
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        logs = logs or {}
-        if "eval_loss" in logs:
-            self.eval_loss = float(logs["eval_loss"])
-            self.eval_step = state.global_step
-            emit("eval", step=state.global_step, evalLoss=self.eval_loss)
-            return
-        if "loss" not in logs:
-            return
-        step = state.global_step
-        elapsed = time.monotonic() - (self.started or time.monotonic())
-        done = step - self.start_step
-        tokens = int(state.num_input_tokens_seen or 0) - self.start_tokens
-        loss = float(logs["loss"])
-        progress: dict[str, Any] = {
-            "step": step,
-            "totalSteps": state.max_steps,
-            "epoch": round(float(state.epoch or 0.0), 4),
-            "loss": loss,
-            "lr": float(logs.get("learning_rate", 0.0)),
-            "tokensPerSecond": round(tokens / elapsed, 1) if elapsed > 0 else None,
-            "etaSeconds": round((state.max_steps - step) * elapsed / done, 1) if done > 0 else None,
-            # seconds since this process's first step: lets a benchmark drop warm-up steps
-            "elapsedSeconds": round(elapsed, 3),
-            "tokens": tokens,
-        }
+    def begin(self, step: int) -> None:
+        """Called before the first step this process runs (after a resume, too)."""
+        self.started = time.monotonic()
+        self.start_step = step
+
+    def step(self, step: int, *, loss: float, lr: float, tokens: int, epoch: float, report: bool) -> None:
+        self.tokens += tokens
         if self.first_loss is None:
             self.first_loss = loss
+        if self._writer is not None:
+            self._writer.add_scalar("train/loss", loss, step)
+            self._writer.add_scalar("train/learning_rate", lr, step)
+        if not report:
+            return
+        elapsed = time.monotonic() - (self.started or time.monotonic())
+        done = step - self.start_step
+        progress: dict[str, Any] = {
+            "step": step,
+            "totalSteps": self.total_steps,
+            "epoch": round(epoch, 4),
+            "loss": loss,
+            "lr": lr,
+            "tokensPerSecond": round(self.tokens / elapsed, 1) if elapsed > 0 else None,
+            "etaSeconds": round((self.total_steps - step) * elapsed / done, 1) if done > 0 else None,
+            # seconds since this process's first step: lets a benchmark drop warm-up steps
+            "elapsedSeconds": round(elapsed, 3),
+            "tokens": self.tokens,
+        }
         self.last = progress
         emit("progress", **progress)
         self.spikes.observe(step, loss)
+        if self._writer is not None:
+            self._writer.add_scalar("train/tokens_per_second", progress["tokensPerSecond"] or 0.0, step)
         if self.reporter is not None:
             self.reporter.progress(self.status_progress())
+
+    def evaluated(self, step: int, loss: float) -> None:
+        self.eval_loss = loss
+        self.eval_step = step
+        emit("eval", step=step, evalLoss=loss)
+        if self._writer is not None:
+            self._writer.add_scalar("eval/loss", loss, step)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
 
     def status_progress(self) -> dict[str, Any]:
         """The last progress line in the shape of `FineTuneJobStatus.progress`."""

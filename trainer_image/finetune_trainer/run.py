@@ -1,12 +1,12 @@
-"""One training run, start to finish: checks, load, guard, train with resume, export.
+"""One training run in one process of the job, start to finish: checks, load, guard, train, export.
 
 The order is the point: everything that can fail cheaply (config, hardware, data, memory plan)
 fails before a single weight is loaded, and nothing is trained before the precision guard has
-passed.
+passed. Every rank runs the checks; rank 0 alone writes checkpoints, progress, status,
+TensorBoard, the adapter and the summary.
 """
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,9 +18,15 @@ from finetune_api.trainer_config import TrainerConfig
 
 from . import test_hooks
 from .checkpoints import Checkpoint, CheckpointStore
+from .data.batches import Row, Schedule, make_rows
 from .data.loading import check_dataset, split
+from .distributed import fsdp, topology
+from .distributed.gradsync import all_equal, sum_figures
+from .distributed.topology import Topology
 from .export import save_adapter, save_merged, write_summary
 from .hardware import (
+    Hardware,
+    apply_memory_cap,
     choose_attention,
     configure_cpu_threads,
     detect,
@@ -28,13 +34,20 @@ from .hardware import (
     disable_triton_kernels,
     resolve_precision,
 )
+from .launch_plan import check_world, decide, loss_chunk_tokens
+from .loop import Loop
+from .loss_head import install as install_loss_head
 from .model_loading import DTYPES, load_model, load_model_config, load_tokenizer
-from .precision_guard import fail_if_half, recast_to_fp32, scan_tensors
-from .preflight import plan_memory
-from .progress import ProgressCallback, emit
+from .optim import make_optimizer, make_scheduler
+from .precision_guard import GuardReport, fail_if_half, recast_to_fp32, scan_tensors
+from .preflight import MemoryPlan, memory_plan
+from .progress import Progress, emit
 from .self_check import check_gpu_stack
 from .status_patch import StatusReporter
-from .trainer_build import build_trainer, checkpoint_ref, training_arguments
+from .train_state import Adapter
+from .train_state import Progress as SavedProgress
+from .train_state import load as load_state
+from .train_state import save as save_state
 
 log = logging.getLogger(__name__)
 
@@ -59,102 +72,222 @@ def _plant_half(model: nn.Module, kind: str) -> None:
         target.register_forward_hook(lambda _m, _i, out: out.to(torch.bfloat16))
 
 
-def train(config: TrainerConfig) -> dict[str, Any]:
+def checkpoint_ref(checkpoint: Checkpoint) -> dict[str, Any]:
+    return {"step": checkpoint.step, "path": str(checkpoint.path), "time": checkpoint.time}
+
+
+def _peaks(hardware: Hardware, ranks: Topology, device: torch.device, parallelism: str) -> list[float]:
+    """Peak GiB allocated on every GPU of the pod, gathered to every rank."""
+    if not hardware.on_gpu:
+        return []
+    if parallelism == "deviceMap":
+        return [round(torch.cuda.max_memory_allocated(g.index) / 2**30, 2) for g in hardware.gpus]
+    mine = [0.0] * ranks.world_size
+    mine[ranks.rank] = torch.cuda.max_memory_allocated(device) / 2**30
+    return [round(v, 2) for v in sum_figures(mine, ranks.world_size, device)]
+
+
+def _guard(model: nn.Module, precision: str) -> GuardReport | None:
+    if precision != "fp32":
+        return None
+    report = GuardReport()
+    report.recast = recast_to_fp32(model)
+    planted = test_hooks.plant_half()
+    if planted:
+        _plant_half(model, planted)
+    scan_tensors(model, report)
+    fail_if_half(report)
+    return report
+
+
+def train(config: TrainerConfig, ranks: Topology = topology.SINGLE) -> dict[str, Any] | None:
+    """Train this process's part; returns the summary on rank 0, None on the others."""
     started = time.time()
     spec = config.spec
+    main = ranks.is_main
     output = Path(config.paths.output)
-    output.mkdir(parents=True, exist_ok=True)
+    if main:
+        output.mkdir(parents=True, exist_ok=True)
 
     hardware = detect(spec)
-    threads = configure_cpu_threads(spec)
-    facts = check_gpu_stack() if hardware.on_gpu else {}
+    threads = configure_cpu_threads(spec, ranks.local_world_size)
+    facts = check_gpu_stack() if hardware.on_gpu and main else {}
     compiler_off = disable_compiler_if_unsupported(hardware)
     triton_off = disable_triton_kernels() if compiler_off else False
     precision = resolve_precision(spec.precision, hardware)
+    model_config = load_model_config(config)
+    tokenizer = load_tokenizer(config)
+    data = check_dataset(config, tokenizer, model_config)
+    attention = choose_attention(hardware, _head_dim(model_config), DTYPES[precision])
+    launch = decide(config, hardware, model_config, attention)
+    check_world(launch, ranks.world_size)
+    plan: MemoryPlan = memory_plan(launch, hardware)
+    on_gpu = hardware.on_gpu
+    device = ranks.device(on_gpu)
+    if on_gpu:
+        apply_memory_cap(hardware, None if launch.parallelism == "deviceMap" else device.index)
     log.info(
-        "hardware: %s, %d CPU threads; precision %s; torch.compile %s; Triton kernels %s",
+        "rank %d of %d: %s on %s, %d CPU threads; precision %s; torch.compile %s; Triton kernels %s",
+        ranks.rank,
+        ranks.world_size,
+        launch.parallelism,
         hardware.describe(),
         threads,
         precision,
         "off" if compiler_off else "allowed",
         "off" if triton_off else "allowed",
     )
+    topology.start(ranks, on_gpu)
+    # FSDP over one process shards nothing (it would run NO_SHARD): one process trains as the
+    # world-size-1 case of dataParallel, whatever the mode is called.
+    sharded = launch.parallelism == "fsdp" and ranks.world_size > 1
+    loading = launch.parallelism if launch.parallelism != "fsdp" or sharded else "dataParallel"
 
-    model_config = load_model_config(config)
-    tokenizer = load_tokenizer(config)
-    data = check_dataset(config, tokenizer, model_config)
-    attention = choose_attention(hardware, _head_dim(model_config), DTYPES[precision])
-    plan = plan_memory(config, hardware, model_config, attention)
+    training = spec.training
+    model = load_model(
+        config, hardware, precision, attention, plan, parallelism=loading, device=device, seed=training.seed
+    )
+    adapter = Adapter.of(model)
+    head = install_loss_head(model, loss_chunk_tokens(launch))
+    train_samples, eval_samples = split(data.samples, spec.dataset.eval_fraction, training.seed)
+    rows: list[Row] = make_rows(train_samples, tokenizer, training.max_length, training.packing)
+    eval_rows = make_rows(eval_samples, tokenizer, training.max_length, training.packing) if eval_samples else None
+    schedule = Schedule.make(
+        rows=len(rows),
+        batch_size=training.batch_size,
+        accumulation=training.gradient_accumulation,
+        world=ranks.world_size,
+        seed=training.seed,
+        max_steps=training.max_steps,
+        epochs=training.epochs,
+    )
+    guard = _guard(model, precision)
+    trained: nn.Module = model
+    if sharded:
+        trained = fsdp.shard(model, adapter.params, ranks, on_gpu)
+    trained.train()  # gradient checkpointing only acts in training mode
 
-    from transformers import set_seed
-
-    set_seed(spec.training.seed)
-    model = load_model(config, hardware, precision, attention, plan)
-    train_set, eval_set = split(data.samples, spec.dataset.eval_fraction, spec.training.seed)
-
+    optimizer = make_optimizer(training, adapter.params)
+    scheduler = make_scheduler(training, optimizer, schedule.total_steps)
     store = CheckpointStore(output / "checkpoints", spec.checkpoints.keep)
-    for removed in store.clean_incomplete():
-        log.warning("removed incomplete checkpoint %s", removed)
-        emit("checkpointDiscarded", name=removed)
+    if main:
+        for removed in store.clean_incomplete():
+            log.warning("removed incomplete checkpoint %s", removed)
+            emit("checkpointDiscarded", name=removed)
+    topology.barrier(ranks)
     resume = store.latest()
+    step, tokens_before = 0, 0
     if resume is not None:
-        log.info("resuming from checkpoint %d (%s)", resume.step, resume.path)
+        step, tokens_before, saved = load_state(resume.path, adapter, optimizer, scheduler)
+        log.info(
+            "resuming from checkpoint %d (%s), written by %s process(es) in %s",
+            resume.step,
+            resume.path,
+            saved.get("worldSize"),
+            saved.get("parallelism"),
+        )
 
-    reporter = StatusReporter.from_environment(config.job_name, config.namespace)
-    progress = ProgressCallback(reporter)
-    os.environ["TENSORBOARD_LOGGING_DIR"] = str(output / "tensorboard")
-    arguments = training_arguments(config, hardware, precision, store.root, eval_set is not None)
-    trainer = build_trainer(
-        model=model,
-        tokenizer=tokenizer,
-        train_dataset=train_set,
-        eval_dataset=eval_set,
-        arguments=arguments,
-        store=store,
-        callbacks=[progress],
+    reporter = StatusReporter.from_environment(config.job_name, config.namespace) if main else None
+    progress = Progress(reporter, output / "tensorboard" if main else None, schedule.total_steps)
+    loop = Loop(
+        model=trained,
+        head=head,
+        adapter=adapter,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        schedule=schedule,
+        rows=rows,
+        eval_rows=eval_rows,
+        topology=ranks,
+        device=device if launch.parallelism != "deviceMap" else torch.device("cpu"),
+        pad_id=int(tokenizer.pad_token_id),
+        packed=training.packing,
+        seed=training.seed,
+        max_grad_norm=training.max_grad_norm,
+        eval_batch_size=training.batch_size,
+        sharded=sharded,
+        guard=guard,
     )
 
-    def on_checkpoint(checkpoint: Checkpoint) -> None:
-        emit("checkpoint", **checkpoint_ref(checkpoint))
-        if reporter is not None:
-            reporter.progress(progress.status_progress())
-            reporter.checkpoint(checkpoint.step, str(checkpoint.path), checkpoint.time)
+    def kept() -> str:
+        last = store.latest()
+        return f"last good checkpoint: step {last.step} ({last.path})" if last else "no checkpoint written yet"
 
-    trainer.on_checkpoint = on_checkpoint
-
-    report = trainer.guard_report
-    if precision == "fp32":
-        # The trainer's model, not ours: the SFTTrainer constructor is what casts behind our back.
-        built = trainer.model
-        assert built is not None
-        report.recast = recast_to_fp32(built)
-        planted = test_hooks.plant_half()
-        if planted:
-            _plant_half(built, planted)
-        scan_tensors(built, report)
-        fail_if_half(report)
-        trainer.guard_first_step = True
-
-    emit(
-        "start",
-        job=config.job_name,
-        hardware=hardware.describe(),
-        precision=precision,
-        attention=attention,
-        memoryPlan=plan.source,
-        resumeFrom=checkpoint_ref(resume) if resume else None,
-        samples=len(train_set),
-        evalSamples=len(eval_set) if eval_set is not None else 0,
-    )
+    loop.last_checkpoint = kept
+    if main:
+        emit(
+            "start",
+            job=config.job_name,
+            hardware=hardware.describe(),
+            precision=precision,
+            attention=attention,
+            parallelism=launch.parallelism,
+            worldSize=ranks.world_size,
+            memoryPlan=plan.source,
+            resumeFrom=checkpoint_ref(resume) if resume else None,
+            samples=len(train_samples),
+            rows=len(rows),
+            evalSamples=len(eval_samples) if eval_samples else 0,
+        )
+    every = spec.checkpoints.every_steps
+    total = schedule.total_steps
+    tokens = tokens_before
+    progress.begin(step)
     try:
-        result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
-        adapter = save_adapter(trainer.model, tokenizer, output)
-        eval_loss = None
-        if eval_set is not None:
-            if progress.eval_step != trainer.state.global_step:
-                trainer.evaluate()  # the progress callback records and prints it
-            eval_loss = progress.eval_loss
-        merged = save_merged(config, adapter, tokenizer, output) if spec.output.merge else None
+        while step < total:
+            figures = loop.step(step)
+            step += 1
+            tokens += figures.tokens
+            if main:
+                report = step % training.logging_steps == 0 or step in {1, total}
+                progress.step(
+                    step,
+                    loss=figures.loss,
+                    lr=figures.lr,
+                    tokens=figures.tokens,
+                    epoch=schedule.epoch_of(step),
+                    report=report,
+                )
+            test_hooks.die_after_step(step)
+            delay = test_hooks.step_delay()
+            if delay:
+                time.sleep(delay)
+            if step % every == 0 or step == total:
+                eval_loss = loop.evaluate()
+                if main and eval_loss is not None:
+                    progress.evaluated(step, eval_loss)
+                if main:
+                    _checkpoint(
+                        store,
+                        step,
+                        adapter=adapter,
+                        optimizer=optimizer,
+                        scheduler=scheduler,
+                        tokens=tokens,
+                        ranks=ranks,
+                        parallelism=launch.parallelism,
+                        progress=progress,
+                        reporter=reporter,
+                    )
+                topology.barrier(ranks)
+        if eval_rows and progress.eval_step != step:
+            eval_loss = loop.evaluate()
+            if main and eval_loss is not None:
+                progress.evaluated(step, eval_loss)
+        in_step = all_equal(adapter.params)
+        peaks = _peaks(hardware, ranks, device, launch.parallelism)
+        topology.barrier(ranks)
+    finally:
+        progress.close()
+    if not in_step:
+        log.error("the adapter differs between ranks after training")
+    topology.stop()
+    if not main:
+        return None
+
+    try:
+        adapter_path = save_adapter(adapter, tokenizer, output)
+        merged = save_merged(config, adapter_path, tokenizer, output) if spec.output.merge else None
         if reporter is not None:
             reporter.progress(progress.status_progress())
     finally:
@@ -164,29 +297,57 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     latest = store.latest()
     summary = {
         "job": config.job_name,
-        "finalStep": trainer.state.global_step,
-        "totalSteps": trainer.state.max_steps,
+        "finalStep": step,
+        "totalSteps": total,
         "firstLoss": progress.first_loss,
         "finalLoss": progress.last.get("loss"),
-        "trainLoss": result.training_loss,
-        "evalLoss": eval_loss,
+        "evalLoss": progress.eval_loss,
         "tokensPerSecond": progress.last.get("tokensPerSecond"),
-        "adapterPath": str(adapter),
+        "tokens": tokens,
+        "adapterPath": str(adapter_path),
         "mergedPath": str(merged) if merged else None,
         "resumedFrom": checkpoint_ref(resume) if resume else None,
         "lastCheckpoint": checkpoint_ref(latest) if latest else None,
+        "parallelism": launch.parallelism,
+        "worldSize": ranks.world_size,
+        "ranksInStep": in_step,
         "precision": precision,
         "attention": attention,
         "hardware": hardware.describe(),
         "gpuStack": facts,
         "memoryPlan": {"source": plan.source, **plan.summary},
-        "precisionGuard": report.summary() if precision == "fp32" else None,
+        "precisionGuard": guard.summary() if guard is not None else None,
         "data": data.summary(),
         "lossSpikes": progress.spikes.spikes,
         "statusPatches": {"sent": reporter.sent, "failed": reporter.failed} if reporter else None,
-        "peakGiBPerGpu": [round(torch.cuda.max_memory_allocated(g.index) / 2**30, 2) for g in hardware.gpus],
+        "peakGiBPerGpu": peaks,
         "seconds": round(time.time() - started, 1),
     }
     write_summary(output, summary)
     emit("done", **{k: summary[k] for k in ("finalStep", "finalLoss", "evalLoss", "adapterPath", "precisionGuard")})
     return summary
+
+
+def _checkpoint(
+    store: CheckpointStore,
+    step: int,
+    *,
+    adapter: Adapter,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    tokens: int,
+    ranks: Topology,
+    parallelism: str,
+    progress: Progress,
+    reporter: StatusReporter | None,
+) -> None:
+    """Rank 0 writes the checkpoint atomically (staging, fsync, marker, rename)."""
+    staging = store.begin(step) / f"checkpoint-{step}"
+    save_state(staging, adapter, optimizer, scheduler, SavedProgress(step, tokens, ranks.world_size, parallelism))
+    test_hooks.die_in_save(step)
+    checkpoint = store.commit(step)
+    log.info("checkpoint %d complete: %s", step, checkpoint.path)
+    emit("checkpoint", **checkpoint_ref(checkpoint))
+    if reporter is not None:
+        reporter.progress(progress.status_progress())
+        reporter.checkpoint(checkpoint.step, str(checkpoint.path), checkpoint.time)

@@ -9,7 +9,8 @@ import os
 import signal
 
 KILL_IN_SAVE = "FINETUNE_TEST_KILL_IN_SAVE"  # step whose checkpoint write is cut short by SIGKILL
-NONFINITE_AT = "FINETUNE_TEST_NONFINITE_AT"  # optimizer step whose loss becomes NaN
+NONFINITE_AT = "FINETUNE_TEST_NONFINITE_AT"  # "STEP" or "STEP@RANK": optimizer step whose loss becomes NaN
+KILL_RANK_AT = "FINETUNE_TEST_KILL_RANK_AT"  # "RANK@STEP": that rank SIGKILLs itself after that step
 PLANT_HALF = "FINETUNE_TEST_PLANT_HALF"  # "parameter", "buffer" or "activation": plant a bf16 tensor
 STEP_DELAY = "FINETUNE_TEST_STEP_DELAY"  # seconds to sleep per step, to widen kill windows
 
@@ -25,8 +26,21 @@ def die_in_save(step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
 def nonfinite_at(step: int) -> bool:
-    return _int(NONFINITE_AT) == step
+    value = os.environ.get(NONFINITE_AT, "")
+    at, _, rank = value.partition("@")
+    return at.isdigit() and int(at) == step and (not rank or int(rank) == _rank())
+
+
+def die_after_step(step: int) -> None:
+    """SIGKILL this process after `step` when it is the rank KILL_RANK_AT names (one rank of N)."""
+    rank, _, at = os.environ.get(KILL_RANK_AT, "").partition("@")
+    if rank.isdigit() and at.isdigit() and int(rank) == _rank() and int(at) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def plant_half() -> str | None:

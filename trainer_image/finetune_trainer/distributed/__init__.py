@@ -1,8 +1,12 @@
-"""Data-parallel QLoRA: one process per GPU, every GPU computing at once.
+"""One process per GPU (or per CPU slot), the same trainer in each: the pod's parallel modes.
 
-The single-process trainer shards a model over the pod's GPUs with `device_map`, which runs the
-layers one GPU after another: N GPUs give the speed of one. When the quantised model fits one
-GPU, this mode instead keeps a full NF4 copy on every GPU, gives each its own micro-batches and
-averages only the LoRA gradients (a few MB), so N GPUs do N micro-batches at once.
-Launched with torchrun (`launch.py`); each rank runs `worker.py`.
+- `launch.py`: the pod's command when it needs more than one process: PyTorch's own launcher
+  (torch.distributed.run's elastic agent) starts the workers and the failing rank's exit
+  reason becomes the pod's.
+- `topology.py`: rank, world size and device of this process; the process group.
+- `gradsync.py`: the LoRA gradients summed over ranks in one collective.
+- `fsdp.py`: the frozen NF4 base sharded with FSDP1, LoRA kept whole on every rank.
+
+dataParallel and fsdp differ only in where the frozen base lives (a whole copy per GPU, or a
+shard per GPU gathered layer by layer); the adapter, its optimizer and the step are the same.
 """

@@ -243,10 +243,11 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
 
     - one unit per decoder layer: its NF4 linears, stored as float32 (`bnb_4bit_quant_storage`;
       the packed bytes are those of uint8 storage) and its two norms, all frozen;
-    - the LoRA adapters in units of their own, so that no unit mixes frozen and trainable
-      parameters: FSDP allocates a gradient for a whole flat parameter, so a layer unit holding
-      its adapters would keep a sharded gradient as large as its NF4 shard (8 GiB a GPU for 70B
-      on four);
+    - the LoRA adapters outside FSDP altogether (`ignored_states`), so that no unit mixes frozen
+      and trainable parameters: FSDP allocates a gradient for a whole flat parameter, so a layer
+      unit holding its adapters would keep a sharded gradient as large as its NF4 shard (8 GiB a
+      GPU for 70B on four). Each rank keeps the adapter whole and sums its gradients in one
+      collective, exactly as dataParallel does (`distributed/fsdp.py`);
     - `embed_tokens` and `lm_head` in units of their own, gathered only while they run. FSDP1
       never reshards the root unit after its forward (it expects the backward to need it at
       once), so whatever stays in the root is held whole from the first forward to the end of
@@ -261,7 +262,8 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
     - embeddings_head: 1/N of the embedding and head (own units), or the whole matrices plus
       their 1/N shard (root unit, or tied);
     - norms: 1/N of every norm (the final norm sits in the root, whole: 32 KiB);
-    - lora_optimizer: 1/N of the adapters, their gradients and the optimizer state;
+    - lora_optimizer: the whole adapter, its gradients, the optimizer state and the flat buffer
+      of the gradient sum (about 0.4 GiB for 70B at r=8 on q/k/v/o);
     - activations: what one data-parallel rank keeps, since every rank runs whole sequences;
     - temporaries (a layer's backward): the single-GPU layer pass plus two layers gathered whole
       (the running one and the one prefetched for the next backward step);
@@ -277,13 +279,14 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
     whole_in_root = embeddings_in_root or shape.tied_embeddings
     embeddings_head = (embedding + head) * (1 + 1 / n) if whole_in_root else (embedding + head) / n
     final_hidden = recipe.tokens * shape.hidden * recipe.compute_bytes
+    lora_grads = layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets) * mem.FP32
     gpu = GpuMemory(
         index=0,
         layers=layers,
         quantised_weights=layers * (packed / n + constants),
         embeddings_head=embeddings_head,
         norms=layers * mem.norm_bytes_per_layer(shape) / n + shape.hidden * mem.FP32,
-        lora_optimizer=layers * mem.lora_state_bytes_per_layer(shape, recipe) / n,
+        lora_optimizer=layers * mem.lora_state_bytes_per_layer(shape, recipe) + lora_grads,
         activations=layers * mem.layer_activation_bytes(shape, recipe) + final_hidden,
         temporaries=mem.layer_pass_temporaries(shape, recipe) + 2 * (packed + mem.norm_bytes_per_layer(shape)),
         logits=mem.logits_bytes(shape, recipe) + (0.0 if whole_in_root else head),

@@ -1,0 +1,158 @@
+"""The pod's trainer with more than one process (gloo on the CPU): the same math as one process,
+checkpoints that resume after a rank is killed and on another process count, and the failing
+rank's reason as the pod's.
+
+Tolerance, stated once: ADAPTER_TOLERANCE is the largest absolute difference allowed between
+two adapters that must be equal. 2 processes x gradient accumulation k and 1 process x 2k run
+the same micro-batches with the same dropout seeds; only the order of the gradient sums
+differs (a two-way all-reduce against a local accumulation), so they agree to float32 rounding.
+Measured on this recipe: 0.0 (the sums happen to round alike), so 1e-5 leaves room for other
+CPUs without hiding a wrong sample or a missing micro-batch (those move weights by 1e-3 or more).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from finetune_api.reasons import ExitReason
+
+from .conftest import JobDir, Run, make_job_dir
+
+pytestmark = pytest.mark.trainer
+
+ADAPTER_TOLERANCE = 1e-5
+STEPS = 12
+# Two processes each run one micro-batch of 2 samples per step; one process runs both.
+TWO = {
+    "training": {"maxSteps": STEPS, "batchSize": 2, "gradientAccumulation": 1, "parallelism": "dataParallel"},
+    "checkpoints": {"everySteps": 4, "keep": 2},
+    "resources": {"gpus": 0, "cpu": "2", "processes": 2},
+}
+ONE = {
+    "training": {"maxSteps": STEPS, "batchSize": 2, "gradientAccumulation": 2, "parallelism": "dataParallel"},
+    "checkpoints": {"everySteps": 4, "keep": 2},
+    "resources": {"gpus": 0, "cpu": "2", "processes": 1},
+}
+
+
+def with_changes(base: dict, **sections: dict) -> dict:
+    out = {key: dict(value) for key, value in base.items()}
+    for key, value in sections.items():
+        out[key] = {**out.get(key, {}), **value}
+    return out
+
+
+def adapter(job: JobDir) -> dict:
+    return load_file(str(job.output / "adapter" / "adapter_model.safetensors"))
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b), "the adapters hold different tensors"
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def summary(job: JobDir) -> dict:
+    return json.loads((job.output / "summary.json").read_text())
+
+
+def run_job(root: Path, tiny_assets: Path, spec: dict, env: dict[str, str] | None = None) -> tuple[JobDir, Run]:
+    job = make_job_dir(root, tiny_assets)
+    job.spec_changes = spec
+    return job, job.run(env=env)
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> tuple[JobDir, Run]:
+    """The uninterrupted 2-process dataParallel run every other run here is compared with."""
+    return run_job(tmp_path_factory.mktemp("two"), tiny_assets, TWO)
+
+
+def test_two_processes_train_the_adapter_of_one_with_twice_the_accumulation(
+    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+) -> None:
+    two, run = two_process_run
+    assert run.code == 0, run.stderr[-3000:]
+    assert summary(two)["parallelism"] == "dataParallel"
+    assert summary(two)["worldSize"] == 2
+    assert summary(two)["ranksInStep"] is True
+    assert len(run.of("start")) == 1, "only rank 0 reports"
+    assert len(run.of("progress")) == STEPS
+    one, single = run_job(tmp_path, tiny_assets, ONE)
+    assert single.code == 0, single.stderr[-3000:]
+    assert summary(one)["worldSize"] == 1
+    assert max_difference(adapter(two), adapter(one)) <= ADAPTER_TOLERANCE
+    assert single.losses == pytest.approx(run.losses, abs=1e-4)
+
+
+def test_ftjob_plan_names_the_launch_the_trainer_ran(two_process_run: tuple[JobDir, Run]) -> None:
+    two, _ = two_process_run
+    plan = subprocess.run(
+        [sys.executable, "-m", "finetune_cli", "plan", str(two.manifest()), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert plan.returncode == 0, plan.stderr
+    planned = json.loads(plan.stdout)
+    ran = summary(two)
+    assert (planned["parallelism"], planned["processes"]) == (ran["parallelism"], ran["worldSize"])
+
+
+def test_fsdp_on_two_processes_trains_the_same_adapter(
+    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+) -> None:
+    two, _ = two_process_run
+    job, run = run_job(tmp_path, tiny_assets, with_changes(TWO, training={"parallelism": "fsdp"}))
+    assert run.code == 0, run.stderr[-3000:]
+    assert summary(job)["parallelism"] == "fsdp"
+    guard = summary(job)["precisionGuard"]
+    assert guard["halfParameters"] == guard["halfBuffers"] == guard["halfActivations"] == 0
+    assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
+    # PEFT's own layout: the folder loads as an adapter anywhere.
+    config = json.loads((job.output / "adapter" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA"
+
+
+def test_a_killed_rank_fails_the_pod_retryably_and_the_next_attempt_ends_alike(
+    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+) -> None:
+    two, _ = two_process_run
+    job, killed = run_job(tmp_path, tiny_assets, TWO, env={"FINETUNE_TEST_KILL_RANK_AT": "1@6"})
+    assert killed.code == ExitReason.TrainerError, killed.stderr[-3000:]
+    assert killed.termination.startswith("TrainerError: rank 1 was killed by SIGKILL")
+    assert "Traceback" not in killed.termination
+    resumed = job.run()
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    assert resumed.of("start")[0]["resumeFrom"]["step"] == 4
+    assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
+
+
+def test_a_checkpoint_of_two_processes_resumes_in_one(
+    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+) -> None:
+    two, _ = two_process_run
+    job, killed = run_job(tmp_path, tiny_assets, TWO, env={"FINETUNE_TEST_KILL_RANK_AT": "0@6"})
+    assert killed.code == ExitReason.TrainerError
+    # The same global batch on one process: accumulation doubles as the process count halves.
+    job.spec_changes = ONE
+    resumed = job.run()
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    assert resumed.of("start")[0]["resumeFrom"]["step"] == 4
+    assert resumed.of("start")[0]["worldSize"] == 1
+    assert summary(job)["finalStep"] == STEPS
+    assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
+
+
+def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_its_reason(tmp_path: Path, tiny_assets: Path) -> None:
+    _, run = run_job(tmp_path, tiny_assets, TWO, env={"FINETUNE_TEST_NONFINITE_AT": "6@1"})
+    assert run.code == ExitReason.NonFiniteLoss, run.stderr[-3000:]
+    assert run.termination.startswith("NonFiniteLoss: rank ")
+    assert "loss is nan at step 6" in run.termination
+    assert "last good checkpoint: step 4" in run.termination
+    assert max(run.losses) == 5
+    assert "Traceback" not in run.termination

@@ -1,0 +1,76 @@
+"""FSDP-QLoRA: the frozen NF4 base sharded over the ranks, the LoRA adapter whole on each.
+
+FSDP1 (torch 2.7's safe choice with bitsandbytes' Params4bit), FULL_SHARD, one unit per
+decoder layer, plus one each for the input embeddings and the LM head when they are not tied
+(in the root unit they would stay gathered, whole and fp32, for the entire step).
+FSDP flattens only tensors of one float dtype per unit: the NF4 weights are therefore stored
+as float32 (`bnb_4bit_quant_storage`), the same bytes as uint8 storage, and no
+MixedPrecision is set (a param dtype unlike the storage's would cast the packed weights into
+garbage). The quantisation state is not a parameter; bitsandbytes restores it from the module
+on each forward.
+
+The adapter is left out of FSDP (`ignored_states`): it is a few MB, so each rank keeps it whole,
+its gradients are summed by `gradsync` exactly as in dataParallel, and its optimizer state is
+the same on every rank: a checkpoint written by any process count resumes on any other.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from .topology import Topology
+
+
+def _layer_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
+    """The decoder layer class(es), found by transformers' own list or by the `layers` list."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    base = getattr(model, "get_base_model", lambda: model)()
+    names |= set(getattr(base, "_no_split_modules", None) or ())
+    found = {type(m) for m in model.modules() if type(m).__name__ in names}
+    if not found:
+        for module in model.modules():
+            layers = getattr(module, "layers", None)
+            if isinstance(layers, nn.ModuleList) and len(layers):
+                found.add(type(layers[0]))
+                break
+    if not found:
+        raise ValueError("cannot find the model's decoder layers to shard")
+    return tuple(found)
+
+
+def shard(model: nn.Module, trainable: Sequence[nn.Parameter], topology: Topology, on_gpu: bool) -> nn.Module:
+    """Wrap `model` (a PEFT model whose only trainable params are `trainable`) in FSDP."""
+    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+    base: Any = getattr(model, "get_base_model", lambda: model)()
+    embed: Any = base.get_input_embeddings()
+    head: Any = base.get_output_embeddings()
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    layers = _layer_classes(model)
+    own_units: list[nn.Module] = [] if tied else [m for m in (embed, head) if m is not None]
+
+    def wrap(module: nn.Module) -> bool:
+        return isinstance(module, layers) or any(module is unit for unit in own_units)
+
+    device = topology.device(on_gpu)
+    if on_gpu:
+        # The adapter stays outside FSDP, so FSDP will not move it: put it on the rank's GPU.
+        for param in trainable:
+            param.data = param.data.to(device)
+    return FSDP(
+        model,
+        auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, lambda_fn=wrap),
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        use_orig_params=True,
+        ignored_states=list(trainable),
+        device_id=device,  # on the CPU too: FSDP otherwise looks for an accelerator
+        sync_module_states=False,  # every rank loaded the same weights from the same files
+        backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+        limit_all_gathers=True,
+    )

@@ -1,0 +1,71 @@
+"""The loss computed inside the LM head's own forward, in chunks of tokens.
+
+Full-sequence FP32 logits are large (2048 x 128256 floats is 1 GiB, two or three copies in the
+backward) and the planner may only fit a job when the loss is taken a chunk at a time. Putting
+the cross-entropy inside the head's forward does that without touching the model's code: the
+head's weights are gathered once per pass under FSDP (the head is its own FSDP unit), each
+chunk's logits are recomputed in the backward instead of kept, and the model's forward returns
+the summed loss where it would return logits. Chunk 0 means the whole sequence at once, kept
+for the backward as a plain forward would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .data.batches import IGNORE
+
+
+class LossHead(nn.Module):
+    """Wraps the LM head; `labels` must be set before each forward (the model passes no labels)."""
+
+    def __init__(self, head: nn.Module, chunk_tokens: int) -> None:
+        super().__init__()
+        self.head: Any = head
+        self.chunk_tokens = chunk_tokens
+        self.labels: torch.Tensor | None = None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        weight = self.head.weight
+        assert isinstance(weight, torch.Tensor)
+        return weight
+
+    def _chunk(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden).float()
+        return F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        labels = self.labels
+        if labels is None:
+            raise RuntimeError("LossHead: labels were not set before the forward")
+        self.labels = None
+        # Position t predicts token t + 1.
+        states = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
+        targets = labels.to(hidden.device)[:, 1:].reshape(-1)
+        size = self.chunk_tokens or states.shape[0]
+        if size >= states.shape[0]:
+            return self._chunk(states, targets).reshape(1, 1, 1)
+        total = states.new_zeros(())
+        for start in range(0, states.shape[0], size):
+            piece = checkpoint(
+                self._chunk, states[start : start + size], targets[start : start + size], use_reentrant=False
+            )
+            total = total + piece
+        return total.reshape(1, 1, 1)
+
+
+def install(model: nn.Module, chunk_tokens: int) -> LossHead:
+    """Replace the model's output layer with a LossHead around it; returns the LossHead."""
+    base: Any = getattr(model, "get_base_model", lambda: model)()
+    head: Any = base.get_output_embeddings()
+    if head is None:
+        raise ValueError("the model has no output embeddings to compute the loss with")
+    wrapped = LossHead(head, chunk_tokens)
+    base.set_output_embeddings(wrapped)
+    return wrapped
