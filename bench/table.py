@@ -12,9 +12,9 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HEADER = (
-    "| date | GPU | GPUs | reference tok/s | ours tok/s | ours / reference | MFU per GPU (ref / ours) "
+    "| date | GPU | GPUs | ours' mode | reference tok/s | ours tok/s | ours / reference | MFU per GPU (ref / ours) "
     "| peak GiB per GPU (ref / ours) | loss after N steps (ref / ours) |\n"
-    "| --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |"
+    "| --- | --- | ---: | --- | ---: | ---: | ---: | --- | --- | --- |"
 )
 
 
@@ -29,8 +29,11 @@ def row(record: dict[str, Any]) -> str | None:
     mfu_ref, mfu_ours = record.get("reference_mfu_per_gpu"), record.get("ours_mfu_per_gpu")
     mfu_text = "-" if mfu_ref is None or mfu_ours is None else f"{mfu_ref:.0%} / {mfu_ours:.0%}"
     steps = record.get("steps", 0) + record.get("warm_steps", 0)
+    mode = ours.get("parallelism") or record.get("mode") or "-"
+    if "nop2p" in str(record.get("mode", "")):
+        mode += " (NCCL_P2P_DISABLE=1)"
     return (
-        f"| {record['date']} | {record.get('gpu') or '-'} | {record['gpus']} "
+        f"| {record['date']} | {record.get('gpu') or '-'} | {record['gpus']} | {mode} "
         f"| {ref['tok_s']:.0f} | {ours['tok_s']:.0f} "
         f"| {record.get('ratio', ours['tok_s'] / ref['tok_s']):.3f}x | {mfu_text} "
         f"| {_fmt_peaks(ref.get('peak_gib'))} / {_fmt_peaks(ours.get('peak_gib'))} "

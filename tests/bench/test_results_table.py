@@ -37,13 +37,13 @@ def test_record_has_ratio_mfu_and_loss_difference() -> None:
 
 
 def test_table_lists_each_result_file(tmp_path: Path) -> None:
-    (tmp_path / "2026-11-30-h200-2gpu.json").write_text(json.dumps(record()))
+    (tmp_path / "2026-11-30-h200-2gpu.json").write_text(json.dumps(record(mode="fsdp-nop2p")))
     (tmp_path / "2026-11-30-h200-layer-memory.json").write_text(json.dumps({"shape": {}}))
     text = render(tmp_path)
     assert text.startswith(HEADER)
     rows = text.splitlines()[2:]
     assert len(rows) == 1
-    assert "| 2 | 1841 | 3600 | 1.955x |" in rows[0]
+    assert "| 2 | fsdp-nop2p (NCCL_P2P_DISABLE=1) | 1841 | 3600 | 1.955x |" in rows[0]
 
 
 def test_a_failed_run_is_left_out_of_the_table(tmp_path: Path) -> None:

@@ -161,7 +161,9 @@ def worker_pid(launcher: int, rank: int) -> int | None:
         if not proc.name.isdigit():
             continue
         try:
-            if os.getpgid(int(proc.name)) != launcher:
+            # The launcher starts each worker in a session of its own: find them by parent.
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if parent != launcher:
                 continue
             command = (proc / "cmdline").read_bytes().split(b"\0")
             environment = (proc / "environ").read_bytes().split(b"\0")
@@ -189,7 +191,7 @@ def test_two_process_pods_train_in_each_mode_and_a_killed_rank_retries_to_the_sa
     """Three 2-process jobs side by side: dataParallel, fsdp, and dataParallel with rank 1 killed."""
     for name, mode in (("two-dp", "dataParallel"), ("two-fsdp", "fsdp"), ("two-killed", "dataParallel")):
         training = {**TRAINING, "parallelism": mode}
-        jobs.create(name, cpu_spec(resources=TWO_PROCESSES, training=training, backoffLimit=2))
+        jobs.create(name, body(training=training, checkpoints=CHECKPOINTS, resources=TWO_PROCESSES, backoffLimit=2))
     wait_for(lambda: checkpointed(jobs, "two-killed"), RUN_TIMEOUT, "a first checkpoint")
     pod = running_pod(jobs, "two-killed")
     assert pod is not None

@@ -156,3 +156,23 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_its_reason(tmp_path
     assert "last good checkpoint: step 4" in run.termination
     assert max(run.losses) == 5
     assert "Traceback" not in run.termination
+
+
+def test_packing_eval_and_the_merged_export_are_the_same_on_two_processes(tmp_path: Path, tiny_assets: Path) -> None:
+    extras = {"dataset": {"evalFraction": 0.1}, "output": {"merge": True}}
+    packed = {"packing": True, "maxLength": 128}
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one, single = run_job(tmp_path / "one", tiny_assets, with_changes(ONE, training=packed, **extras))
+    two, split = run_job(
+        tmp_path / "two", tiny_assets, with_changes(TWO, training={**packed, "parallelism": "fsdp"}, **extras)
+    )
+    assert single.code == 0, single.stderr[-3000:]
+    assert split.code == 0, split.stderr[-3000:]
+    assert summary(two)["data"] == summary(one)["data"]
+    assert summary(two)["evalLoss"] == pytest.approx(summary(one)["evalLoss"], abs=1e-4)
+    assert [e["step"] for e in split.of("eval")] == [e["step"] for e in single.of("eval")] == [4, 8, 12]
+    assert max_difference(adapter(two), adapter(one)) <= ADAPTER_TOLERANCE
+    merged = load_file(str(two.output / "merged" / "model.safetensors"))
+    reference = load_file(str(one.output / "merged" / "model.safetensors"))
+    assert max_difference(merged, reference) <= ADAPTER_TOLERANCE

@@ -170,7 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     config = state["config"]
     if args.worker:
+        from .distributed.launch import die_with_launcher
         from .distributed.topology import from_env
+
+        die_with_launcher()
         from .run import train
 
         return _outcome(None, lambda: train(config, from_env()), worker=True)

@@ -233,6 +233,7 @@ def train(config: TrainerConfig, ranks: Topology = topology.SINGLE) -> dict[str,
     total = schedule.total_steps
     tokens = tokens_before
     progress.begin(step)
+    evaluated_at: int | None = None
     try:
         while step < total:
             figures = loop.step(step)
@@ -253,6 +254,7 @@ def train(config: TrainerConfig, ranks: Topology = topology.SINGLE) -> dict[str,
             if delay:
                 time.sleep(delay)
             if step % every == 0 or step == total:
+                evaluated_at = step
                 eval_loss = loop.evaluate()
                 if main and eval_loss is not None:
                     progress.evaluated(step, eval_loss)
@@ -270,7 +272,8 @@ def train(config: TrainerConfig, ranks: Topology = topology.SINGLE) -> dict[str,
                         reporter=reporter,
                     )
                 topology.barrier(ranks)
-        if eval_rows and progress.eval_step != step:
+        # Every rank decides alike (the evaluation is collective): only rank 0 keeps `progress`.
+        if eval_rows and evaluated_at != step:
             eval_loss = loop.evaluate()
             if main and eval_loss is not None:
                 progress.evaluated(step, eval_loss)

@@ -33,6 +33,7 @@ REASON_DIR_ENV = "FINETUNE_REASON_DIR"
 WORKER_FLAG = "--worker"
 # How often the agent looks at its workers; a failed rank's peers are stopped within this.
 MONITOR_INTERVAL_S = 0.5
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,24 @@ class RankFailure:
     reason: ExitReason
     message: str
     time: float
+
+
+def die_with_launcher() -> None:
+    """Make this worker die with the launcher that started it (Linux).
+
+    The launcher puts each worker in a session of its own; in a pod the container's end takes
+    them all, but a launcher killed on its own (or a plain process tree on a laptop) would leave
+    workers holding GPU memory and waiting on collectives for half an hour.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    launcher = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != launcher:  # it ended before the request took effect
+        os._exit(int(ExitReason.TrainerError))
 
 
 def write_reason(reason: ExitReason, message: str) -> None:

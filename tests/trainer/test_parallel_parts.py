@@ -1,0 +1,110 @@
+"""The pure parts of the N-process trainer: who trains on what, which rank's reason ends the pod,
+and a loss taken in chunks that equals the loss taken whole."""
+
+import pytest
+import torch
+
+from finetune_api.reasons import ExitReason
+from finetune_trainer.data.batches import IGNORE, Schedule, eval_slots, make_rows
+from finetune_trainer.distributed.launch import RankFailure, root_cause
+from finetune_trainer.loss_head import LossHead
+
+
+def schedule(world: int, accumulation: int, rows: int = 10, batch: int = 2, steps: int = 6) -> Schedule:
+    return Schedule.make(
+        rows=rows, batch_size=batch, accumulation=accumulation, world=world, seed=3, max_steps=steps, epochs=None
+    )
+
+
+def test_n_processes_with_accumulation_k_see_the_micro_batches_of_one_with_n_times_k() -> None:
+    one, two = schedule(world=1, accumulation=4), schedule(world=2, accumulation=2)
+    for step in range(6):
+        single = dict(one.slots(step, 0))
+        split = dict(two.slots(step, 0)) | dict(two.slots(step, 1))
+        assert split == single, f"step {step}"
+        assert sorted(dict(two.slots(step, 0))) != sorted(dict(two.slots(step, 1)))
+
+
+def test_every_row_is_trained_once_per_epoch_and_past_its_end_a_slot_is_empty() -> None:
+    plan = schedule(world=2, accumulation=2, rows=10, batch=2)  # 5 micro-batches, 4 per step
+    assert plan.steps_per_epoch == 2
+    seen = [row for step in range(2) for rank in (0, 1) for _, rows in plan.slots(step, rank) for row in rows]
+    assert sorted(seen) == list(range(10))
+    assert sum(1 for rank in (0, 1) for _, rows in plan.slots(1, rank) if not rows) == 3
+    # The next epoch draws a new order from the same seed.
+    assert plan.order(1) != plan.order(0)
+    assert schedule(world=2, accumulation=2).order(1) == plan.order(1)
+
+
+def test_epochs_set_the_step_count_whatever_the_process_count() -> None:
+    for world, accumulation in ((1, 4), (2, 2), (4, 1)):
+        made = Schedule.make(
+            rows=100, batch_size=2, accumulation=accumulation, world=world, seed=0, max_steps=None, epochs=2.0
+        )
+        assert made.total_steps == 26
+
+
+def test_eval_slots_cover_every_row_once_and_give_each_rank_as_many_micro_batches() -> None:
+    slots = [eval_slots(7, 2, rank, 3) for rank in range(3)]
+    assert {len(s) for s in slots} == {2}
+    assert sorted(row for s in slots for batch in s for row in batch) == list(range(7))
+
+
+class WordTokenizer:
+    """Each character is a token; enough to test packing without a model."""
+
+    eos_token_id = 0
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": ([1] if add_special_tokens else []) + [ord(c) for c in text]}
+
+
+def test_packing_keeps_every_token_and_restarts_positions_per_sample() -> None:
+    samples = [{"prompt": "ab", "completion": "cd"}, {"text": "efgh"}, {"prompt": "x", "completion": "yz"}]
+    rows = make_rows(samples, WordTokenizer(), max_length=8, packing=True)
+    assert all(len(r.input_ids) <= 8 for r in rows)
+    assert sum(len(r.input_ids) for r in rows) == 6 + 6 + 5
+    for row in rows:
+        starts = [i for i, p in enumerate(row.position_ids) if p == 0]
+        assert all(row.labels[i] == IGNORE for i in starts), "no sample predicts the next one's first token"
+    unpacked = make_rows(samples, WordTokenizer(), max_length=8, packing=False)
+    assert unpacked[0].labels == [IGNORE, IGNORE, IGNORE, ord("c"), ord("d"), 0]  # loss on the answer only
+
+
+def failure(rank: int, reason: ExitReason, at: float) -> RankFailure:
+    return RankFailure(rank, reason, f"{reason.name} on {rank}", at)
+
+
+def test_the_pods_reason_is_the_first_named_failure_not_its_consequences() -> None:
+    reasons = [failure(0, ExitReason.TrainerError, 1.0), failure(1, ExitReason.OutOfMemory, 2.0)]
+    assert root_cause(reasons, {0: 1, 1: 14}) == (ExitReason.OutOfMemory, "rank 1: OutOfMemory on 1")
+
+
+def test_a_rank_killed_by_a_signal_is_a_retryable_failure_named_in_the_message() -> None:
+    reason, message = root_cause([failure(0, ExitReason.TrainerError, 1.0)], {0: 1, 1: -9})
+    assert reason == ExitReason.TrainerError
+    assert message.startswith("rank 1 was killed by SIGKILL")
+
+
+def test_without_any_record_the_exit_codes_are_reported() -> None:
+    assert root_cause([], {1: 3}) == (ExitReason.TrainerError, "a training process failed (rank 1 exited 3)")
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_the_loss_in_chunks_equals_the_loss_whole_and_so_do_its_gradients(chunk: int) -> None:
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    hidden = torch.randn(2, 12, 16, requires_grad=True)
+    labels = torch.randint(0, 50, (2, 12))
+    labels[0, :4] = IGNORE
+    results = []
+    for size in (0, chunk):
+        wrapped = LossHead(head, size)
+        wrapped.labels = labels
+        loss = wrapped(hidden).reshape(())
+        grads = torch.autograd.grad(loss, [hidden, head.weight])
+        results.append((loss.detach(), grads))
+    (whole, whole_grads), (chunked, chunked_grads) = results
+    assert torch.allclose(whole, chunked, rtol=1e-5)
+    for a, b in zip(whole_grads, chunked_grads, strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
