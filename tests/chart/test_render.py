@@ -119,6 +119,8 @@ def test_rendered_env_is_what_the_operator_reads() -> None:
     assert custom.gpu_tolerations[0]["key"] == "dedicated"
     assert (custom.default_cpu, custom.default_memory) == ("8", "96Gi")
     assert (custom.log_level, custom.log_format, custom.image_pull_policy) == ("DEBUG", "text", "Always")
+    assert (custom.tmp_size, custom.ephemeral_storage_request, custom.shm_memory_fraction) == ("20Gi", "2Gi", 0.25)
+    assert (parsed.tmp_size, parsed.ephemeral_storage_request, parsed.shm_memory_fraction) == ("8Gi", "1Gi", 0.5)
 
 
 def test_defaults_match_the_api_and_the_package() -> None:
