@@ -411,7 +411,7 @@ def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) 
     policies = [o for o in fence if o["kind"] == "ValidatingAdmissionPolicy"]
     assert len(fence) == len(expected) and len(policies) == len(expected) // 2
     for source in expected:
-        suffix = source["metadata"]["name"].removeprefix("finetune-operator")
+        suffix = source["metadata"]["name"].removeprefix("finetune")
         rendered = _named(objects, source["kind"], suffix)
         assert rendered["metadata"]["labels"][LABEL_MANAGED_BY] == "Helm"
         if source["kind"] == "ValidatingAdmissionPolicy":

@@ -88,7 +88,7 @@ def _variable(policy: dict[str, Any], name: str) -> Any:
 
 def test_the_fence_holds_the_trainer_role_the_builders_make():
     """The one trainer rule: the Role the operator creates is the Role the fence admits."""
-    roles = _fence()["finetune-operator-fence-roles"]
+    roles = _fence()["finetune-fence-roles"]
     (rule,) = rbac.role("ns")["rules"]
     assert rule == {
         "apiGroups": _variable(roles, "trainerApiGroups"),
@@ -104,9 +104,9 @@ def test_the_fence_names_the_operators_identity_and_allow_list():
         (condition,) = policy["spec"]["matchConditions"]
         assert condition == {"name": "operator-only", "expression": f"request.userInfo.username == '{OPERATOR_USER}'"}
         assert policy["spec"]["failurePolicy"] == "Fail"
-    assert tuple(_variable(_fence()["finetune-operator-fence-jobs"], "allowedImages")) == DEFAULT_ALLOWED_IMAGES
+    assert tuple(_variable(_fence()["finetune-fence-jobs"], "allowedImages")) == DEFAULT_ALLOWED_IMAGES
     source = yaml.safe_load(FENCE_POLICY_FILE.read_text())
-    (jobs,) = [p for p in source if p["metadata"]["name"] == "finetune-operator-fence-jobs"]
+    (jobs,) = [p for p in source if p["metadata"]["name"] == "finetune-fence-jobs"]
     assert tuple(_variable(jobs, "allowedImages")) == DEFAULT_ALLOWED_IMAGES, "the file's default drifted"
 
 
@@ -122,4 +122,4 @@ def test_every_fence_rule_has_a_name_in_its_message():
     assert len(names) == len(set(names)), f"rule names repeat: {names}"
     for name in ("job-owner", "job-service-account", "job-privileged", "job-host-path", "job-image"):
         assert name in names
-    assert f"'{TRAINER_SERVICE_ACCOUNT}'" in json.dumps(_fence()["finetune-operator-fence-jobs"]["spec"])
+    assert f"'{TRAINER_SERVICE_ACCOUNT}'" in json.dumps(_fence()["finetune-fence-jobs"]["spec"])

@@ -336,7 +336,7 @@ def image_cases(cluster: Cluster, kube: client.ApiClient, fenced: Fenced) -> Ite
     )
     user = f"system:serviceaccount:{namespace}:{CASE_ACCOUNT}"
     objects = operator_fence_policies(user, PATTERNS)[:2]
-    assert objects[0]["metadata"]["name"] == "finetune-operator-fence-jobs"
+    assert objects[0]["metadata"]["name"] == "finetune-fence-jobs"
     name = f"fence-image-cases-{namespace}"
     objects[0]["metadata"]["name"] = objects[1]["metadata"]["name"] = objects[1]["spec"]["policyName"] = name
     admission_policies_install(kube, objects)
