@@ -1,7 +1,7 @@
 """A third party's reading of our objects: every object the chart renders (default values and
 the all-on set) and every child the operator's builders make for the example jobs validate
 against the Kubernetes OpenAPI schemas of the oldest minor the chart supports (Chart.yaml's
-kubeVersion) and the current one (the local control plane's).
+kubeVersion), the current one (the local control plane's) and the newest the package ships.
 
 The schemas come with the pinned `kubernetes-validate` package (its strict form: an unknown
 field is an error, as `kubectl apply --validate=strict` makes it), so nothing is fetched.
@@ -40,7 +40,9 @@ def _minor(version: str) -> str:
 
 OLDEST = _minor(yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"])
 CURRENT = _minor(K8S_VERSION)
-VERSIONS = sorted({OLDEST, CURRENT}, key=lambda v: tuple(int(p) for p in v.split(".")))
+# And the newest the pinned package knows: what the next upgrades will meet.
+NEWEST = _minor(kubernetes_validate.utils.latest_version())
+VERSIONS = sorted({OLDEST, CURRENT, NEWEST}, key=lambda v: tuple(int(p) for p in v.split(".")))
 
 
 def problems(obj: dict[str, Any], version: str) -> str | None:
