@@ -393,3 +393,22 @@ def _job_exists(jobs: Jobs, name: str) -> bool:
             return False
         raise
     return True
+
+
+def test_without_widened_rbac_the_escalation_check_refuses_first(
+    cluster: Cluster, kube: client.ApiClient, fenced: Fenced, namespace: str
+) -> None:
+    """With the chart's own RBAC (no `bind`, no `escalate`), RBAC refuses a binding to
+    cluster-admin before admission is asked: two layers, and the fence is the one that holds
+    when the first is loosened (the tests above)."""
+    token = token_client(cluster, client.CoreV1Api(kube), SYSTEM_NAMESPACE, OPERATOR_SA)
+    plain = Fenced(token, namespace, fenced.owner)
+    binding = rbac_builder.role_binding(namespace)
+    binding["roleRef"] = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"}
+    message = plain.refusal(plain.rbac.create_namespaced_role_binding, binding)
+    assert message is not None and "attempting to grant RBAC permissions not currently held" in message, message
+    # The trainer's own binding goes through both layers.
+    account, role, own = rbac_builder.identity(namespace)
+    assert plain.refusal(plain.core.create_namespaced_service_account, account) is None
+    plain.rbac.create_namespaced_role(namespace, role)
+    assert plain.refusal(plain.rbac.create_namespaced_role_binding, own) is None
