@@ -11,7 +11,7 @@ import kopf
 
 from . import handlers
 from .memory import limit_malloc_arenas
-from .settings import LOG_FORMATS, LOG_LEVELS, Settings, SettingsError, from_env
+from .settings import LOG_FORMATS, LOG_LEVELS, Settings, SettingsError, check, from_env
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +53,7 @@ def settings_from(args: argparse.Namespace, base: Settings) -> Settings:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = settings_from(args, from_env())
+        settings = check(settings_from(args, from_env()))
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

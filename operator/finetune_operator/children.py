@@ -9,6 +9,7 @@ from typing import Any
 
 from finetune_api.constants import (
     API_VERSION,
+    GROUP,
     KIND,
     LABEL_COMPONENT,
     LABEL_JOB,
@@ -19,6 +20,9 @@ from finetune_api.constants import (
 COMPONENT_TRAINER = "trainer"
 COMPONENT_OUTPUT = "output"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Set on the pod template of jobs that download from the Hugging Face Hub, and only those: the
+# chart's trainer NetworkPolicy allows HTTPS egress to pods that carry it.
+HUB_EGRESS_LABEL = f"{GROUP}/hub-egress"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from finetune_api.problems import problems_from
 from finetune_api.spec import FineTuneJobSpec
 
-from . import metrics
+from . import images, metrics
 from .builders import job as job_builder
 from .builders import paths
 from .builders import pvc as pvc_builder
@@ -31,7 +31,7 @@ from .identity import TrainerIdentities
 from .kube import Body, ChildRejected, Kube, describe_error
 from .pacing import WritePacer
 from .settings import Settings
-from .status import TERMINAL, Observation, compute, needs_patch, status_patch
+from .status import IMAGE_NOT_ALLOWED, INVALID, TERMINAL, Observation, compute, needs_patch, status_patch
 from .workqueue import NEW, UPDATE, WorkQueue
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,14 @@ def parse_spec(body: Body) -> tuple[FineTuneJobSpec | None, str | None]:
         return FineTuneJobSpec.model_validate(body.get("spec") or {}), None
     except ValidationError as exc:
         return None, "; ".join(str(p) for p in problems_from(exc, FineTuneJobSpec, prefix="spec"))
+
+
+def image_refusal(spec: FineTuneJobSpec, settings: Settings) -> str | None:
+    """Why the job's trainer image may not run here, or None when the allow-list permits it."""
+    image = spec.image or settings.trainer_image
+    if images.allowed(image, settings.allowed_images):
+        return None
+    return images.refusal(image, settings.allowed_images)
 
 
 def desired_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> list[Body]:
@@ -221,6 +229,7 @@ class Reconciler:
         current: Body = body.get("status") or {}
         owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
         spec, invalid = parse_spec(body)
+        invalid_reason = INVALID
         job: Body | None = None
         pods: list[Body] = []
         if spec is not None:
@@ -228,6 +237,9 @@ class Reconciler:
             if job is not None and not self._owned(job, owner):
                 # A Job of a deleted FineTuneJob of the same name, still being collected.
                 job = None
+            elif job is None and (refused := self._image_refused(spec, current)) is not None:
+                # Decided before any child exists: the job ends Failed and no Job is ever made.
+                invalid, invalid_reason = refused, IMAGE_NOT_ALLOWED
             elif job is None and current.get("phase") not in TERMINAL:
                 try:
                     job, created = self._create_children(body, owner, spec)
@@ -261,6 +273,7 @@ class Reconciler:
                 now=_now(),
                 current=current,
                 invalid=invalid,
+                invalid_reason=invalid_reason,
                 job=job,
                 pods=pods,
                 output=output_status(owner, spec) if spec is not None else None,
@@ -288,6 +301,17 @@ class Reconciler:
                 logger.info("%s/%s: phase %s -> %s", namespace, name, current.get("phase"), outcome.phase)
         metrics.PHASE_BOOK.set(namespace, name, outcome.phase)
         return outcome.phase
+
+    def _image_refused(self, spec: FineTuneJobSpec, current: Body) -> str | None:
+        """The allow-list's verdict for a job that has no Job: before its first one, and again
+        for as long as the job stays Failed for it (a job that ran is never failed afterwards
+        by a narrower list)."""
+        failed_for_image = any(
+            c.get("type") == "Failed" and c.get("reason") == IMAGE_NOT_ALLOWED for c in current.get("conditions") or []
+        )
+        if current.get("phase") in TERMINAL and not failed_for_image:
+            return None
+        return image_refusal(spec, self.settings)
 
     def _create_children(self, body: Body, owner: Owner, spec: FineTuneJobSpec) -> tuple[Body, bool]:
         """The Job, after the identity it runs as and the claim it mounts; (Job, created now)."""

@@ -15,6 +15,8 @@ from typing import Any
 from finetune_api.base import QUANTITY_PATTERN
 from finetune_api.constants import DEFAULT_IMAGE
 
+from . import images
+
 DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
 )
@@ -35,6 +37,10 @@ ENV_HEALTH_PORT = "FINETUNE_HEALTH_PORT"
 ENV_LOG_LEVEL = "FINETUNE_LOG_LEVEL"
 ENV_LOG_FORMAT = "FINETUNE_LOG_FORMAT"
 ENV_RESYNC_SECONDS = "FINETUNE_RESYNC_SECONDS"
+ENV_ALLOWED_IMAGES = "FINETUNE_ALLOWED_IMAGES"
+ENV_TMP_SIZE = "FINETUNE_TMP_SIZE"
+ENV_EPHEMERAL_STORAGE_REQUEST = "FINETUNE_EPHEMERAL_STORAGE_REQUEST"
+ENV_SHM_MEMORY_FRACTION = "FINETUNE_SHM_MEMORY_FRACTION"
 # Test hook only (acceptance: operator killed between two creates). Names the child kind after
 # whose creation the process exits hard, e.g. "Job". Never set it in production.
 ENV_CRASH_AFTER = "FINETUNE_TEST_CRASH_AFTER"
@@ -62,6 +68,14 @@ class Settings:
     default_cpu: str | None = None
     default_memory: str | None = None
     shm_size: str = "8Gi"
+    # /dev/shm is memory: it may take at most this share of the pod's memory limit, so that a
+    # full /dev/shm is an error in the trainer, not an OOM kill of the whole pod.
+    shm_memory_fraction: float = 0.5
+    # The trainer's /tmp (its HOME: library caches) is capped, and the pod asks for disk.
+    tmp_size: str = "8Gi"
+    ephemeral_storage_request: str = "1Gi"
+    # Patterns of the images jobs may run (images.py); the default image must be one of them.
+    allowed_images: tuple[str, ...] = images.DEFAULT_ALLOWED_IMAGES
     trainer_uid: int = 1000
     namespaces: tuple[str, ...] = field(default_factory=tuple)
     metrics_port: int = 8000
@@ -111,6 +125,29 @@ def _tolerations(name: str, raw: str) -> tuple[dict[str, Any], ...]:
     return tuple(value)
 
 
+def _allowed_images(name: str, raw: str) -> tuple[str, ...]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"{name}: not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(value, list) or not value or not all(isinstance(p, str) for p in value):
+        raise SettingsError(f"{name}: expected a non-empty JSON list of image patterns")
+    for pattern in value:
+        if problem := images.pattern_problem(pattern):
+            raise SettingsError(f"{name}: pattern {pattern!r}: {problem}")
+    return tuple(value)
+
+
+def _fraction(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}: expected a number, got {raw!r}") from None
+    if not 0 < value <= 1:
+        raise SettingsError(f"{name}: {value} is not a fraction in (0, 1]")
+    return value
+
+
 def _namespaces(raw: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in raw.split(",") if n.strip())
 
@@ -138,6 +175,16 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         updates["default_memory"] = _quantity(ENV_DEFAULT_MEMORY, env[ENV_DEFAULT_MEMORY])
     if v := env.get(ENV_SHM_SIZE):
         updates["shm_size"] = _quantity(ENV_SHM_SIZE, v) or s.shm_size
+    if v := env.get(ENV_SHM_MEMORY_FRACTION):
+        updates["shm_memory_fraction"] = _fraction(ENV_SHM_MEMORY_FRACTION, v)
+    if v := env.get(ENV_TMP_SIZE):
+        updates["tmp_size"] = _quantity(ENV_TMP_SIZE, v) or s.tmp_size
+    if v := env.get(ENV_EPHEMERAL_STORAGE_REQUEST):
+        updates["ephemeral_storage_request"] = (
+            _quantity(ENV_EPHEMERAL_STORAGE_REQUEST, v) or s.ephemeral_storage_request
+        )
+    if v := env.get(ENV_ALLOWED_IMAGES):
+        updates["allowed_images"] = _allowed_images(ENV_ALLOWED_IMAGES, v)
     if v := env.get(ENV_TRAINER_UID):
         if not v.isdigit() or int(v) == 0:
             raise SettingsError(f"{ENV_TRAINER_UID}: expected a non-zero user id, got {v!r}")
@@ -162,3 +209,13 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     if v := env.get(ENV_CRASH_AFTER):
         updates["crash_after"] = v
     return replace(s, **updates)
+
+
+def check(settings: Settings) -> Settings:
+    """Rules across settings, checked once the flags are in: every job would fail otherwise."""
+    if not images.allowed(settings.trainer_image, settings.allowed_images):
+        raise SettingsError(
+            f"{ENV_TRAINER_IMAGE}: the default trainer image {settings.trainer_image!r} is not in "
+            f"{ENV_ALLOWED_IMAGES} ({', '.join(settings.allowed_images)})"
+        )
+    return settings

@@ -32,6 +32,11 @@ OWNED_FIELDS = (
     "message",
 )
 TERMINAL = ("Succeeded", "Failed")
+# Reasons the operator itself gives for a job that never gets a Job (the trainer's own are
+# finetune_api.reasons.ExitReason): a spec the models or the API server refuse, and an image
+# outside the platform's allow-list (images.py).
+INVALID = "Invalid"
+IMAGE_NOT_ALLOWED = "ImageNotAllowed"
 CONDITION_ORDER = ("Validated", "Scheduled", "Running", "Complete", "Failed", "Suspended")
 
 
@@ -43,6 +48,7 @@ class Observation:
     now: str
     current: Mapping[str, Any]
     invalid: str | None = None
+    invalid_reason: str = INVALID
     job: Mapping[str, Any] | None = None
     pods: Sequence[Mapping[str, Any]] = ()
     output: Mapping[str, Any] | None = None
@@ -189,8 +195,8 @@ def compute(obs: Observation) -> Outcome:
     message: str | None = None
 
     if obs.invalid is not None:
-        conds["Validated"] = _condition("Validated", False, "Invalid", obs.invalid, obs)
-        conds["Failed"] = _condition("Failed", True, "Invalid", obs.invalid, obs)
+        conds["Validated"] = _condition("Validated", False, obs.invalid_reason, obs.invalid, obs)
+        conds["Failed"] = _condition("Failed", True, obs.invalid_reason, obs.invalid, obs)
         status.update(phase="Failed", message=obs.invalid)
         return _finish(obs, status, conds)
 

@@ -262,6 +262,39 @@ def test_tiny_job_succeeds_in_a_restricted_namespace(kubectl: Kube, release: dic
     # The chart's operator did the work (not some other operator that happens to watch too).
     log = kubectl.run("logs", "-n", release["operator_ns"], f"deployment/{_deployment_name()}").stdout
     assert f"{job_ns}/tiny" in log, log[-3000:]
+    # ...with the chart's defaults on: its pod is one the trainer NetworkPolicy selects, and its
+    # Job got through the operator fence (the status patches above went through too).
+    pod_labels = pods[0]["metadata"]["labels"]
+    policy = kubectl.get("networkpolicy", f"{_deployment_name()}-trainer", "-n", job_ns)
+    assert all(pod_labels.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
+    assert "finetune.dev/hub-egress" not in pod_labels, "a job without a Hub source got HTTPS egress"
+
+
+def test_default_policies_name_this_release_and_the_real_api_server(kubectl: Kube, release: dict[str, Any]) -> None:
+    """Installed against a cluster, the chart looks the API server's addresses up, and the fence
+    is keyed to this release's operator account. The local control plane publishes no
+    EndpointSlice for `kubernetes` (hack/cluster runs the API server without the endpoint
+    reconciler), so here the lookup finds none and the policy takes the documented fallback."""
+    operator_ns, job_ns = release["operator_ns"], release["job_ns"]
+    selector = f"app.kubernetes.io/instance={_release_name()}"
+    names = sorted(p["metadata"]["name"] for p in kubectl.get("networkpolicy", "-n", job_ns, "-l", selector)["items"])
+    assert names == [f"{_deployment_name()}-trainer", f"{_deployment_name()}-trainer-hub"]
+    trainer = kubectl.get("networkpolicy", f"{_deployment_name()}-trainer", "-n", job_ns)
+    cidrs = {peer["ipBlock"]["cidr"] for peer in trainer["spec"]["egress"][0]["to"]}
+    slices = kubectl.get("endpointslice", "-n", "default", "-l", "kubernetes.io/service-name=kubernetes")["items"]
+    addresses = {a for sl in slices for e in sl.get("endpoints") or [] for a in e["addresses"]}
+    expected = {f"{a}/128" if ":" in a else f"{a}/32" for a in addresses} or {"0.0.0.0/0", "::/0"}
+    assert cidrs == expected, cidrs
+    kubectl.get("networkpolicy", f"{_deployment_name()}-operator", "-n", operator_ns)
+    fence = [
+        p
+        for p in kubectl.get("validatingadmissionpolicy", "-l", selector)["items"]
+        if "-fence-" in p["metadata"]["name"]
+    ]
+    assert len(fence) == 7
+    for policy in fence:
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition["expression"] == f"request.userInfo.username == '{_service_account(operator_ns)}'"
 
 
 def test_upgrade_with_a_changed_value_rolls_the_operator(kubectl: Kube, release: dict[str, Any]) -> None:
@@ -339,6 +372,11 @@ def test_uninstall_removes_everything_but_the_crd_and_the_outputs(kubectl: Kube,
         "name",
     ).stdout.split()
     assert remaining == []
+    selector = "app.kubernetes.io/instance=" + _release_name()
+    cluster_wide = kubectl.run(
+        "get", "validatingadmissionpolicy,validatingadmissionpolicybinding", "-l", selector, "-o", "name"
+    ).stdout.split()
+    assert cluster_wide == []
     assert (
         kubectl.run(
             "get", "role,rolebinding", "-n", job_ns, "-l", "app.kubernetes.io/instance=" + _release_name(), "-o", "name"

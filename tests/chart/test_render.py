@@ -24,6 +24,7 @@ DEFAULT_KINDS = {
     "Service",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "NetworkPolicy",
 }
 
 
@@ -47,8 +48,16 @@ def test_all_on_renders_every_optional_part() -> None:
     objects = render([ALL_ON_VALUES])
     kinds = [o["kind"] for o in objects]
     assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
-    for kind in ("Role", "RoleBinding", "NetworkPolicy"):
+    for kind in ("Role", "RoleBinding"):
         assert sorted(o["metadata"]["namespace"] for o in by_kind(objects, kind)) == ["team-a", "team-b"], kind
+    policies = sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in by_kind(objects, "NetworkPolicy"))
+    assert policies == [
+        ("finetune-system", "ft-finetune-operator-operator"),
+        ("team-a", "ft-finetune-operator-trainer"),
+        ("team-a", "ft-finetune-operator-trainer-hub"),
+        ("team-b", "ft-finetune-operator-trainer"),
+        ("team-b", "ft-finetune-operator-trainer-hub"),
+    ]
     one(objects, "ServiceMonitor")
     deployment = one(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -110,6 +119,8 @@ def test_rendered_env_is_what_the_operator_reads() -> None:
     assert custom.gpu_tolerations[0]["key"] == "dedicated"
     assert (custom.default_cpu, custom.default_memory) == ("8", "96Gi")
     assert (custom.log_level, custom.log_format, custom.image_pull_policy) == ("DEBUG", "text", "Always")
+    assert (custom.tmp_size, custom.ephemeral_storage_request, custom.shm_memory_fraction) == ("20Gi", "2Gi", 0.25)
+    assert (parsed.tmp_size, parsed.ephemeral_storage_request, parsed.shm_memory_fraction) == ("8Gi", "1Gi", 0.5)
 
 
 def test_defaults_match_the_api_and_the_package() -> None:
@@ -171,10 +182,20 @@ def test_namespaced_mode_defaults_to_the_release_namespace() -> None:
     assert env_of(one(objects, "Deployment"))["FINETUNE_NAMESPACES"] == "finetune-system"
 
 
+def _named(objects: list[dict[str, Any]], kind: str, suffix: str, namespace: str | None = None) -> dict[str, Any]:
+    found = [
+        o
+        for o in by_kind(objects, kind)
+        if o["metadata"]["name"].endswith(suffix) and namespace in (None, o["metadata"].get("namespace"))
+    ]
+    assert len(found) == 1, f"expected one {kind} named *{suffix}, got {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
 def test_network_policy_allows_only_the_api_server_and_dns() -> None:
     from finetune_operator.children import labels
 
-    policy = by_kind(render([ALL_ON_VALUES]), "NetworkPolicy")[0]["spec"]
+    policy = _named(render([ALL_ON_VALUES]), "NetworkPolicy", "-trainer", "team-a")["spec"]
     selector = policy["podSelector"]["matchLabels"]
     trainer_labels = labels("any-job")
     assert selector == {LABEL_COMPONENT: trainer_labels[LABEL_COMPONENT], LABEL_MANAGED_BY: MANAGED_BY}
@@ -187,11 +208,84 @@ def test_network_policy_allows_only_the_api_server_and_dns() -> None:
     assert proxy["ports"] == [{"protocol": "TCP", "port": 3128}]
 
 
-def test_network_policy_without_api_addresses_fails_with_one_clear_line() -> None:
-    result = helm(*template_args(sets=["trainer.networkPolicy.enabled=true"]), check=False)
-    assert result.returncode != 0
-    assert "trainer.networkPolicy.apiServerCIDRs" in result.stderr
-    assert "goroutine" not in result.stderr
+def test_network_policies_are_on_by_default_and_render_without_a_cluster() -> None:
+    """`helm template` cannot look the API server's addresses up: the trainer may then reach the
+    API server's ports on any address, and still nothing else but DNS."""
+    objects = render()
+    trainer = _named(objects, "NetworkPolicy", "-trainer")["spec"]
+    api, dns = trainer["egress"]
+    assert api["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
+    assert {p["port"] for p in api["ports"]} == {443, 6443}
+    assert dns["to"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
+    _named(objects, "NetworkPolicy", "-trainer-hub")
+    _named(objects, "NetworkPolicy", "-operator")
+
+
+def test_hub_jobs_alone_get_https_egress_and_never_to_private_ranges() -> None:
+    """Rendering stands in for enforcement here: the local cluster has no network plugin, so no
+    NetworkPolicy is enforced on it; what a plugin would enforce is what these objects say.
+
+    A trainer's egress to a pod of another namespace is denied: the trainer policy allows only
+    the API server's addresses and kube-dns, and the Hub rule (HTTPS) leaves out the private
+    ranges that pod and service addresses come from.
+    """
+    from finetune_api.spec import FineTuneJobSpec
+    from finetune_operator.builders import job as job_builder
+    from finetune_operator.children import HUB_EGRESS_LABEL, Owner
+    from finetune_operator.settings import Settings
+
+    objects = render()
+    hub = _named(objects, "NetworkPolicy", "-trainer-hub")["spec"]
+    assert hub["podSelector"]["matchLabels"][HUB_EGRESS_LABEL] == "true"
+    assert hub["policyTypes"] == ["Egress"]
+    (rule,) = hub["egress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 443}]
+    (block,) = rule["to"]
+    assert block["ipBlock"]["cidr"] == "0.0.0.0/0"
+    assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"} <= set(block["ipBlock"]["except"])
+    trainer = _named(objects, "NetworkPolicy", "-trainer")["spec"]
+    for egress in trainer["egress"]:
+        for peer in egress["to"]:
+            # No peer that could be another namespace's pod: addresses of the API server, or kube-dns.
+            assert "ipBlock" in peer or peer.get("podSelector") == {"matchLabels": {"k8s-app": "kube-dns"}}, peer
+
+    owner = Owner(name="j", namespace="team-a", uid="u")
+    settings = Settings()
+    pvc_source = {"pvc": {"claimName": "models", "path": "m"}}
+    base = {"dataset": {"source": {"pvc": {"claimName": "data", "path": "d.jsonl"}}, "format": "alpaca"}}
+    base["output"] = {"pvc": {"claimName": "out"}}
+    local = FineTuneJobSpec.model_validate({**base, "model": {"source": pvc_source}})
+    from_hub = FineTuneJobSpec.model_validate({**base, "model": {"source": {"hub": {"id": "org/m"}}}})
+    local_labels = job_builder.job(owner, local, settings)["spec"]["template"]["metadata"]["labels"]
+    hub_labels = job_builder.job(owner, from_hub, settings)["spec"]["template"]["metadata"]["labels"]
+    assert HUB_EGRESS_LABEL not in local_labels
+    assert hub_labels[HUB_EGRESS_LABEL] == "true"
+    for key, value in hub["podSelector"]["matchLabels"].items():
+        assert hub_labels.get(key) == value, f"the Hub policy selects {key}={value}, the pod has {hub_labels.get(key)}"
+
+
+def test_operator_pod_admits_only_its_ports_from_the_named_namespaces() -> None:
+    objects = render(sets=["networkPolicy.ingressNamespaces={monitoring}"])
+    deployment = one(objects, "Deployment")
+    policy = _named(objects, "NetworkPolicy", "-operator")
+    assert policy["metadata"]["namespace"] == "finetune-system"
+    spec = policy["spec"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels.get(k) == v for k, v in spec["podSelector"]["matchLabels"].items())
+    assert spec["policyTypes"] == ["Ingress"]
+    (rule,) = spec["ingress"]
+    (peer,) = rule["from"]
+    assert peer == {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["finetune-system", "monitoring"]}
+            ]
+        }
+    }
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert {p["port"] for p in rule["ports"]} == {p["containerPort"] for p in container["ports"]}
+    off = render(sets=["networkPolicy.enabled=false", "trainer.networkPolicy.enabled=false"])
+    assert not by_kind(off, "NetworkPolicy")
 
 
 @pytest.mark.parametrize(
@@ -202,6 +296,10 @@ def test_network_policy_without_api_addresses_fails_with_one_clear_line() -> Non
         ("replicas=2", "replicas"),
         ("trainer.defaultResources.memory=lots", "memory"),
         ("metrics.port=70000", "port"),
+        ("trainer.shmMemoryFraction=1.5", "shmMemoryFraction"),
+        ("trainer.tmpSize=huge", "tmpSize"),
+        ("trainer.allowedImages=null", "allowedImages"),
+        ("trainer.allowedImages={reg.example.com/*/trainer}", "allowedImages"),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_value(setting: str, named: str) -> None:
@@ -283,12 +381,72 @@ def test_trainer_status_policy_is_the_files_rule_named_after_the_release() -> No
     from tests.operator.harness import trainer_status_policy
 
     objects = render()
-    policy = one(objects, "ValidatingAdmissionPolicy")
-    binding = one(objects, "ValidatingAdmissionPolicyBinding")
+    policy = _named(objects, "ValidatingAdmissionPolicy", "-trainer-status")
+    binding = _named(objects, "ValidatingAdmissionPolicyBinding", "-trainer-status")
     source_policy, source_binding = trainer_status_policy()
     assert policy["spec"] == source_policy["spec"]
     assert policy["metadata"]["name"].endswith("-trainer-status")
     assert binding["spec"] == {**source_binding["spec"], "policyName": policy["metadata"]["name"]}
     assert policy["metadata"]["labels"][LABEL_MANAGED_BY] == "Helm"
-    off = render(sets=["rbac.trainerStatusPolicy=false"])
+    off = render(sets=["rbac.trainerStatusPolicy=false", "rbac.operatorFencePolicy=false"])
     assert not by_kind(off, "ValidatingAdmissionPolicy") and not by_kind(off, "ValidatingAdmissionPolicyBinding")
+
+
+@pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["defaults", "all-on"])
+def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) -> None:
+    """The chart's fence equals the file's policies (what the tests apply) with this release's
+    operator user and allow-list filled in, each policy with its Deny binding."""
+    from tests.operator.harness import operator_fence_policies
+
+    objects = render(values)
+    chart_values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for path in values:
+        chart_values["trainer"].update(yaml.safe_load(path.read_text()).get("trainer", {}))
+    account = one(objects, "ServiceAccount")["metadata"]
+    user = f"system:serviceaccount:{account['namespace']}:{account['name']}"
+    expected = operator_fence_policies(user, chart_values["trainer"]["allowedImages"])
+    fence = [
+        o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy") and "-fence-" in o["metadata"]["name"]
+    ]
+    policies = [o for o in fence if o["kind"] == "ValidatingAdmissionPolicy"]
+    assert len(fence) == len(expected) and len(policies) == len(expected) // 2
+    for source in expected:
+        suffix = source["metadata"]["name"].removeprefix("finetune")
+        rendered = _named(objects, source["kind"], suffix)
+        assert rendered["metadata"]["labels"][LABEL_MANAGED_BY] == "Helm"
+        if source["kind"] == "ValidatingAdmissionPolicy":
+            assert rendered["spec"] == source["spec"], f"{suffix} drifted from files/operator-fence-policy.yaml"
+        else:
+            assert rendered["spec"] == {**source["spec"], "policyName": rendered["metadata"]["name"]}
+    # The allow-list reaches both the policy and the operator, from the one value.
+    jobs = _named(objects, "ValidatingAdmissionPolicy", "-fence-jobs")
+    (images,) = [v for v in jobs["spec"]["variables"] if v["name"] == "allowedImages"]
+    env = env_of(one(objects, "Deployment"))
+    assert json.loads(images["expression"]) == json.loads(env["FINETUNE_ALLOWED_IMAGES"])
+    off = render(sets=["rbac.operatorFencePolicy=false"])
+    assert not [o for o in off if "-fence-" in o["metadata"]["name"]]
+
+
+def test_the_default_trainer_image_is_allowed_and_a_wider_list_reaches_the_operator() -> None:
+    from finetune_operator import images, settings
+
+    parsed = settings.check(settings.from_env(env_of(one(render(), "Deployment"))))
+    assert images.allowed(parsed.trainer_image, parsed.allowed_images)
+    assert parsed.allowed_images == images.DEFAULT_ALLOWED_IMAGES
+    wider = render(sets=["trainer.allowedImages={ghcr.io/finetune-operator/trainer,registry.example.com/ml/*}"])
+    assert settings.from_env(env_of(one(wider, "Deployment"))).allowed_images == (
+        "ghcr.io/finetune-operator/trainer",
+        "registry.example.com/ml/*",
+    )
+
+
+def test_a_default_trainer_image_outside_the_allow_list_fails_the_install_in_one_line() -> None:
+    result = helm(*template_args(sets=["trainer.image=docker.io/evil/miner:latest"]), check=False)
+    assert result.returncode != 0
+    assert "trainer.image" in result.stderr and "trainer.allowedImages" in result.stderr
+    assert "goroutine" not in result.stderr
+    helm(
+        *template_args(
+            sets=["trainer.image=registry.example.com/ml/t:1", "trainer.allowedImages={registry.example.com/ml/*}"]
+        )
+    )

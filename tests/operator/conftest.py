@@ -13,27 +13,33 @@ from kubernetes.client.exceptions import ApiException
 from finetune_api import crd as crd_model
 from finetune_api.constants import CRD_NAME
 
-from .harness import Jobs, OperatorProcess, operator_identity, trainer_status_policy, wait_for
+from .harness import (
+    Jobs,
+    OperatorProcess,
+    operator_fence_policies,
+    operator_identity,
+    trainer_status_policy,
+    wait_for,
+)
 
 
-def trainer_status_policy_install(kube: client.ApiClient) -> None:
-    """Create or update the chart's admission policy that keeps each trainer to its own job."""
+def admission_policies_install(kube: client.ApiClient, objects: list[dict[str, Any]]) -> None:
+    """Create or update ValidatingAdmissionPolicies and their bindings, in the order given."""
     admission = client.AdmissionregistrationV1Api(kube)
-    policy, binding = trainer_status_policy()
-    for body, create, read, replace in (
-        (
-            policy,
+    calls = {
+        "ValidatingAdmissionPolicy": (
             admission.create_validating_admission_policy,
             admission.read_validating_admission_policy,
             admission.replace_validating_admission_policy,
         ),
-        (
-            binding,
+        "ValidatingAdmissionPolicyBinding": (
             admission.create_validating_admission_policy_binding,
             admission.read_validating_admission_policy_binding,
             admission.replace_validating_admission_policy_binding,
         ),
-    ):
+    }
+    for body in objects:
+        create, read, replace = calls[body["kind"]]
         try:
             create(body)
         except ApiException as exc:
@@ -44,10 +50,22 @@ def trainer_status_policy_install(kube: client.ApiClient) -> None:
             replace(name, {**body, "metadata": {**body["metadata"], "resourceVersion": version}})
 
 
+def trainer_status_policy_install(kube: client.ApiClient) -> None:
+    """The chart's admission policy that keeps each trainer to its own job."""
+    admission_policies_install(kube, trainer_status_policy())
+
+
+def operator_fence_install(kube: client.ApiClient) -> None:
+    """The chart's fence around the operator's own token, for the tests' operator account: every
+    test that runs the operator runs it inside the fence, as the chart installs it."""
+    admission_policies_install(kube, operator_fence_policies())
+
+
 def finetune_crd_install(kube: client.ApiClient) -> str:
-    """Create or update the CRD as the models generate it, and the admission policy that comes
+    """Create or update the CRD as the models generate it, and the admission policies that come
     with it in the chart; wait until the CRD is Established."""
     trainer_status_policy_install(kube)
+    operator_fence_install(kube)
     api = client.ApiextensionsV1Api(kube)
     body = crd_model.crd()
     try:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,12 +24,15 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from finetune_api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from finetune_operator.images import DEFAULT_ALLOWED_IMAGES
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO / "charts" / "finetune-operator" / "files" / "operator-rbac.yaml"
 TRAINER_POLICY_FILE = REPO / "charts" / "finetune-operator" / "files" / "trainer-status-policy.yaml"
+FENCE_POLICY_FILE = REPO / "charts" / "finetune-operator" / "files" / "operator-fence-policy.yaml"
 SYSTEM_NAMESPACE = "finetune-system"
 OPERATOR_SA = "finetune-operator"
+OPERATOR_USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{OPERATOR_SA}"
 OPERATOR_ROLE = "finetune-operator-tests"
 
 T = TypeVar("T")
@@ -45,6 +48,31 @@ def trainer_status_policy() -> list[dict[str, Any]]:
     """The chart's ValidatingAdmissionPolicy and its binding, as the chart renders them (sans labels)."""
     objects = yaml.safe_load(TRAINER_POLICY_FILE.read_text())
     assert isinstance(objects, list) and len(objects) == 2
+    return objects
+
+
+def operator_fence_policies(
+    user: str = OPERATOR_USER, allowed_images: Sequence[str] = DEFAULT_ALLOWED_IMAGES
+) -> list[dict[str, Any]]:
+    """The chart's operator fence, as the chart renders it (sans names and labels): each policy
+    of the file for this operator user and allow-list, each followed by its Deny binding."""
+    policies = yaml.safe_load(FENCE_POLICY_FILE.read_text())
+    assert isinstance(policies, list) and policies
+    objects: list[dict[str, Any]] = []
+    for policy in policies:
+        spec = policy["spec"]
+        spec["matchConditions"] = [{"name": "operator-only", "expression": f"request.userInfo.username == '{user}'"}]
+        for variable in spec.get("variables") or []:
+            if variable["name"] == "allowedImages":
+                variable["expression"] = json.dumps(list(allowed_images), separators=(",", ":"))
+        name = policy["metadata"]["name"]
+        binding = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        }
+        objects += [policy, binding]
     return objects
 
 

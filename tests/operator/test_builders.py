@@ -109,8 +109,8 @@ def test_cpu_job_has_no_gpu_placement():
     p = pod_spec()
     assert "nodeSelector" not in p and "tolerations" not in p
     assert container()["resources"] == {
-        "limits": {"cpu": "1", "memory": "2Gi"},
-        "requests": {"cpu": "1", "memory": "2Gi"},
+        "limits": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "9216Mi"},
+        "requests": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "1Gi"},
     }
 
 
@@ -131,7 +131,7 @@ def test_gpu_job_selects_the_product_tolerates_the_taint_and_limits_gpus():
     ]
     assert p["priorityClassName"] == "training"
     limits = container(s)["resources"]["limits"]
-    assert limits == {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "4"}  # defaults from the settings
+    assert limits == {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "4", "ephemeral-storage": "9216Mi"}
     env = {e["name"]: e.get("value") for e in container(s)["env"]}
     assert env["TORCHDYNAMO_DISABLE"] == "1"  # Pascal
 
@@ -229,3 +229,45 @@ def test_job_patch_follows_suspend_and_leaves_queued_jobs_to_kueue():
 def test_builders_are_deterministic():
     first = json.dumps(desired_children(OWNER, spec(), SETTINGS), sort_keys=True)
     assert first == json.dumps(desired_children(OWNER, spec(), SETTINGS), sort_keys=True)
+
+
+def test_tmp_is_capped_and_the_pod_asks_for_the_disk_it_may_use():
+    custom = Settings(tmp_size="20Gi", ephemeral_storage_request="2Gi")
+    vols = {v["name"]: v for v in pod_spec(settings=custom)["volumes"]}
+    assert vols["tmp"]["emptyDir"] == {"sizeLimit": "20Gi"}
+    res = container(settings=custom)["resources"]
+    # /tmp plus 1Gi of logs: a pod that fills /tmp is evicted, not the node's disk.
+    assert res["limits"]["ephemeral-storage"] == "21504Mi"
+    assert res["requests"]["ephemeral-storage"] == "2Gi"
+
+
+def test_shm_never_takes_more_than_its_share_of_the_memory_limit():
+    # The tiny example's shape: 8Gi of /dev/shm asked, 4Gi of memory: half of it, 2Gi.
+    small = spec(resources={"memory": "4Gi"})
+    assert job.shm_size(small, Settings(shm_size="8Gi")) == "2048Mi"
+    assert {v["name"]: v for v in pod_spec(small, Settings())["volumes"]}["shm"]["emptyDir"] == {
+        "medium": "Memory",
+        "sizeLimit": "2048Mi",
+    }
+    # Room enough: the configured size as it is.
+    assert job.shm_size(spec(resources={"memory": "64Gi"}), Settings(shm_size="8Gi")) == "8Gi"
+    assert job.shm_size(spec(resources={"memory": "10G"}), Settings(shm_size="8Gi", shm_memory_fraction=0.25)) == (
+        "2384Mi"
+    )
+    # No memory limit anywhere: nothing to exceed.
+    no_limit = spec(resources={"memory": None})
+    assert job.shm_size(no_limit, Settings(default_memory=None)) == "8Gi"
+
+
+def test_only_hub_jobs_carry_the_hub_egress_label():
+    from finetune_operator.children import HUB_EGRESS_LABEL
+
+    local = job.job(OWNER, spec(), SETTINGS)["spec"]["template"]["metadata"]["labels"]
+    hub_model = spec(model={"source": {"hub": {"id": "org/m"}}})
+    hub_data = spec(dataset={"source": {"hub": {"id": "org/d"}}, "format": "alpaca"})
+    assert HUB_EGRESS_LABEL not in local
+    for s in (hub_model, hub_data):
+        template = job.job(OWNER, s, SETTINGS)["spec"]["template"]
+        assert template["metadata"]["labels"][HUB_EGRESS_LABEL] == "true"
+        # ...and the Job's own labels stay as they were (the streams select on them).
+        assert HUB_EGRESS_LABEL not in job.job(OWNER, s, SETTINGS)["metadata"]["labels"]

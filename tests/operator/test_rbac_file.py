@@ -1,10 +1,17 @@
 """The operator's RBAC file (shared with the chart): no wildcards, no verbs it does not use,
 and enough to grant each trainer its own Role (RBAC refuses to grant what one does not hold)."""
 
+import json
+import re
+from typing import Any
+
+import yaml
+
 from finetune_api.constants import GROUP, MAX_NAME_LENGTH, PLURAL, TRAINER_SERVICE_ACCOUNT
 from finetune_operator.builders import rbac
+from finetune_operator.images import DEFAULT_ALLOWED_IMAGES
 
-from .harness import operator_rules, trainer_status_policy
+from .harness import FENCE_POLICY_FILE, OPERATOR_USER, operator_fence_policies, operator_rules, trainer_status_policy
 
 WRITES = {"create", "patch", "update", "delete", "deletecollection"}
 
@@ -68,3 +75,51 @@ def test_the_trainer_status_policy_names_what_the_operator_builds():
     # truncates a generateName prefix past 58 characters, which job names never reach.
     assert MAX_NAME_LENGTH + 1 <= 58
     assert "size(object.metadata.name) + 6" in spec["validations"][0]["expression"]
+
+
+def _fence() -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in operator_fence_policies() if p["kind"] == "ValidatingAdmissionPolicy"}
+
+
+def _variable(policy: dict[str, Any], name: str) -> Any:
+    (found,) = [v["expression"] for v in policy["spec"].get("variables") or [] if v["name"] == name]
+    return json.loads(found)
+
+
+def test_the_fence_holds_the_trainer_role_the_builders_make():
+    """The one trainer rule: the Role the operator creates is the Role the fence admits."""
+    roles = _fence()["finetune-fence-roles"]
+    (rule,) = rbac.role("ns")["rules"]
+    assert rule == {
+        "apiGroups": _variable(roles, "trainerApiGroups"),
+        "resources": _variable(roles, "trainerResources"),
+        "verbs": _variable(roles, "trainerVerbs"),
+    }
+    assert list(rbac.TRAINER_VERBS) == rule["verbs"]
+    assert f"'{rbac.ROLE_NAME}'" in roles["spec"]["validations"][0]["expression"]
+
+
+def test_the_fence_names_the_operators_identity_and_allow_list():
+    for policy in _fence().values():
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition == {"name": "operator-only", "expression": f"request.userInfo.username == '{OPERATOR_USER}'"}
+        assert policy["spec"]["failurePolicy"] == "Fail"
+    assert tuple(_variable(_fence()["finetune-fence-jobs"], "allowedImages")) == DEFAULT_ALLOWED_IMAGES
+    source = yaml.safe_load(FENCE_POLICY_FILE.read_text())
+    (jobs,) = [p for p in source if p["metadata"]["name"] == "finetune-fence-jobs"]
+    assert tuple(_variable(jobs, "allowedImages")) == DEFAULT_ALLOWED_IMAGES, "the file's default drifted"
+
+
+def test_every_fence_rule_has_a_name_in_its_message():
+    names = []
+    for policy in _fence().values():
+        for rule in policy["spec"]["validations"]:
+            text = rule.get("message") or rule["messageExpression"]
+            match = re.search(r"finetune-operator fence, rule ([a-z-]+):", text)
+            assert match, f"{policy['metadata']['name']}: a rule without a name in its message: {text}"
+            names.append(match.group(1))
+            assert rule["reason"] in ("Invalid", "Forbidden")
+    assert len(names) == len(set(names)), f"rule names repeat: {names}"
+    for name in ("job-owner", "job-service-account", "job-privileged", "job-host-path", "job-image"):
+        assert name in names
+    assert f"'{TRAINER_SERVICE_ACCOUNT}'" in json.dumps(_fence()["finetune-fence-jobs"]["spec"])

@@ -3,7 +3,7 @@
 import pytest
 
 from finetune_operator.__main__ import build_parser, main, settings_from
-from finetune_operator.settings import Settings, SettingsError, from_env
+from finetune_operator.settings import Settings, SettingsError, check, from_env
 
 
 def test_defaults_are_cluster_wide_with_the_standard_gpu_keys():
@@ -60,3 +60,42 @@ def test_main_prints_one_line_on_a_bad_setting(monkeypatch, capsys):
     assert main([]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "error: FINETUNE_HEALTH_PORT: port 99999 is outside 0-65535"
+
+
+def test_allow_list_and_disk_settings_come_from_env():
+    s = from_env(
+        {
+            "FINETUNE_ALLOWED_IMAGES": '["ghcr.io/finetune-operator/trainer", "registry.example.com/ml/*"]',
+            "FINETUNE_SHM_MEMORY_FRACTION": "0.25",
+            "FINETUNE_TMP_SIZE": "20Gi",
+            "FINETUNE_EPHEMERAL_STORAGE_REQUEST": "2Gi",
+        }
+    )
+    assert s.allowed_images == ("ghcr.io/finetune-operator/trainer", "registry.example.com/ml/*")
+    assert (s.shm_memory_fraction, s.tmp_size, s.ephemeral_storage_request) == (0.25, "20Gi", "2Gi")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("FINETUNE_ALLOWED_IMAGES", "ghcr.io/x", "FINETUNE_ALLOWED_IMAGES: not JSON"),
+        ("FINETUNE_ALLOWED_IMAGES", "[]", "FINETUNE_ALLOWED_IMAGES: expected a non-empty JSON list"),
+        ("FINETUNE_ALLOWED_IMAGES", '["reg/*/x"]', r"pattern 'reg/\*/x': `\*` is allowed only at the end"),
+        ("FINETUNE_SHM_MEMORY_FRACTION", "2", r"FINETUNE_SHM_MEMORY_FRACTION: 2.0 is not a fraction in \(0, 1\]"),
+        ("FINETUNE_SHM_MEMORY_FRACTION", "half", "FINETUNE_SHM_MEMORY_FRACTION: expected a number"),
+        ("FINETUNE_TMP_SIZE", "big", "FINETUNE_TMP_SIZE: 'big' is not a Kubernetes quantity"),
+    ],
+)
+def test_bad_security_values_name_the_variable(name, value, fragment):
+    with pytest.raises(SettingsError, match=fragment):
+        from_env({name: value})
+
+
+def test_a_default_image_outside_the_allow_list_stops_the_operator_in_one_line(monkeypatch, capsys):
+    assert check(Settings()) == Settings()
+    with pytest.raises(SettingsError, match="FINETUNE_TRAINER_IMAGE: the default trainer image 'r/t:2' is not in"):
+        check(Settings(trainer_image="r/t:2"))
+    monkeypatch.setenv("FINETUNE_TRAINER_IMAGE", "docker.io/evil/miner:latest")
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "FINETUNE_ALLOWED_IMAGES" in err and "Traceback" not in err

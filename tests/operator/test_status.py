@@ -207,3 +207,13 @@ def test_status_patch_never_touches_the_trainers_fields():
     patch = status_patch(current, desired)
     assert patch == {"phase": "Succeeded", "message": None}
     assert "progress" not in patch and "lastCheckpoint" not in patch
+
+
+def test_an_image_outside_the_allow_list_fails_the_job_with_its_own_reason():
+    message = "spec.image: 'docker.io/evil/miner:latest' is not in the trainer image allow-list (ghcr.io/x)"
+    out = observe(invalid=message, invalid_reason="ImageNotAllowed")
+    c = conditions(out)
+    assert out.phase == "Failed"
+    assert c["Failed"]["reason"] == c["Validated"]["reason"] == "ImageNotAllowed"
+    assert c["Failed"]["message"] == message
+    assert [(t.type, t.reason) for t in out.transitions] == [("Warning", "ImageNotAllowed")]

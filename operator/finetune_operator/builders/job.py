@@ -7,7 +7,8 @@ from finetune_api.gpus import is_pascal
 from finetune_api.reasons import NON_RETRYABLE, TERMINATION_LOG
 from finetune_api.spec import FineTuneJobSpec
 
-from ..children import KUEUE_QUEUE_LABEL, Owner, job_name, labels, metadata
+from .. import quantities
+from ..children import HUB_EGRESS_LABEL, KUEUE_QUEUE_LABEL, Owner, job_name, labels, metadata
 from ..settings import Settings
 from .config import config_json
 from .paths import (
@@ -29,6 +30,12 @@ COMMAND: Final = ("python", "-m", "finetune_trainer", "--config", CONFIG_PATH)
 HUB_TOKEN_ENV: Final = "HF_TOKEN"
 DATASET_HUB_TOKEN_ENV: Final = "HF_DATASET_TOKEN"
 HUB_TOKEN_KEY: Final = "token"
+# Room for the container's logs in its ephemeral-storage limit, on top of /tmp.
+LOG_ALLOWANCE: Final = "1Gi"
+
+
+def uses_hub(spec: FineTuneJobSpec) -> bool:
+    return spec.model.source.hub is not None or spec.dataset.source.hub is not None
 
 
 def pod_failure_policy() -> dict[str, Any]:
@@ -65,7 +72,7 @@ def environment(spec: FineTuneJobSpec) -> list[dict[str, Any]]:
         {"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
-    if model_hub is None and data_hub is None:
+    if not uses_hub(spec):
         # Nothing to download: a pod must never hang on the network.
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
     else:
@@ -82,10 +89,14 @@ def environment(spec: FineTuneJobSpec) -> list[dict[str, Any]]:
     return env
 
 
+def memory_limit(spec: FineTuneJobSpec, settings: Settings) -> str | None:
+    return spec.resources.memory or settings.default_memory
+
+
 def resources(spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
     limits: dict[str, Any] = {}
     cpu = spec.resources.cpu or settings.default_cpu
-    memory = spec.resources.memory or settings.default_memory
+    memory = memory_limit(spec, settings)
     if cpu:
         limits["cpu"] = cpu
     if memory:
@@ -93,7 +104,28 @@ def resources(spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
     if spec.resources.gpus > 0:
         limits[settings.gpu_resource] = str(spec.resources.gpus)
     # Requests equal limits: a training pod that gets squeezed mid-run loses hours of work.
-    return {"limits": limits, "requests": dict(limits)} if limits else {}
+    requests = dict(limits)
+    # Disk is the exception: the limit covers the whole /tmp plus logs, but a trainer rarely
+    # fills /tmp, and reserving all of it per pod would leave disk idle on every node.
+    disk = quantities.to_bytes(settings.tmp_size) + quantities.to_bytes(LOG_ALLOWANCE)
+    limits["ephemeral-storage"] = quantities.mebibytes(disk, round_up=True)
+    requests["ephemeral-storage"] = settings.ephemeral_storage_request
+    return {"limits": limits, "requests": requests}
+
+
+def shm_size(spec: FineTuneJobSpec, settings: Settings) -> str:
+    """/dev/shm: the configured size, but never more than its share of the memory limit.
+
+    A memory-backed emptyDir is charged to the pod's memory, so an /dev/shm as large as the
+    limit turns a full disk into an OOM kill of the trainer.
+    """
+    memory = memory_limit(spec, settings)
+    if memory is None:
+        return settings.shm_size
+    cap = int(quantities.to_bytes(memory) * settings.shm_memory_fraction)
+    if quantities.to_bytes(settings.shm_size) <= cap:
+        return settings.shm_size
+    return quantities.mebibytes(cap, round_up=False)
 
 
 def volumes(
@@ -109,8 +141,8 @@ def volumes(
             },
         },
         {"name": "output", "persistentVolumeClaim": {"claimName": output_claim_name(owner, spec)}},
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
-        {"name": "tmp", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(spec, settings)}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
@@ -171,6 +203,9 @@ def placement(spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
 
 def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
     pod_labels = labels(owner.name)
+    if uses_hub(spec):
+        # The chart's NetworkPolicy opens HTTPS egress to pods with this label only.
+        pod_labels[HUB_EGRESS_LABEL] = "true"
     job_meta = metadata(owner, job_name(owner.name))
     queue = spec.placement.queue_name
     if queue:
@@ -188,9 +223,7 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    res = resources(spec, settings)
-    if res:
-        container["resources"] = res
+    container["resources"] = resources(spec, settings)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": TRAINER_SERVICE_ACCOUNT,

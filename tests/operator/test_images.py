@@ -1,0 +1,76 @@
+"""The trainer image allow-list rule (images.py): the cases here are also sent to the real API
+server against the fence policy's CEL form of the rule (tests/security/test_fence.py), so the
+operator and admission cannot disagree on them."""
+
+import pytest
+
+from finetune_api.constants import DEFAULT_IMAGE
+from finetune_operator import images
+from finetune_operator.reconcile import image_refusal
+from finetune_operator.settings import Settings
+
+from .specs import spec
+
+PATTERNS = ("ghcr.io/finetune-operator/trainer", "registry.example.com/ml/*", "quay.io/team/pinned:1.2")
+
+# (image, allowed by PATTERNS)
+CASES: list[tuple[str, bool]] = [
+    ("ghcr.io/finetune-operator/trainer:0.1.0", True),
+    ("ghcr.io/finetune-operator/trainer@sha256:" + "a" * 64, True),
+    ("ghcr.io/finetune-operator/trainer", True),
+    ("ghcr.io/finetune-operator/trainer-evil:0.1.0", False),
+    ("ghcr.io/finetune-operator/trainerx", False),
+    ("ghcr.io/finetune-operator/other:1", False),
+    ("registry.example.com/ml/trainer:2", True),
+    ("registry.example.com/ml/deep/trainer@sha256:" + "b" * 64, True),
+    ("registry.example.com/mlx/trainer:2", False),
+    ("registry.example.com/trainer:2", False),
+    ("quay.io/team/pinned:1.2", True),
+    ("quay.io/team/pinned:1.2@sha256:" + "c" * 64, True),
+    ("quay.io/team/pinned:1.3", False),
+    ("docker.io/library/python:latest", False),
+    ("trainer:latest", False),
+]
+
+
+@pytest.mark.parametrize(("image", "expected"), CASES)
+def test_patterns_allow_a_repository_a_prefix_or_one_image(image: str, expected: bool) -> None:
+    assert images.allowed(image, PATTERNS) is expected
+
+
+def test_a_lone_star_allows_everything_and_an_empty_list_nothing() -> None:
+    assert images.allowed("anything.example/x:y", ("*",))
+    assert not images.allowed(DEFAULT_IMAGE, ())
+
+
+@pytest.mark.parametrize(
+    ("image", "repository"),
+    [
+        ("ghcr.io/a/b:1", "ghcr.io/a/b"),
+        ("localhost:5000/a/b:1", "localhost:5000/a/b"),
+        ("localhost:5000/a/b", "localhost:5000/a/b"),
+        ("ghcr.io/a/b:1@sha256:" + "0" * 64, "ghcr.io/a/b"),
+    ],
+)
+def test_repository_drops_tag_and_digest_but_keeps_a_registry_port(image: str, repository: str) -> None:
+    assert images.repository(image) == repository
+
+
+def test_the_default_list_allows_the_default_image() -> None:
+    assert images.allowed(DEFAULT_IMAGE, images.DEFAULT_ALLOWED_IMAGES)
+
+
+@pytest.mark.parametrize("pattern", ["", " x", "reg/*/trainer"])
+def test_unusable_patterns_are_named(pattern: str) -> None:
+    assert images.pattern_problem(pattern) is not None
+
+
+def test_a_job_outside_the_list_is_refused_naming_the_field_and_the_list() -> None:
+    settings = Settings(allowed_images=PATTERNS)
+    assert image_refusal(spec(image="registry.example.com/ml/t:1"), settings) is None
+    refused = image_refusal(spec(image="docker.io/evil/miner:latest"), settings)
+    assert refused is not None
+    assert refused.startswith("spec.image: 'docker.io/evil/miner:latest' is not in the trainer image allow-list")
+    assert all(p in refused for p in PATTERNS)
+    # No spec.image: the operator's default, which settings.check keeps inside the list.
+    assert image_refusal(spec(image=None), Settings()) is None

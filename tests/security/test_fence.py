@@ -1,0 +1,414 @@
+"""The operator fence (charts/finetune-operator/files/operator-fence-policy.yaml), proven on the
+real API server with the operator's own ServiceAccount token, never admin:
+
+- each request the issue lists (a Job as another ServiceAccount, privileged, with a hostPath,
+  with an image outside the allow-list, with no FineTuneJob owner; a RoleBinding to
+  cluster-admin or to another subject; a Role with an extra verb) is refused at admission with
+  a message naming the fence's rule;
+- what the operator really sends (the builders' Job, identity and claims) is admitted;
+- the allow-list rule reads every image the same way in CEL as images.py does in Python;
+- a FineTuneJob whose image is outside the list ends Failed with ImageNotAllowed, and no Job.
+
+RBAC already refuses some of these on its own (granting a Role or binding the operator does
+not hold is an escalation). So that every refusal here is the fence's, the operator's RBAC is
+widened in this test's namespace (escalate, bind, and writes it never has): the fence must
+hold where RBAC has been loosened. Requests are dry runs: admission runs in full and nothing
+is stored. The session's operator tests run the real operator inside this same fence.
+"""
+
+import copy
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from finetune_api.constants import API_VERSION, KIND, TRAINER_SERVICE_ACCOUNT
+from finetune_api.spec import FineTuneJobSpec
+from finetune_operator.builders import job as job_builder
+from finetune_operator.builders import pvc as pvc_builder
+from finetune_operator.builders import rbac as rbac_builder
+from finetune_operator.children import Owner
+from finetune_operator.settings import Settings
+from tests.fixtures.cluster import Cluster, token_client
+from tests.operator.conftest import admission_policies_install
+from tests.operator.harness import (
+    OPERATOR_SA,
+    SYSTEM_NAMESPACE,
+    Jobs,
+    OperatorProcess,
+    operator_fence_policies,
+    operator_identity,
+    wait_for,
+)
+from tests.operator.specs import body as spec_body
+from tests.operator.test_images import CASES, PATTERNS
+
+pytestmark = pytest.mark.cluster
+
+# What a loosened RBAC might add: none of it is in files/operator-rbac.yaml.
+WIDENED_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "clusterroles"], "verbs": ["bind", "escalate"]},
+    {"apiGroups": [""], "resources": ["services", "configmaps", "pods"], "verbs": ["create"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["delete"]},
+]
+
+
+class Fenced:
+    """The operator's token in one namespace, and a FineTuneJob there to own children."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, owner: Owner) -> None:
+        self.namespace = namespace
+        self.owner = owner
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.rbac = client.RbacAuthorizationV1Api(api)
+
+    def refusal(self, create: Callable[..., Any], body: dict[str, Any]) -> str | None:
+        """None when admitted (dry run); else the API server's message."""
+        try:
+            create(self.namespace, body, dry_run="All")
+        except ApiException as exc:
+            assert exc.status in (403, 422), f"unexpected HTTP {exc.status}: {exc.body}"
+            return str(exc.body)
+        return None
+
+    def job(self, image: str | None = None) -> dict[str, Any]:
+        spec = FineTuneJobSpec.model_validate(spec_body(image=image) if image else spec_body())
+        return job_builder.job(self.owner, spec, Settings())
+
+
+@pytest.fixture(scope="module")
+def fenced(cluster: Cluster, kube: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fenced]:
+    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    namespace = f"fence-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": namespace, "labels": {"finetune.dev/test": "true"}}})
+    operator_identity(kube, cluster.kubeconfig, tmp_path_factory.mktemp("fence"))
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "widened"}, "rules": WIDENED_RULES})
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "widened"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "widened"},
+            "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": SYSTEM_NAMESPACE}],
+        },
+    )
+    ftj = client.CustomObjectsApi(kube).create_namespaced_custom_object(
+        "finetune.dev",
+        "v1alpha1",
+        namespace,
+        "finetunejobs",
+        {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "owner"}, "spec": spec_body()},
+    )
+    owner = Owner(name="owner", namespace=namespace, uid=ftj["metadata"]["uid"])
+    token = token_client(cluster, core, SYSTEM_NAMESPACE, OPERATOR_SA)
+    yield Fenced(token, namespace, owner)
+    core.delete_namespace(namespace, propagation_policy="Background")
+
+
+def _assert_rule(message: str | None, rule: str) -> None:
+    assert message is not None, f"admitted, but rule {rule} should have refused it"
+    assert f"finetune-operator fence, rule {rule}:" in message, message
+
+
+# --- Jobs -----------------------------------------------------------------------------------
+
+
+def test_the_builders_job_is_admitted(fenced: Fenced) -> None:
+    assert fenced.refusal(fenced.batch.create_namespaced_job, fenced.job()) is None
+    pinned = fenced.job("ghcr.io/finetune-operator/trainer@sha256:" + "a" * 64)
+    assert fenced.refusal(fenced.batch.create_namespaced_job, pinned) is None
+
+
+def _pod(job: dict[str, Any]) -> dict[str, Any]:
+    pod: dict[str, Any] = job["spec"]["template"]["spec"]
+    return pod
+
+
+def test_a_job_as_another_service_account_is_refused(fenced: Fenced) -> None:
+    job = fenced.job()
+    _pod(job)["serviceAccountName"] = "default"
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-service-account")
+
+
+def test_a_privileged_job_is_refused(fenced: Fenced) -> None:
+    job = fenced.job()
+    context = _pod(job)["containers"][0]["securityContext"]
+    context.pop("allowPrivilegeEscalation")  # the API server itself refuses privileged with it false
+    context["privileged"] = True
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-privileged")
+
+
+def test_a_job_with_a_host_path_is_refused(fenced: Fenced) -> None:
+    job = fenced.job()
+    _pod(job)["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    _pod(job)["containers"][0]["volumeMounts"].append({"name": "host", "mountPath": "/host"})
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-host-path")
+
+
+def test_a_job_on_the_host_network_or_mounting_a_secret_is_refused(fenced: Fenced) -> None:
+    job = fenced.job()
+    _pod(job)["hostNetwork"] = True
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-host-namespaces")
+    job = fenced.job()
+    _pod(job)["volumes"].append({"name": "creds", "secret": {"secretName": "anything"}})
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-volume-kinds")
+
+
+def test_a_job_with_an_image_outside_the_allow_list_is_refused(fenced: Fenced) -> None:
+    message = fenced.refusal(fenced.batch.create_namespaced_job, fenced.job("docker.io/evil/miner:latest"))
+    _assert_rule(message, "job-image")
+    assert "docker.io/evil/miner:latest" in str(message) and "ghcr.io/finetune-operator/trainer" in str(message)
+
+
+def test_a_job_with_no_finetunejob_owner_is_refused(fenced: Fenced) -> None:
+    job = fenced.job()
+    del job["metadata"]["ownerReferences"]
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-owner")
+    job = fenced.job()
+    job["metadata"]["ownerReferences"][0].update(apiVersion="apps/v1", kind="Deployment")
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-owner")
+
+
+def test_a_root_or_unconfined_job_is_refused(fenced: Fenced) -> None:
+    job = fenced.job()
+    _pod(job)["securityContext"]["runAsUser"] = 0
+    _pod(job)["securityContext"]["runAsNonRoot"] = False
+    _pod(job)["containers"][0]["securityContext"].pop("runAsNonRoot")
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-non-root")
+    job = fenced.job()
+    _pod(job)["securityContext"]["seccompProfile"] = {"type": "Unconfined"}
+    _pod(job)["containers"][0]["securityContext"].pop("seccompProfile")
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-seccomp")
+    job = fenced.job()
+    _pod(job)["containers"][0]["securityContext"]["capabilities"] = {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-restricted")
+
+
+# --- the trainer identity -------------------------------------------------------------------
+
+
+def test_the_trainer_identity_is_admitted(fenced: Fenced) -> None:
+    account, role, binding = rbac_builder.identity(fenced.namespace)
+    assert fenced.refusal(fenced.core.create_namespaced_service_account, account) is None
+    assert fenced.refusal(fenced.rbac.create_namespaced_role, role) is None
+    assert fenced.refusal(fenced.rbac.create_namespaced_role_binding, binding) is None
+
+
+def test_a_rolebinding_to_cluster_admin_is_refused(fenced: Fenced) -> None:
+    binding = rbac_builder.role_binding(fenced.namespace)
+    binding["roleRef"] = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"}
+    _assert_rule(fenced.refusal(fenced.rbac.create_namespaced_role_binding, binding), "rolebinding-role")
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        {"kind": "ServiceAccount", "name": "default"},
+        {"kind": "ServiceAccount", "name": TRAINER_SERVICE_ACCOUNT, "namespace": "kube-system"},
+        {"kind": "User", "name": "mallory", "apiGroup": "rbac.authorization.k8s.io"},
+        {"kind": "Group", "name": "system:authenticated", "apiGroup": "rbac.authorization.k8s.io"},
+    ],
+    ids=["other-account", "other-namespace", "user", "group"],
+)
+def test_a_rolebinding_to_any_other_subject_is_refused(fenced: Fenced, subject: dict[str, str]) -> None:
+    binding = rbac_builder.role_binding(fenced.namespace)
+    if subject["kind"] == "ServiceAccount":
+        subject = {"namespace": fenced.namespace, **subject}
+    binding["subjects"] = [subject]
+    _assert_rule(fenced.refusal(fenced.rbac.create_namespaced_role_binding, binding), "rolebinding-subject")
+    both = rbac_builder.role_binding(fenced.namespace)
+    both["subjects"].append(subject)
+    _assert_rule(fenced.refusal(fenced.rbac.create_namespaced_role_binding, both), "rolebinding-subject")
+
+
+def test_a_role_with_any_extra_verb_or_rule_is_refused(fenced: Fenced) -> None:
+    role = rbac_builder.role(fenced.namespace)
+    role["rules"][0]["verbs"] = ["patch", "get"]
+    _assert_rule(fenced.refusal(fenced.rbac.create_namespaced_role, role), "role-rules")
+    role = rbac_builder.role(fenced.namespace)
+    role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
+    _assert_rule(fenced.refusal(fenced.rbac.create_namespaced_role, role), "role-rules")
+    role = copy.deepcopy(rbac_builder.role(fenced.namespace))
+    role["metadata"]["name"] = "other"
+    _assert_rule(fenced.refusal(fenced.rbac.create_namespaced_role, role), "role-name")
+
+
+def test_a_service_account_of_another_name_is_refused(fenced: Fenced) -> None:
+    account = rbac_builder.service_account(fenced.namespace)
+    account["metadata"]["name"] = "builder"
+    _assert_rule(fenced.refusal(fenced.core.create_namespaced_service_account, account), "serviceaccount-name")
+
+
+# --- claims, services, everything else ------------------------------------------------------
+
+
+def test_output_claims_are_admitted_and_other_claims_refused(fenced: Fenced) -> None:
+    for delete_with_job in (True, False):
+        spec = FineTuneJobSpec.model_validate(
+            spec_body(output={"pvc": None, "storage": {"size": "1Gi", "deleteWithJob": delete_with_job}})
+        )
+        claim = pvc_builder.output_pvc(fenced.owner, spec)
+        assert claim is not None
+        assert fenced.refusal(fenced.core.create_namespaced_persistent_volume_claim, claim) is None, delete_with_job
+    foreign = copy.deepcopy(claim)
+    foreign["metadata"]["name"] = "data-of-someone"
+    _assert_rule(fenced.refusal(fenced.core.create_namespaced_persistent_volume_claim, foreign), "claim-owner")
+    clone = copy.deepcopy(claim)
+    clone["spec"]["dataSource"] = {"kind": "PersistentVolumeClaim", "name": "secret-data"}
+    _assert_rule(fenced.refusal(fenced.core.create_namespaced_persistent_volume_claim, clone), "claim-new-volume")
+
+
+def test_services_must_be_owned_and_internal(fenced: Fenced) -> None:
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "svc", "ownerReferences": [fenced.owner.reference()]},
+        "spec": {"ports": [{"port": 80}], "selector": {"a": "b"}},
+    }
+    assert fenced.refusal(fenced.core.create_namespaced_service, service) is None
+    unowned = copy.deepcopy(service)
+    del unowned["metadata"]["ownerReferences"]
+    _assert_rule(fenced.refusal(fenced.core.create_namespaced_service, unowned), "service-owner")
+    exposed = copy.deepcopy(service)
+    exposed["spec"]["type"] = "NodePort"
+    _assert_rule(fenced.refusal(fenced.core.create_namespaced_service, exposed), "service-internal")
+
+
+def test_any_other_write_is_refused_naming_the_rule(fenced: Fenced) -> None:
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "b"}}
+    message = fenced.refusal(fenced.core.create_namespaced_config_map, config_map)
+    _assert_rule(message, "operator-kinds")
+    assert "may not CREATE configmaps" in str(message)
+    pod_spec = {**_pod(fenced.job()), "serviceAccountName": "default"}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod_spec}
+    _assert_rule(fenced.refusal(fenced.core.create_namespaced_pod, pod), "operator-kinds")
+
+
+def test_the_operator_cannot_delete_even_with_rbac_to(kube: client.ApiClient, fenced: Fenced) -> None:
+    victim = fenced.job()
+    victim["metadata"]["name"] = "victim"
+    victim["spec"]["suspend"] = True
+    client.BatchV1Api(kube).create_namespaced_job(fenced.namespace, victim)
+    try:
+        fenced.batch.delete_namespaced_job("victim", fenced.namespace, dry_run="All")
+    except ApiException as exc:
+        _assert_rule(str(exc.body), "operator-kinds")
+        assert "may not DELETE jobs.batch" in str(exc.body)
+    else:
+        pytest.fail("the operator deleted a Job")
+
+
+def test_admin_is_not_fenced(kube: client.ApiClient, fenced: Fenced) -> None:
+    """The fence matches the operator's user only: the same Job from an admin is admitted."""
+    job = fenced.job("docker.io/library/busybox:latest")
+    _pod(job)["serviceAccountName"] = "default"
+    client.BatchV1Api(kube).create_namespaced_job(fenced.namespace, job, dry_run="All")
+
+
+# --- the allow-list rule, CEL against Python ------------------------------------------------
+
+CASE_ACCOUNT = "fence-image-cases"
+
+
+@pytest.fixture(scope="module")
+def image_cases(cluster: Cluster, kube: client.ApiClient, fenced: Fenced) -> Iterator[Fenced]:
+    """A copy of the fence's Job policy, with PATTERNS as its list, for an account of its own."""
+    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    namespace = fenced.namespace
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": CASE_ACCOUNT}})
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": CASE_ACCOUNT},
+            "rules": [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": CASE_ACCOUNT},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": CASE_ACCOUNT},
+            "subjects": [{"kind": "ServiceAccount", "name": CASE_ACCOUNT, "namespace": namespace}],
+        },
+    )
+    user = f"system:serviceaccount:{namespace}:{CASE_ACCOUNT}"
+    objects = operator_fence_policies(user, PATTERNS)[:2]
+    assert objects[0]["metadata"]["name"] == "finetune-fence-jobs"
+    name = f"fence-image-cases-{namespace}"
+    objects[0]["metadata"]["name"] = objects[1]["metadata"]["name"] = objects[1]["spec"]["policyName"] = name
+    admission_policies_install(kube, objects)
+    admission = client.AdmissionregistrationV1Api(kube)
+    probe = Fenced(token_client(cluster, core, namespace, CASE_ACCOUNT), namespace, fenced.owner)
+    # A new policy takes a moment to reach the admission plugin: wait for it to refuse.
+    wait_for(
+        lambda: probe.refusal(probe.batch.create_namespaced_job, probe.job("docker.io/x/y:1")), 30, "the case policy"
+    )
+    yield probe
+    admission.delete_validating_admission_policy_binding(name)
+    admission.delete_validating_admission_policy(name)
+
+
+def test_cel_and_python_read_every_image_alike(image_cases: Fenced) -> None:
+    disagree = []
+    for image, allowed in CASES:
+        message = image_cases.refusal(image_cases.batch.create_namespaced_job, image_cases.job(image))
+        if (message is None) != allowed:
+            disagree.append(f"{image}: Python says {'allowed' if allowed else 'refused'}, admission: {message}")
+    assert not disagree, "\n".join(disagree)
+
+
+# --- the operator itself --------------------------------------------------------------------
+
+
+def test_a_job_with_a_disallowed_image_fails_with_image_not_allowed_and_gets_no_job(
+    cluster: Cluster, kube: client.ApiClient, fenced: Fenced, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    folder = tmp_path_factory.mktemp("fence-operator")
+    proc = OperatorProcess(operator_identity(kube, cluster.kubeconfig, folder), fenced.namespace, folder / "op.log")
+    proc.start()
+    try:
+        jobs = Jobs(kube, fenced.namespace)
+        jobs.create("evil", spec_body(image="docker.io/evil/miner:latest"))
+        status = jobs.wait_phase("evil", "Failed", 60)
+        failed = jobs.condition("evil", "Failed")
+        assert failed["reason"] == "ImageNotAllowed", status
+        assert "spec.image: 'docker.io/evil/miner:latest' is not in the trainer image allow-list" in failed["message"]
+        assert "ImageNotAllowed" in {e["reason"] for e in jobs.events("evil")}
+        # The owner job next to it (allowed image, default) gets its Job: the fence admits it.
+        wait_for(lambda: _job_exists(jobs, "owner"), 60, "the allowed job's Job")
+        assert not _job_exists(jobs, "evil"), "a Job was created for a disallowed image"
+        assert "Traceback" not in proc.tail(200_000)
+    finally:
+        proc.stop()
+
+
+def _job_exists(jobs: Jobs, name: str) -> bool:
+    try:
+        jobs.batch.read_namespaced_job(name, jobs.namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def test_without_widened_rbac_the_escalation_check_refuses_first(
+    cluster: Cluster, kube: client.ApiClient, fenced: Fenced, namespace: str
+) -> None:
+    """With the chart's own RBAC (no `bind`, no `escalate`), RBAC refuses a binding to
+    cluster-admin before admission is asked: two layers, and the fence is the one that holds
+    when the first is loosened (the tests above)."""
+    token = token_client(cluster, client.CoreV1Api(kube), SYSTEM_NAMESPACE, OPERATOR_SA)
+    plain = Fenced(token, namespace, fenced.owner)
+    binding = rbac_builder.role_binding(namespace)
+    binding["roleRef"] = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"}
+    message = plain.refusal(plain.rbac.create_namespaced_role_binding, binding)
+    assert message is not None and "attempting to grant RBAC permissions not currently held" in message, message
+    # The trainer's own binding goes through both layers.
+    account, role, own = rbac_builder.identity(namespace)
+    assert plain.refusal(plain.core.create_namespaced_service_account, account) is None
+    plain.rbac.create_namespaced_role(namespace, role)
+    assert plain.refusal(plain.rbac.create_namespaced_role_binding, own) is None
