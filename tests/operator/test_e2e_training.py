@@ -13,9 +13,10 @@ from .specs import body
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 
-# Small enough for 2 busy cores, long enough to see progress move and to act between checkpoints.
-TRAINING = {"maxSteps": 8, "batchSize": 2, "gradientAccumulation": 1, "maxLength": 64, "learningRate": 3e-3}
-CHECKPOINTS = {"everySteps": 2, "keep": 2}
+# Small enough for 2 busy cores, long enough to see progress move and to act between checkpoints
+# (a tiny step takes about 0.1 s on the CPU, so the first checkpoint comes a second or more in).
+TRAINING = {"maxSteps": 32, "batchSize": 2, "gradientAccumulation": 1, "maxLength": 64, "learningRate": 3e-3}
+CHECKPOINTS = {"everySteps": 8, "keep": 2}
 RUN_TIMEOUT = 420
 
 

@@ -71,7 +71,8 @@ def test_fsdp_shards_weights_over_more_gpus():
     state = SHAPE_70B.layers * SHAPE_70B.linear_params_per_layer * mem.quant_constant_bytes_per_param(recipe)
     assert eight.quantised_weights - state == pytest.approx((two.quantised_weights - state) / 4)
     assert eight.embeddings_head == pytest.approx(two.embeddings_head / 4)
-    assert eight.lora_optimizer == pytest.approx(two.lora_optimizer / 4)
+    # The adapter stays whole on every rank (outside FSDP), so its state does not shrink.
+    assert eight.lora_optimizer == two.lora_optimizer
     assert eight.activations == two.activations  # every GPU runs whole sequences
 
 
