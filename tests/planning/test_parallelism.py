@@ -109,8 +109,11 @@ def test_a_model_larger_than_one_gpu_is_sharded_with_fsdp():
 
 
 def test_70b_on_four_p40s_fits_in_the_mode_the_attention_allows():
+    # auto never falls back to deviceMap (one GPU busy at a time): only a spec that asks gets it.
     materialised = launch(example_spec(), LLAMA_33_70B, 4)
-    assert materialised.fits and (materialised.parallelism, materialised.processes) == ("deviceMap", 1)
+    assert not materialised.fits and materialised.parallelism == "fsdp"
+    asked = launch(example_spec(parallelism="deviceMap"), LLAMA_33_70B, 4)
+    assert asked.fits and (asked.parallelism, asked.processes) == ("deviceMap", 1)
     efficient = launch(example_spec(), LLAMA_33_70B, 4, attention="memory_efficient")
     assert efficient.fits and (efficient.parallelism, efficient.processes) == ("fsdp", 4)
     assert efficient.plan is not None and efficient.plan.recipe.loss_chunk_tokens in TRAINER_LOSS_CHUNKS

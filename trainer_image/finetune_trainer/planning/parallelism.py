@@ -35,6 +35,8 @@ _MODES: Final[dict[str, ModeChoice]] = {
     "fsdp": "fsdp",
     "deviceMap": "device_map",
 }
+# deviceMap keeps one GPU busy at a time: `auto` never picks it, a spec may still ask for it.
+AUTO_MODES: Final[tuple[Mode, ...]] = ("data_parallel", "fsdp")
 _WORDS: Final[dict[Mode, Parallelism]] = {
     "data_parallel": "dataParallel",
     "fsdp": "fsdp",
@@ -79,7 +81,8 @@ def choose(
     `resources.gpuProduct`); `product` replaces the looked-up product (what-if figures).
 
     On the CPU: the spec's parallelism (auto: dataParallel) with `resources.processes`
-    processes (deviceMap: one). On GPUs: the planner's mode (auto: the fastest that fits; on
+    processes (deviceMap: one). On GPUs: the planner's mode (auto: the fastest of dataParallel
+    and fsdp that fits, never deviceMap, which only a spec that names it gets; on
     one GPU dataParallel, the world-size-1 case), one process per GPU (deviceMap: one). A plan
     that does not fit is returned with `plan.fits` False, not raised; a `model_config` the
     planner cannot read raises ModelConfigError.
@@ -97,6 +100,7 @@ def choose(
         Hardware(gpus, chosen, memory_gib),
         mode=_MODES[spec.training.parallelism],
         epoch_tokens=epoch_tokens,
+        allowed_modes=AUTO_MODES,
         loss_chunks=TRAINER_LOSS_CHUNKS,
     )
     parallelism = _WORDS[plan.mode]
