@@ -90,7 +90,9 @@ def compare_record(
     if peak is not None:
         for key, run in (("reference", reference), ("ours", ours)):
             if run is not None and "tok_s" in run:
-                record[f"{key}_mfu_per_gpu"] = round(mfu(run["tok_s"] / gpus, shape, seq, True, peak), 3)
+                # Each run over the GPUs it used (the N-GPU rows compare with a 1-GPU reference).
+                used = run.get("gpus") or run.get("worldSize") or gpus
+                record[f"{key}_mfu_per_gpu"] = round(mfu(run["tok_s"] / used, shape, seq, True, peak), 3)
     if ref_ok and ours_ok:
         record["loss"] = {
             "reference_last": reference["loss_last"],  # type: ignore[index]

@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpus", default="1,2", help="GPU counts to compare, e.g. 1,2")
     parser.add_argument("--layers", type=int, default=SLICE.layers)
     parser.add_argument("--large-layers", type=int, default=40, help="depth of the slice for the `large` phase")
+    parser.add_argument(
+        "--large-without-reference", action="store_true", help="`large`: ours only (peak and plan, no ratio)"
+    )
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=4, help="timed steps after warm-up")
     parser.add_argument("--warm", type=int, default=2)
@@ -242,7 +245,9 @@ class Bench:
             "split": True,
         }
         name = f"reference-{gpus}gpu-{layers}l-split"
-        lines = [x for x in self.reference([run], gpus, name, model, layers) if "tok_s" in x or "error" in x]
+        lines = []
+        if not self.args.large_without_reference:
+            lines = [x for x in self.reference([run], gpus, name, model, layers) if "tok_s" in x or "error" in x]
         ours = self.ours(
             gpus, f"ours-{gpus}gpu-{layers}l-fsdp", model=model, parallelism="fsdp", gpu_memory_gib=P40_GIB
         )
@@ -299,8 +304,8 @@ class Bench:
             return 2
         peaks = self.peaks(max(counts))
         versions = environment_versions()
-        self.build(self.model, self.args.layers)
         if "compare" in self.phases:
+            self.build(self.model, self.args.layers)
             for gpus in counts:
                 if self.left_s() < 60:
                     print(f"[bench] budget spent; {gpus}-GPU comparison not run", flush=True)

@@ -12,9 +12,9 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HEADER = (
-    "| date | GPU | GPUs | ours' mode | reference tok/s | ours tok/s | ours / reference | MFU per GPU (ref / ours) "
-    "| peak GiB per GPU (ref / ours) | loss after N steps (ref / ours) |\n"
-    "| --- | --- | ---: | --- | ---: | ---: | ---: | --- | --- | --- |"
+    "| date | GPU | layers | GPUs | ours' mode | reference run | reference tok/s | ours tok/s | ours / reference "
+    "| MFU per GPU (ref / ours) | peak GiB per GPU (ref / ours) | loss after N steps (ref / ours) |\n"
+    "| --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | --- | --- | --- |"
 )
 
 
@@ -32,8 +32,15 @@ def row(record: dict[str, Any]) -> str | None:
     mode = ours.get("parallelism") or record.get("mode") or "-"
     if "nop2p" in str(record.get("mode", "")):
         mode += " (NCCL_P2P_DISABLE=1)"
+    ref_gpus = ref.get("gpus", 1)
+    against = (
+        f"{ref_gpus} GPU" + (", layers split" if ref.get("split") else "")
+        if ref_gpus == 1
+        else (f"{ref_gpus} GPUs, layers split")
+    )
+    layers = (record.get("shape") or {}).get("layers", "-")
     return (
-        f"| {record['date']} | {record.get('gpu') or '-'} | {record['gpus']} | {mode} "
+        f"| {record['date']} | {record.get('gpu') or '-'} | {layers} | {record['gpus']} | {mode} | {against} "
         f"| {ref['tok_s']:.0f} | {ours['tok_s']:.0f} "
         f"| {record.get('ratio', ours['tok_s'] / ref['tok_s']):.3f}x | {mfu_text} "
         f"| {_fmt_peaks(ref.get('peak_gib'))} / {_fmt_peaks(ours.get('peak_gib'))} "

@@ -150,6 +150,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                     "seconds",
                     "parallelism",
                     "worldSize",
+                    "peakHostGiBPerProcess",
                 )
             }
         )

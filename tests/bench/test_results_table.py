@@ -43,7 +43,7 @@ def test_table_lists_each_result_file(tmp_path: Path) -> None:
     assert text.startswith(HEADER)
     rows = text.splitlines()[2:]
     assert len(rows) == 1
-    assert "| 2 | fsdp-nop2p (NCCL_P2P_DISABLE=1) | 1841 | 3600 | 1.955x |" in rows[0]
+    assert "| 4 | 2 | fsdp-nop2p (NCCL_P2P_DISABLE=1) | 1 GPU | 1841 | 3600 | 1.955x |" in rows[0]
 
 
 def test_a_failed_run_is_left_out_of_the_table(tmp_path: Path) -> None:

@@ -87,6 +87,15 @@ def _peaks(hardware: Hardware, ranks: Topology, device: torch.device, parallelis
     return [round(v, 2) for v in sum_figures(mine, ranks.world_size, device)]
 
 
+def _host_peaks(ranks: Topology, device: torch.device) -> list[float]:
+    """Peak resident host memory (GiB) of every rank, gathered to every rank."""
+    import resource
+
+    mine = [0.0] * ranks.world_size
+    mine[ranks.rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return [round(v, 2) for v in sum_figures(mine, ranks.world_size, device)]
+
+
 def _guard(model: nn.Module, precision: str) -> GuardReport | None:
     if precision != "fp32":
         return None
@@ -279,6 +288,7 @@ def train(config: TrainerConfig, ranks: Topology = topology.SINGLE) -> dict[str,
                 progress.evaluated(step, eval_loss)
         in_step = all_equal(adapter.params)
         peaks = _peaks(hardware, ranks, device, launch.parallelism)
+        host_peaks = _host_peaks(ranks, device)
         topology.barrier(ranks)
     finally:
         progress.close()
@@ -324,6 +334,7 @@ def train(config: TrainerConfig, ranks: Topology = topology.SINGLE) -> dict[str,
         "lossSpikes": progress.spikes.spikes,
         "statusPatches": {"sent": reporter.sent, "failed": reporter.failed} if reporter else None,
         "peakGiBPerGpu": peaks,
+        "peakHostGiBPerProcess": host_peaks,
         "seconds": round(time.time() - started, 1),
     }
     write_summary(output, summary)
