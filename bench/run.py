@@ -181,6 +181,31 @@ class Bench:
             return
         self.reference([], 1, f"build-slice-{layers}l", model, layers)
 
+    def record(
+        self,
+        shape: Shape,
+        gpus: int,
+        peaks: list[dict[str, Any]],
+        versions: dict[str, Any],
+        *,
+        reference: dict[str, Any] | None,
+        ours: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """One comparison record with this bench's settings."""
+        return compare_record(
+            date=self.date,
+            shape=shape,
+            seq=self.args.seq,
+            steps=self.args.steps,
+            warm=self.args.warm,
+            seed=self.args.seed,
+            gpus=gpus,
+            peaks=peaks[:gpus],
+            reference=reference,
+            ours=ours,
+            versions=versions,
+        )
+
     def modes(self, gpus: int) -> list[tuple[str, dict[str, Any]]]:
         if gpus == 1:
             return [("auto", {})]
@@ -211,19 +236,7 @@ class Bench:
                 print(f"[bench] budget spent; {gpus}-GPU {label} not run", flush=True)
                 continue
             ours = self.ours(gpus, f"ours-{gpus}gpu-{label}", **extra)
-            record = compare_record(
-                date=self.date,
-                shape=self.shape,
-                seq=self.args.seq,
-                steps=self.args.steps,
-                warm=self.args.warm,
-                seed=self.args.seed,
-                gpus=gpus,
-                peaks=peaks[:gpus],
-                reference=self.references.get(1),
-                ours=ours,
-                versions=versions,
-            )
+            record = self.record(self.shape, gpus, peaks, versions, reference=self.references.get(1), ours=ours)
             record["mode"] = label
             record["reference_split_same_call"] = split
             if "nockpt" in self.phases and gpus == 1 and self.left_s() > 120:
@@ -251,19 +264,8 @@ class Bench:
         ours = self.ours(
             gpus, f"ours-{gpus}gpu-{layers}l-fsdp", model=model, parallelism="fsdp", gpu_memory_gib=P40_GIB
         )
-        record = compare_record(
-            date=self.date,
-            shape=Shape(**{**self.shape.__dict__, "layers": layers}),
-            seq=self.args.seq,
-            steps=self.args.steps,
-            warm=self.args.warm,
-            seed=self.args.seed,
-            gpus=gpus,
-            peaks=peaks[:gpus],
-            reference=lines[-1] if lines else None,
-            ours=ours,
-            versions=versions,
-        )
+        shape = Shape(**{**self.shape.__dict__, "layers": layers})
+        record = self.record(shape, gpus, peaks, versions, reference=lines[-1] if lines else None, ours=ours)
         record["mode"] = "fsdp"
         record["gpu_memory_cap_gib"] = P40_GIB
         self.write(f"{self.date}-{gpu_slug(peaks)}-{gpus}gpu-{layers}l-fsdp.json", record)

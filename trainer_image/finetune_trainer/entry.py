@@ -149,6 +149,32 @@ def _outcome(termination: Path | None, run: Callable[[], object], worker: bool) 
     return fail(termination, reason, message)
 
 
+def _run(args: argparse.Namespace) -> None:
+    """The whole run of this process; every ending it cannot name is raised to `_outcome`."""
+    config = load_config(args.config)
+    from .environment import prepare_process_environment
+
+    prepare_process_environment(config)
+    from .run import train
+
+    if args.worker:
+        from .distributed.launch import die_with_launcher
+        from .distributed.topology import from_env
+
+        die_with_launcher()
+        train(config, from_env())
+        return
+    processes = _processes(config, args.nproc)
+    if processes == 1:
+        train(config)
+        return
+    from .distributed.launch import launch
+
+    reason, message = launch(args.config, processes)
+    if reason is not None:
+        raise TrainerFailure(reason, message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging()
@@ -157,38 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _outcome(termination, _self_check, worker=False)
     if not args.config:
         return fail(termination, ExitReason.InvalidConfig, "--config PATH is required")
-    state: dict[str, TrainerConfig] = {}
-
-    def setup() -> None:
-        state["config"] = load_config(args.config)
-        from .environment import prepare_process_environment
-
-        prepare_process_environment(state["config"])
-
-    code = _outcome(termination, setup, worker=args.worker)
-    if code:
-        return code
-    config = state["config"]
-    if args.worker:
-        from .distributed.launch import die_with_launcher
-        from .distributed.topology import from_env
-
-        die_with_launcher()
-        from .run import train
-
-        return _outcome(None, lambda: train(config, from_env()), worker=True)
-    processes: list[int] = []
-    code = _outcome(termination, lambda: processes.append(_processes(config, args.nproc)), worker=False)
-    if code:
-        return code
-    if processes[0] == 1:
-        from .run import train
-
-        return _outcome(termination, lambda: train(config), worker=False)
-    from .distributed.launch import launch
-
-    reason, message = launch(args.config, processes[0])
-    return 0 if reason is None else fail(termination, reason, message)
+    return _outcome(termination, lambda: _run(args), worker=args.worker)
 
 
 def _self_check() -> None:
