@@ -1,3 +1,3 @@
 """Shared pytest wiring. Fixture modules live in tests/fixtures/ and register here."""
 
-pytest_plugins: list[str] = ["tests.fixtures.cluster"]
+pytest_plugins: list[str] = ["tests.fixtures.cluster", "tests.fixtures.kueue"]

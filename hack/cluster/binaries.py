@@ -1,12 +1,16 @@
 """The binaries the control plane runs: which versions, how each is built, where it is cached.
 
 Only package registries are reachable where this runs, so every component is built from the Go
-module proxy by the project's own wrappers in hack/k8s-build/. A build happens once per version
+module proxy by the project's own wrappers in hack/k8s-build/ (or `go install`ed where its module
+has no replace lines: KWOK, Helm, Kueue). Kueue is optional: built the first time it is needed
+(`ensure_component`), never by `up`, with the manifests it ships in its module copied beside the
+binary. A build happens once per version
 (under a lock, into a temporary folder renamed into place, so a killed build leaves nothing
 half-written); `KUBEBUILDER_ASSETS`, when set, supplies any binary it holds instead.
 """
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -23,6 +27,19 @@ K8S_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.7.0"
 HELM_VERSION = "v3.19.5"
+# Optional: built the first time a test (or `python -m hack.cluster kueue-up`) needs it.
+KUEUE_VERSION = "v0.17.0"
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+# Kueue's own manifests, copied from its module beside the binary: the CRDs, the kustomization
+# that says which of them get a conversion webhook (and the patches that add it), and the
+# admission webhook configurations.
+KUEUE_MANIFESTS = "manifests"
+KUEUE_MANIFEST_SOURCES = {
+    "crd": "config/components/crd/bases",
+    "crd-kustomization": "config/components/crd",
+    "crd-kustomization/patches": "config/components/crd/patches",
+    "webhook": "config/components/webhook",
+}
 
 BUILD_DIR = REPO_ROOT / "hack" / "k8s-build"
 
@@ -34,6 +51,8 @@ class Component:
     name: str
     version: str
     binaries: tuple[str, ...]
+    # Folders the build leaves beside the binaries (e.g. manifests that ship in the module).
+    extras: tuple[str, ...] = ()
 
     @property
     def folder(self) -> str:
@@ -53,6 +72,9 @@ ETCD = Component("etcd", ETCD_VERSION, ("etcd",))
 KWOK = Component("kwok", KWOK_VERSION, ("kwok",))
 HELM = Component("helm", HELM_VERSION, ("helm",))
 COMPONENTS = (KUBERNETES, ETCD, KWOK, HELM)
+KUEUE = Component("kueue", KUEUE_VERSION, ("kueue",), (KUEUE_MANIFESTS,))
+# Built on demand only (ensure_component), never by `up`.
+OPTIONAL = (KUEUE,)
 
 
 def _build_commands(component: Component, missing: tuple[str, ...], out: Path) -> tuple[list[str], Path]:
@@ -67,7 +89,33 @@ def _build_commands(component: Component, missing: tuple[str, ...], out: Path) -
     if component is HELM:
         flags = f"-s -w -X helm.sh/helm/v3/internal/version.version={HELM_VERSION}"
         return ["go", "install", "-ldflags", flags, f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"], out
+    if component is KUEUE:
+        flags = f"-s -w -X {KUEUE_MODULE}/pkg/version.GitVersion={KUEUE_VERSION}"
+        return ["go", "install", "-ldflags", flags, f"{KUEUE_MODULE}/cmd/kueue@{KUEUE_VERSION}"], out
     raise ValueError(component.name)
+
+
+def _module_dir(module: str, version: str, env: dict[str, str]) -> Path:
+    """Where the Go module cache holds `module@version` (downloading it if needed)."""
+    result = subprocess.run(
+        ["go", "mod", "download", "-json", f"{module}@{version}"], env=env, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"cluster: go mod download {module}@{version} failed: {result.stderr.strip()}")
+    return Path(json.loads(result.stdout)["Dir"])
+
+
+def _copy_extras(component: Component, out: Path, env: dict[str, str]) -> None:
+    """The manifests a component ships in its module, copied beside its binary."""
+    if component is not KUEUE:
+        return
+    module = _module_dir(KUEUE_MODULE, KUEUE_VERSION, env)
+    for name, source in KUEUE_MANIFEST_SOURCES.items():
+        target = out / KUEUE_MANIFESTS / name
+        target.mkdir(parents=True)
+        for path in sorted((module / source).glob("*.yaml")):
+            # The module cache is read-only: copy the bytes, not the mode.
+            (target / path.name).write_bytes(path.read_bytes())
 
 
 @contextmanager
@@ -89,11 +137,15 @@ def resolve(name: str, cache: Path | None = None) -> Path | None:
     assets = _assets_dir()
     if assets and (assets / name).is_file():
         return assets / name
-    for component in COMPONENTS:
+    for component in COMPONENTS + OPTIONAL:
         if name in component.binaries:
             path = (cache or binary_cache_root()) / component.folder / name
             return path if path.is_file() else None
     raise KeyError(name)
+
+
+def _missing_extras(component: Component, cache: Path) -> tuple[str, ...]:
+    return tuple(name for name in component.extras if not (cache / component.folder / name).is_dir())
 
 
 def build(component: Component, missing: tuple[str, ...], cache: Path) -> None:
@@ -111,11 +163,43 @@ def build(component: Component, missing: tuple[str, ...], cache: Path) -> None:
     if result.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise SystemExit(f"cluster: build failed ({result.returncode}): {' '.join(command)} (in {cwd})")
+    try:
+        _copy_extras(component, tmp, env)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     final.mkdir(parents=True, exist_ok=True)
     for name in missing:
         (tmp / name).replace(final / name)
+    for name in component.extras:
+        shutil.rmtree(final / name, ignore_errors=True)
+        (tmp / name).replace(final / name)
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"cluster: built {', '.join(missing)} in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+
+
+def _link(layout: Layout, found: dict[str, Path]) -> None:
+    layout.bin.mkdir(parents=True, exist_ok=True)
+    for name, path in found.items():
+        link = layout.bin / name
+        if link.is_symlink() or link.exists():
+            if link.is_symlink() and link.readlink() == path:
+                continue
+            link.unlink()
+        link.symlink_to(path)
+
+
+def ensure_component(layout: Layout, component: Component) -> Path:
+    """An optional component, built where missing (binaries and extras); its cache folder."""
+    cache = binary_cache_root()
+    folder = cache / component.folder
+    with _cache_lock(cache):
+        missing = tuple(name for name in component.binaries if not (folder / name).is_file())
+        if missing or _missing_extras(component, cache):
+            # Extras come from the same build: a folder without them is built again whole.
+            build(component, component.binaries, cache)
+    _link(layout, {name: folder / name for name in component.binaries})
+    return folder
 
 
 def ensure(layout: Layout) -> dict[str, Path]:
@@ -131,12 +215,5 @@ def ensure(layout: Layout) -> dict[str, Path]:
                 path = resolve(name, cache)
                 assert path is not None, name
                 found[name] = path
-    layout.bin.mkdir(parents=True, exist_ok=True)
-    for name, path in found.items():
-        link = layout.bin / name
-        if link.is_symlink() or link.exists():
-            if link.is_symlink() and link.readlink() == path:
-                continue
-            link.unlink()
-        link.symlink_to(path)
+    _link(layout, found)
     return found

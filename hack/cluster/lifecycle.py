@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from . import binaries, pki, processes
+from . import binaries, kueue, pki, processes
 from .control_plane import (
     ClusterState,
     Ports,
@@ -234,13 +234,13 @@ def _stop_strays(layout: Layout) -> None:
         except OSError:
             continue
         binary = Path(argv[0].decode(errors="replace")).name if argv and argv[0] else ""
-        if binary in DAEMONS and any(marker in a.decode(errors="replace") for a in argv[1:]):
+        if binary in (*DAEMONS, kueue.NAME) and any(marker in a.decode(errors="replace") for a in argv[1:]):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(proc.name), signal.SIGKILL)
 
 
 def _down_locked(layout: Layout) -> None:
-    processes.stop_all(layout, DAEMONS)
+    processes.stop_all(layout, (kueue.NAME, *DAEMONS))
     _stop_pod_processes(layout)
     _stop_strays(layout)
     if layout.root.is_dir():
@@ -256,11 +256,12 @@ def _session_file(layout: Layout, pid: int) -> Path:
     return layout.sessions / f"{pid}.json"
 
 
-def _live_sessions(layout: Layout) -> list[Path]:
+def _live_sessions(layout: Layout, folder: Path | None = None) -> list[Path]:
     from .agent.runner import process_start_time
 
+    folder = folder or layout.sessions
     live = []
-    for path in layout.sessions.glob("*.json") if layout.sessions.is_dir() else []:
+    for path in folder.glob("*.json") if folder.is_dir() else []:
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -280,6 +281,8 @@ def join_session(pid: int) -> bool:
         if started_here:
             _up_locked(layout)
             layout.session_owned.write_text("")
+        else:
+            kueue.clean_if_dead(layout)
         layout.sessions.mkdir(parents=True, exist_ok=True)
         record = {"pid": pid, "starttime": process_start_time(pid)}
         _session_file(layout, pid).write_text(json.dumps(record))
@@ -293,5 +296,55 @@ def leave_session(pid: int) -> bool:
         _session_file(layout, pid).unlink(missing_ok=True)
         if layout.session_owned.exists() and not _live_sessions(layout):
             _down_locked(layout)
+            return True
+    return False
+
+
+# --- Kueue: optional, shared by the sessions that ask for it, like the cluster ----------------
+
+
+def kueue_up() -> int:
+    """Start Kueue on the running cluster; one started here is left running by sessions."""
+    layout = Layout.for_repo()
+    with _locked(layout):
+        if not running(layout):
+            raise SystemExit("cluster: not running; `make cluster-up` first")
+        kueue.up(layout)
+    return 0
+
+
+def kueue_down() -> int:
+    layout = Layout.for_repo()
+    with _locked(layout):
+        kueue.down(layout)
+    _say("kueue: down")
+    return 0
+
+
+def join_kueue(pid: int) -> bool:
+    """A test session (already in the cluster) starts using Kueue; True when this call started it."""
+    from .agent.runner import process_start_time
+
+    layout = Layout.for_repo()
+    paths = kueue.KueuePaths.of(layout)
+    with _locked(layout):
+        started_here = not kueue.running(layout)
+        if started_here:
+            kueue.up(layout)
+            paths.session_owned.write_text("")
+        paths.sessions.mkdir(parents=True, exist_ok=True)
+        record = {"pid": pid, "starttime": process_start_time(pid)}
+        (paths.sessions / f"{pid}.json").write_text(json.dumps(record))
+    return started_here
+
+
+def leave_kueue(pid: int) -> bool:
+    """The last session out stops a Kueue that sessions started. True when stopped."""
+    layout = Layout.for_repo()
+    paths = kueue.KueuePaths.of(layout)
+    with _locked(layout):
+        (paths.sessions / f"{pid}.json").unlink(missing_ok=True)
+        if paths.session_owned.exists() and not _live_sessions(layout, paths.sessions):
+            kueue.down(layout)
             return True
     return False

@@ -92,7 +92,7 @@ def test_five_gpus_stay_pending_unschedulable(core: client.CoreV1Api, batch: cli
 def test_deleting_the_job_garbage_collects_its_pod(
     core: client.CoreV1Api, batch: client.BatchV1Api, namespace: str
 ) -> None:
-    batch.create_namespaced_job(namespace, gpu_job("gc", 1, annotations={"kwok.finetune.dev/run-ms": "600000"}))
+    batch.create_namespaced_job(namespace, gpu_job("gc", 1, annotations={"kwok.finetune.dev/run-ms": "600s"}))
     pod = wait_pod_phase(core, namespace, pod_of_job(core, namespace, "gc").metadata.name, {"Running"})
     batch.delete_namespaced_job("gc", namespace, propagation_policy="Background")
     wait_for(lambda: not pods_of_job(core, namespace, "gc"), 60, f"pod {pod.metadata.name} to be collected")
