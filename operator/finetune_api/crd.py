@@ -44,7 +44,28 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
     {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpus"},
+    {
+        "name": "Queue",
+        "type": "string",
+        "jsonPath": ".spec.placement.queueName",
+        "priority": 1,
+        "description": "Kueue LocalQueue.",
+    },
+    {
+        "name": "Admission",
+        "type": "string",
+        "jsonPath": ".status.queue.reason",
+        "priority": 1,
+        "description": "Kueue's reason for where the job's Workload stands.",
+    },
+    {"name": "Preemptions", "type": "integer", "jsonPath": ".status.queue.preemptions", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        "name": "Message",
+        "type": "string",
+        "jsonPath": ".status.message",
+        "description": "Why the job waits or failed: Kueue's words while queued (e.g. insufficient quota).",
+    },
 ]
 
 

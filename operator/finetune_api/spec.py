@@ -303,7 +303,22 @@ class Toleration(ApiModel):
     toleration_seconds: int | None = None
 
 
+PRIORITY_NEEDS_QUEUE = "workloadPriorityClassName needs queueName (Kueue orders only the jobs it queues)"
+
+
 class PlacementSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.workloadPriorityClassName) || has(self.queueName)",
+                    PRIORITY_NEEDS_QUEUE,
+                    ".workloadPriorityClassName",
+                )
+            ]
+        }
+    )
+
     node_selector: LabelMap = Field(default_factory=dict, description="Extra node labels the pod requires.")
     tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
         default_factory=list, description="Extra tolerations (the GPU taint is tolerated already)."
@@ -313,6 +328,18 @@ class PlacementSpec(ApiModel):
     queue_name: Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)] | None = Field(
         default=None, description="Kueue LocalQueue; the Job is created suspended for Kueue to admit."
     )
+    workload_priority_class_name: (
+        Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)] | None
+    ) = Field(
+        default=None,
+        description="Kueue WorkloadPriorityClass: orders the queue and decides preemption (needs queueName).",
+    )
+
+    @model_validator(mode="after")
+    def _priority_needs_queue(self) -> "PlacementSpec":
+        if self.workload_priority_class_name is not None and self.queue_name is None:
+            raise ValueError(PRIORITY_NEEDS_QUEUE)
+        return self
 
 
 # --- the whole spec ------------------------------------------------------------------------

@@ -9,10 +9,12 @@ from pydantic import Field
 
 from .base import ApiModel
 
-Phase = Literal["Pending", "Queued", "Running", "Suspended", "Succeeded", "Failed"]
+# Queued, Admitted and Preempted are Kueue's part of a job's life (spec.placement.queueName):
+# waiting for quota, admitted but the trainer not running yet, evicted and its pod stopping.
+Phase = Literal["Pending", "Queued", "Admitted", "Preempted", "Running", "Suspended", "Succeeded", "Failed"]
 TERMINAL_PHASES: tuple[Phase, ...] = ("Succeeded", "Failed")
 
-ConditionType = Literal["Validated", "Scheduled", "Running", "Complete", "Failed", "Suspended"]
+ConditionType = Literal["Validated", "Admitted", "Preempted", "Scheduled", "Running", "Complete", "Failed", "Suspended"]
 
 Message = Annotated[str, Field(max_length=32768)]
 Timestamp = Annotated[str, Field(max_length=64, description="RFC 3339 time.")]
@@ -51,6 +53,33 @@ class OutputPaths(ApiModel):
     claim_name: Annotated[str, Field(max_length=253)] | None = None
 
 
+class PreemptionRef(ApiModel):
+    """The latest preemption, in Kueue's words (its Workload's Preempted condition)."""
+
+    time: Timestamp | None = None
+    reason: Annotated[str, Field(max_length=128)] | None = None
+    message: Message | None = None
+    by: Annotated[str, Field(max_length=512)] | None = Field(
+        default=None, description="The preempting FineTuneJob (namespace/name) when the operator knows it."
+    )
+
+
+class QueueStatus(ApiModel):
+    """What Kueue says about the job: its Workload's admission, in Kueue's own reasons and words."""
+
+    name: Annotated[str, Field(max_length=63)] | None = Field(default=None, description="The LocalQueue.")
+    workload: Annotated[str, Field(max_length=253)] | None = Field(default=None, description="Kueue's Workload.")
+    cluster_queue: Annotated[str, Field(max_length=253)] | None = Field(
+        default=None, description="The ClusterQueue that admitted it."
+    )
+    admitted: bool | None = None
+    reason: Annotated[str, Field(max_length=128)] | None = Field(default=None, description="Kueue's reason.")
+    message: Message | None = Field(default=None, description="Kueue's message, e.g. why quota is short.")
+    position: int | None = Field(default=None, description="Position in the LocalQueue, where Kueue tells it.")
+    preemptions: int | None = Field(default=None, description="Times Kueue preempted the job.")
+    last_preemption: PreemptionRef | None = None
+
+
 class FineTuneJobStatus(ApiModel):
     phase: Phase | None = None
     conditions: Annotated[list[Condition], Field(max_length=16)] = Field(default_factory=list)
@@ -61,4 +90,5 @@ class FineTuneJobStatus(ApiModel):
     start_time: Timestamp | None = None
     completion_time: Timestamp | None = None
     output: OutputPaths | None = None
+    queue: QueueStatus | None = None
     message: Message | None = None

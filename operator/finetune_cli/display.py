@@ -97,3 +97,20 @@ def failure_text(status: dict[str, Any]) -> str:
 def one_line(text: Any) -> str:
     """Messages may quote multi-line output (a termination log); a terminal line holds one."""
     return " ".join(str(text or "").split())
+
+
+def queue_text(queue: dict[str, Any]) -> str:
+    """`team (ClusterQueue gpus), admitted; preempted 1x, last by ns/high`: Kueue's view of the job."""
+    where = str(queue.get("name") or "?")
+    if queue.get("clusterQueue"):
+        where += f" (ClusterQueue {queue['clusterQueue']})"
+    state = "admitted" if queue.get("admitted") else f"waiting: {queue.get('reason') or 'Pending'}"
+    parts = [f"{where}, {state}"]
+    if isinstance(queue.get("position"), int):
+        parts.append(f"position {queue['position']}")
+    count = queue.get("preemptions")
+    if count:
+        last = queue.get("lastPreemption") or {}
+        by = f", last by {last['by']}" if last.get("by") else ""
+        parts.append(f"preempted {count}x{by}")
+    return "; ".join(parts)

@@ -11,7 +11,7 @@ import yaml
 from finetune_api.constants import GROUP, PLURAL, VERSION
 
 from . import kube
-from .display import age, failure_text, one_line, progress_parts
+from .display import age, failure_text, one_line, progress_parts, queue_text
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -101,6 +101,9 @@ def describe(job: dict[str, Any]) -> str:
         lines.append(f"Reason:      {failure_text(status)}")
     elif status.get("message"):
         lines.append(f"Message:     {one_line(status['message'])}")
+    queue = status.get("queue") or {}
+    if queue:
+        lines.append(f"Queue:       {queue_text(queue)}")
     parts = progress_parts(status.get("progress"))
     lines.append(f"Progress:    {', '.join(parts) if parts else '-'}")
     checkpoint = status.get("lastCheckpoint") or {}

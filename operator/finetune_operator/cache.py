@@ -1,6 +1,6 @@
-"""The latest FineTuneJobs, Jobs and pods seen on the watch streams (kopf's for FineTuneJobs,
-streams.py for Jobs and pods), so a reconcile reads memory instead of asking the API server
-three times.
+"""The latest FineTuneJobs, Jobs, pods and Kueue Workloads seen on the watch streams (kopf's for
+FineTuneJobs, streams.py for the rest), so a reconcile reads memory instead of asking the API
+server three times.
 
 Each reconcile used to GET the FineTuneJob, GET its Job and LIST its pods: about two thirds of
 the operator's requests under load, and the queue that new jobs waited behind. The watches
@@ -95,6 +95,21 @@ def trim_job(body: Body) -> Body:
     return {"metadata": _metadata(body), "spec": spec, "status": body.get("status") or {}}
 
 
+def trim_workload(body: Body) -> Body:
+    """A Kueue Workload without its pod sets (whole pod templates): status is what is read."""
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    kept_status = {k: v for k, v in status.items() if k in ("conditions", "admission", "requeueState")}
+    admission = kept_status.get("admission")
+    if isinstance(admission, dict):
+        kept_status["admission"] = {"clusterQueue": admission.get("clusterQueue")}
+    return {
+        "metadata": _metadata(body),
+        "spec": {k: v for k, v in spec.items() if k in ("queueName", "priority", "active")},
+        "status": kept_status,
+    }
+
+
 def trim_pod(body: Body) -> Body:
     spec = body.get("spec") or {}
     return {
@@ -111,6 +126,8 @@ class WatchCache:
         self._jobs: dict[Key, _Packed] = {}
         # (namespace, FineTuneJob name) -> pod name -> pod
         self._pods: dict[Key, dict[str, _Packed]] = {}
+        # (namespace, Job name) -> Workload name -> Workload (Kueue's, for queued jobs)
+        self._workloads: dict[Key, dict[str, _Packed]] = {}
 
     # --- FineTuneJobs ---------------------------------------------------------------------
 
@@ -167,6 +184,11 @@ class WatchCache:
             held = self._jobs.get((namespace, name))
         return held.body() if held is not None else None
 
+    def job_key_by_uid(self, uid: str) -> Key | None:
+        """(namespace, name) of the Job with this UID, if it is one of ours (a preemptor's)."""
+        with self._guard:
+            return next((key for key, held in self._jobs.items() if held.uid == uid), None)
+
     # --- pods (grouped by their FineTuneJob's label) ----------------------------------------
 
     def put_pod(self, job_name: str, body: Body) -> None:
@@ -208,12 +230,54 @@ class WatchCache:
             held = list((self._pods.get((namespace, job_name)) or {}).values())
         return [p.body() for p in held]
 
+    # --- Kueue Workloads (grouped by the name of the Job that owns them) --------------------
+
+    def put_workload(self, job_name: str, body: Body) -> None:
+        namespace, name = _key(body)
+        with self._guard:
+            held = self._workloads.setdefault((namespace, job_name), {})
+            if _newer_or_equal(body, held.get(name)):
+                held[name] = _Packed.of(trim_workload(body))
+
+    def drop_workload(self, job_name: str, body: Body) -> None:
+        namespace, name = _key(body)
+        with self._guard:
+            held = self._workloads.get((namespace, job_name))
+            if held is not None:
+                held.pop(name, None)
+                if not held:
+                    del self._workloads[(namespace, job_name)]
+
+    def keep_listed_workloads(self, listed: list[Body], namespace: str | None, version: str) -> list[Key]:
+        """As keep_listed_pods, for Workloads; the (namespace, Job) keys that lost one."""
+        present = {_key(body) for body in listed}
+        listed_at = _as_int(version)
+        touched: list[Key] = []
+        with self._guard:
+            for key, held in list(self._workloads.items()):
+                if namespace is not None and key[0] != namespace:
+                    continue
+                gone = [n for n, w in held.items() if (key[0], n) not in present and _older(w, listed_at)]
+                for name in gone:
+                    del held[name]
+                if gone:
+                    touched.append(key)
+                if not held:
+                    del self._workloads[key]
+        return touched
+
+    def workloads(self, namespace: str, job_name: str) -> list[Body]:
+        with self._guard:
+            held = list((self._workloads.get((namespace, job_name)) or {}).values())
+        return [w.body() for w in held]
+
     def sizes(self) -> dict[str, int]:
         with self._guard:
             return {
                 "finetunejobs": len(self._finetunejobs),
                 "jobs": len(self._jobs),
                 "pods": sum(len(p) for p in self._pods.values()),
+                "workloads": sum(len(w) for w in self._workloads.values()),
             }
 
 

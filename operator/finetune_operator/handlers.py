@@ -1,5 +1,6 @@
-"""Wiring: every trigger (the job's own events from kopf, its Job's and pods' events from
-streams.py, a periodic resync) runs the same level-based reconcile. Handlers stay thin on purpose.
+"""Wiring: every trigger (the job's own events from kopf, its Job's, pods' and Kueue Workload's
+events from streams.py, a periodic resync) runs the same level-based reconcile. Handlers stay
+thin on purpose.
 
 No change-detection handlers and no timers: those need kopf's per-object state and a
 finalizer, and a finalizer would block deleting a job while the operator is down. Deletion is
@@ -21,7 +22,8 @@ from .cache import WatchCache
 from .kube import Body, Kube, describe_error, load_config
 from .reconcile import Reconciler
 from .settings import Settings, from_env
-from .streams import OnRelist, Stream, sources
+from .streams import OnRelist, Stream, sources, workload_sources
+from .workloads import owner_job_name
 from .workqueue import NEW, UPDATE
 
 logger = logging.getLogger(__name__)
@@ -204,6 +206,18 @@ def pod_event(type: str, body: Body) -> None:
     _reconcile(meta.get("namespace"), job)
 
 
+def workload_event(type: str, body: Body) -> None:
+    """Kueue's Workload of one of our Jobs: named after the Job, which is named after the job."""
+    job = owner_job_name(body)
+    if not job:
+        return
+    if type == "DELETED":
+        STATE.cache.drop_workload(job, body)
+    else:
+        STATE.cache.put_workload(job, body)
+    _reconcile((body.get("metadata") or {}).get("namespace"), job)
+
+
 def _relisted(keep: Callable[[list[Body], str | None, str], list[tuple[str, str]]], namespace: str | None) -> OnRelist:
     def relisted(listed: list[Body], version: str) -> None:
         for gone_namespace, name in keep(listed, namespace, version):
@@ -216,4 +230,8 @@ def start_streams(kube: Kube, namespaces: tuple[str, ...]) -> list[Stream]:
     job_sources, pod_sources = sources(kube, namespaces, LABEL_JOB)
     started = [Stream(s, job_event, _relisted(STATE.cache.keep_listed_jobs, s.namespace)).start() for s in job_sources]
     started += [Stream(s, pod_event, _relisted(STATE.cache.keep_listed_pods, s.namespace)).start() for s in pod_sources]
+    started += [
+        Stream(s, workload_event, _relisted(STATE.cache.keep_listed_workloads, s.namespace)).start()
+        for s in workload_sources(kube, namespaces)
+    ]
     return started

@@ -6,7 +6,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-PHASES: Final = ("Pending", "Queued", "Running", "Suspended", "Succeeded", "Failed")
+PHASES: Final = ("Pending", "Queued", "Admitted", "Preempted", "Running", "Suspended", "Succeeded", "Failed")
 
 REGISTRY = CollectorRegistry()
 JOBS = Gauge("finetune_jobs", "FineTuneJobs seen by this operator, by phase.", ["phase"], registry=REGISTRY)

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from finetune_api.problems import problems_from
 from finetune_api.spec import FineTuneJobSpec
 
-from . import images, metrics
+from . import images, metrics, workloads
 from .builders import job as job_builder
 from .builders import paths
 from .builders import pvc as pvc_builder
@@ -267,6 +267,7 @@ class Reconciler:
                 if seen_pods is None:
                     seen_pods = self._list_pods(namespace, name)
                 pods = [p for p in seen_pods if self._owned_by_job(p, job)]
+        admission, preemptor = self._admission(namespace, name, spec, job)
         outcome = compute(
             Observation(
                 generation=int(meta.get("generation") or 0),
@@ -279,6 +280,9 @@ class Reconciler:
                 output=output_status(owner, spec) if spec is not None else None,
                 suspend_requested=bool(spec and spec.suspend),
                 queued=bool(spec and spec.placement.queue_name),
+                queue_name=spec.placement.queue_name if spec is not None else None,
+                admission=admission,
+                preemptor=preemptor,
             )
         )
         with self._retry_guard:
@@ -301,6 +305,20 @@ class Reconciler:
                 logger.info("%s/%s: phase %s -> %s", namespace, name, current.get("phase"), outcome.phase)
         metrics.PHASE_BOOK.set(namespace, name, outcome.phase)
         return outcome.phase
+
+    def _admission(
+        self, namespace: str, name: str, spec: FineTuneJobSpec | None, job: Body | None
+    ) -> tuple[workloads.Admission | None, str | None]:
+        """Kueue's verdict on the Job's Workload, and the preempting FineTuneJob when it is ours."""
+        if spec is None or not spec.placement.queue_name or job is None:
+            return None, None
+        workload = workloads.of_job(self.cache.workloads(namespace, name), job)
+        if workload is None:
+            return None, None
+        admission = workloads.read(workload)
+        uid = admission.preemption.preemptor_job_uid if admission.preemption else None
+        found = self.cache.job_key_by_uid(uid) if uid else None
+        return admission, "/".join(found) if found else None
 
     def _image_refused(self, spec: FineTuneJobSpec, current: Body) -> str | None:
         """The allow-list's verdict for a job that has no Job: before its first one, and again

@@ -10,6 +10,9 @@ Rules that users rely on:
 - The Failed reason is the trainer's own (from its termination message or exit code), or
   OOMKilled, DeadlineExceeded, BackoffLimitExceeded.
 - Scheduled=False carries the scheduler's message.
+- A queued job (spec.placement.queueName) says what Kueue says, in Kueue's words: Queued with
+  its reason and message while the Workload waits, Admitted, Preempted (by whom, when the
+  preemptor is a job the operator knows) while the evicted pod stops, then Queued again.
 """
 
 from collections.abc import Mapping, Sequence
@@ -19,6 +22,7 @@ from typing import Any
 from finetune_api.reasons import parse_termination_message, reason_for_exit_code
 
 from .builders.job import CONTAINER
+from .workloads import Admission
 
 # The fields this module owns; a status patch never touches any other.
 OWNED_FIELDS = (
@@ -29,6 +33,7 @@ OWNED_FIELDS = (
     "startTime",
     "completionTime",
     "output",
+    "queue",
     "message",
 )
 TERMINAL = ("Succeeded", "Failed")
@@ -37,7 +42,10 @@ TERMINAL = ("Succeeded", "Failed")
 # outside the platform's allow-list (images.py).
 INVALID = "Invalid"
 IMAGE_NOT_ALLOWED = "ImageNotAllowed"
-CONDITION_ORDER = ("Validated", "Scheduled", "Running", "Complete", "Failed", "Suspended")
+CONDITION_ORDER = ("Validated", "Admitted", "Preempted", "Scheduled", "Running", "Complete", "Failed", "Suspended")
+# Before Kueue has made the job's Workload (or where Kueue does not run at all).
+NO_WORKLOAD = "NoWorkload"
+NO_WORKLOAD_MESSAGE = "waiting for Kueue to make the job's Workload (is Kueue managing batch/v1 Jobs?)"
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,11 @@ class Observation:
     output: Mapping[str, Any] | None = None
     suspend_requested: bool = False
     queued: bool = False
+    queue_name: str | None = None
+    # Kueue's Workload of the Job, read (workloads.py); None before Kueue made one.
+    admission: Admission | None = None
+    # The preempting FineTuneJob (namespace/name), when the preemptor's Job is one of ours.
+    preemptor: str | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +200,57 @@ def _scheduling(pods: Sequence[Mapping[str, Any]]) -> tuple[bool, str, str] | No
     return None
 
 
+def _active(pods: Sequence[Mapping[str, Any]]) -> bool:
+    return any((p.get("status") or {}).get("phase") in ("Pending", "Running") for p in pods)
+
+
+def _preemption_text(admission: Admission, preemptor: str | None) -> str:
+    assert admission.preemption is not None
+    said = admission.preemption.message or "preempted by Kueue"
+    return f"preempted by FineTuneJob {preemptor}: {said}" if preemptor else said
+
+
+def queue_status(obs: Observation) -> dict[str, Any]:
+    """status.queue: the LocalQueue, the Workload and Kueue's verdict; preemptions are counted
+    once each (by the time of Kueue's Preempted condition), so a repeated reconcile adds none."""
+    before = dict(obs.current.get("queue") or {})
+    out: dict[str, Any] = {"name": obs.queue_name}
+    count = int(before.get("preemptions") or 0)
+    last = before.get("lastPreemption")
+    admission = obs.admission
+    if admission is None:
+        out.update(admitted=False, reason=NO_WORKLOAD, message=NO_WORKLOAD_MESSAGE)
+    else:
+        out.update(workload=admission.workload, admitted=admission.admitted, reason=admission.reason)
+        out["message"] = admission.message
+        if admission.cluster_queue and admission.admitted:
+            out["clusterQueue"] = admission.cluster_queue
+        preemption = admission.preemption
+        if preemption is not None and (last or {}).get("time") != preemption.time:
+            count += 1
+            last = {"time": preemption.time, "reason": preemption.reason, "message": preemption.message}
+            if obs.preemptor:
+                last["by"] = obs.preemptor
+    if count:
+        out["preemptions"] = count
+    if last:
+        out["lastPreemption"] = last
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _queue_conditions(obs: Observation, conds: dict[str, dict[str, Any]]) -> None:
+    admission = obs.admission
+    if admission is None:
+        conds["Admitted"] = _condition("Admitted", False, NO_WORKLOAD, NO_WORKLOAD_MESSAGE, obs)
+        return
+    conds["Admitted"] = _condition("Admitted", admission.admitted, admission.reason, admission.message, obs)
+    if admission.preemption is not None:
+        text = _preemption_text(admission, obs.preemptor)
+        conds["Preempted"] = _condition("Preempted", True, admission.preemption.reason, text, obs)
+    elif admission.admitted and conds.get("Preempted", {}).get("status") == "True":
+        conds["Preempted"] = _condition("Preempted", False, "Readmitted", "admitted again after a preemption", obs)
+
+
 def compute(obs: Observation) -> Outcome:
     """The status the job should have now, and the Events its changes deserve."""
     current = obs.current
@@ -230,6 +294,10 @@ def compute(obs: Observation) -> Outcome:
     restarts = max(failures - 1, 0) if failed is not None else failures
     status["restarts"] = restarts
 
+    admission = obs.admission if obs.queued else None
+    if obs.queued:
+        status["queue"] = queue_status(obs)
+        _queue_conditions(obs, conds)
     if schedule is not None:
         ok, reason, text = schedule
         conds["Scheduled"] = _condition("Scheduled", ok, reason, text, obs)
@@ -249,13 +317,26 @@ def compute(obs: Observation) -> Outcome:
         conds["Failed"] = _condition("Failed", True, reason, text, obs)
         conds["Running"] = _condition("Running", False, reason, text, obs)
         message = f"{reason}: {text}" if text else reason
+    elif admission is not None and admission.evicted and admission.preemption is not None and _active(obs.pods):
+        # Kueue evicted the job: its pod is stopping (SIGTERM, then the grace period).
+        phase = "Preempted"
+        message = _preemption_text(admission, obs.preemptor)
+        conds["Running"] = _condition("Running", False, "Preempted", message, obs)
+        if "Suspended" in conds or suspended:
+            conds["Suspended"] = _condition("Suspended", True, "Preempted", message, obs)
     elif suspended:
         phase = "Queued" if obs.queued and not obs.suspend_requested else "Suspended"
         text = "waiting for the queue to admit the job" if phase == "Queued" else "suspended by spec.suspend"
+        if phase == "Queued":
+            # Kueue's own words: why the Workload waits (e.g. insufficient quota).
+            text = status["queue"].get("message") or text
+            message = text
         conds["Suspended"] = _condition("Suspended", True, phase, text, obs)
         conds["Running"] = _condition("Running", False, phase, text, obs)
     else:
         phase = "Running" if running or finishing else "Pending"
+        if phase == "Pending" and admission is not None and admission.admitted:
+            phase = "Admitted"
         if "Suspended" in conds:
             conds["Suspended"] = _condition("Suspended", False, "Resumed", "resumed", obs)
         if running:
@@ -289,13 +370,24 @@ def transitions(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Tra
                 "Warning", "Restarted", f"attempt {new_restarts} failed; the next one resumes from the last checkpoint"
             )
         )
+    old_queue, new_queue = before.get("queue") or {}, after.get("queue") or {}
+    if int(new_queue.get("preemptions") or 0) > int(old_queue.get("preemptions") or 0):
+        # One Event per preemption, whether or not a reconcile saw the pod stopping.
+        last = new_queue.get("lastPreemption") or {}
+        said = str(last.get("message") or "preempted by Kueue")
+        out.append(
+            Transition("Warning", "Preempted", f"by FineTuneJob {last['by']}: {said}" if last.get("by") else said)
+        )
     old_phase, new_phase = before.get("phase"), after.get("phase")
-    if new_phase != old_phase:
+    # Phase Preempted has had its Event above, when the preemption was counted.
+    if new_phase not in (old_phase, "Preempted"):
         failed = next(
             (c for c in after.get("conditions") or [] if c["type"] == "Failed" and c["status"] == "True"), None
         )
         if new_phase == "Failed" and failed is not None:
             out.append(Transition("Warning", str(failed["reason"]), str(failed["message"]) or "the job failed"))
+        elif new_phase in ("Queued", "Admitted") and after.get("message"):
+            out.append(Transition("Normal", str(new_phase), str(after["message"])))
         elif new_phase == "Pending" and after.get("message"):
             out.append(Transition("Warning", "Unschedulable", str(after["message"])))
         else:

@@ -1,4 +1,5 @@
-"""Lean list-and-watch streams for the operator's Jobs and pods (the informer pattern).
+"""Lean list-and-watch streams for the operator's Jobs, pods and Kueue Workloads (the informer
+pattern).
 
 kopf serves the FineTuneJobs; the Jobs' and pods' events, several per job and most of the
 operator's input under load, come here instead. kopf builds a cause, copies the body and runs a
@@ -13,6 +14,9 @@ old (410 Gone) it lists again; after a list, objects the cache still holds that 
 longer has are dropped (`on_relist`), so a deletion missed while disconnected is not kept
 forever. API errors and broken connections are retried with capped exponential backoff; the
 stream never gives up.
+
+Kueue's Workloads are optional: where Kueue is not installed (404) or the operator may not read
+them (403), their stream says so once and looks again every minute.
 """
 
 import json
@@ -28,6 +32,7 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from . import workloads
 from .kube import Body, Kube, describe_error
 
 logger = logging.getLogger(__name__)
@@ -41,6 +46,9 @@ PAGE = 500
 BACKOFF_FIRST_S = 0.5
 # Short enough that a stream is back within seconds of an API server restart.
 BACKOFF_MAX_S = 5.0
+# How often an optional kind that is not served (or not readable) is looked for again.
+OPTIONAL_RETRY_S = 60.0
+ABSENT = (403, 404)
 
 OnEvent = Callable[[str, Body], None]
 OnRelist = Callable[[list[Body], str], None]  # (every listed object, the list's resourceVersion)
@@ -58,6 +66,8 @@ class Source:
     call: Callable[..., Any]
     label_selector: str
     namespace: str | None = None  # None: every namespace
+    # An API that may not exist here (Kueue's): absent or forbidden is a state, not an error.
+    optional: bool = False
 
 
 class Stream:
@@ -66,6 +76,7 @@ class Stream:
         self._on_event = on_event
         self._on_relist = on_relist
         self._stopped = threading.Event()
+        self._said_absent = False
         self.listed = threading.Event()  # set after the first complete list
         self._thread = threading.Thread(target=self._run, name=f"stream {source.what}", daemon=True)
 
@@ -98,6 +109,10 @@ class Stream:
                 if exc.status == 410:
                     version = None
                     continue
+                if self._source.optional and exc.status in ABSENT:
+                    self._absent(exc)
+                    version = None
+                    continue
                 failures = self._back_off(failures, exc)
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
                 failures = self._back_off(failures, exc)
@@ -106,6 +121,13 @@ class Stream:
                 logger.exception("%s: stream error", self._source.what)
                 version = None
                 self._stopped.wait(BACKOFF_MAX_S)
+
+    def _absent(self, exc: ApiException) -> None:
+        if not self._said_absent:
+            self._said_absent = True
+            what = "not served (Kueue is not installed?)" if exc.status == 404 else "not readable (RBAC)"
+            logger.info("%s: %s; looking again every %.0f s", self._source.what, what, OPTIONAL_RETRY_S)
+        self._stopped.wait(OPTIONAL_RETRY_S)
 
     def _back_off(self, failures: int, exc: BaseException) -> int:
         failures += 1
@@ -183,3 +205,22 @@ def sources(kube: Kube, namespaces: tuple[str, ...], label_selector: str) -> tup
         Source(f"pods in {ns}", partial(kube.core.list_namespaced_pod, ns), label_selector, ns) for ns in namespaces
     ]
     return jobs, pods
+
+
+def workload_sources(kube: Kube, namespaces: tuple[str, ...]) -> list[Source]:
+    """Kueue's Workloads of Jobs (they carry the Job's UID label), optional, per scope."""
+    args = (workloads.GROUP, workloads.VERSION)
+    selector = workloads.JOB_UID_LABEL
+    if not namespaces:
+        call = partial(kube.custom.list_cluster_custom_object, *args, workloads.PLURAL)
+        return [Source("Kueue Workloads in all namespaces", call, selector, optional=True)]
+    return [
+        Source(
+            f"Kueue Workloads in {ns}",
+            partial(kube.custom.list_namespaced_custom_object, *args, ns, workloads.PLURAL),
+            selector,
+            ns,
+            optional=True,
+        )
+        for ns in namespaces
+    ]

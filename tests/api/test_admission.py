@@ -31,6 +31,7 @@ ADMISSION_FIELD = {
     "epochs and maxSteps": "set either epochs or maxSteps",
     "no output": "spec.output: Required value",
     "deviceMap with processes": "spec.resources.processes",
+    "priority without a queue": "workloadPriorityClassName needs queueName",
 }
 
 

@@ -80,5 +80,9 @@ def test_crd_names_and_columns() -> None:
         "Step",
         "Loss",
         "GPUs",
+        "Queue",
+        "Admission",
+        "Preemptions",
         "Age",
+        "Message",
     ]

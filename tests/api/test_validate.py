@@ -90,6 +90,11 @@ WRONG_SPECS = [
         {"training": {"parallelism": "deviceMap"}, "resources": {"processes": 2}},
         "resources.processes must be 1 with training.parallelism deviceMap",
     ),
+    (
+        "priority without a queue",
+        {"placement": {"workloadPriorityClassName": "high"}},
+        "workloadPriorityClassName needs queueName",
+    ),
 ]
 
 

@@ -6,7 +6,7 @@ from finetune_api.constants import GROUP, LABEL_JOB, PLURAL
 from finetune_api.reasons import NON_RETRYABLE, ExitReason
 from finetune_api.trainer_config import TrainerConfig
 from finetune_operator.builders import config, job, pvc, rbac
-from finetune_operator.children import KUEUE_QUEUE_LABEL
+from finetune_operator.children import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL
 from finetune_operator.reconcile import desired_children, job_patch, output_status
 from finetune_operator.settings import Settings
 
@@ -216,6 +216,15 @@ def test_queued_job_is_created_suspended_with_the_kueue_label():
     j = job.job(OWNER, spec(placement={"queueName": "gpu-queue"}), SETTINGS)
     assert j["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "gpu-queue"
     assert j["spec"]["suspend"] is True
+
+
+def test_a_workload_priority_class_is_the_kueue_label_not_the_pods_priority():
+    j = job.job(OWNER, spec(placement={"queueName": "q", "workloadPriorityClassName": "high"}), SETTINGS)
+    assert j["metadata"]["labels"][KUEUE_PRIORITY_LABEL] == "high"
+    assert "priorityClassName" not in j["spec"]["template"]["spec"]
+    assert (
+        KUEUE_PRIORITY_LABEL not in job.job(OWNER, spec(placement={"queueName": "q"}), SETTINGS)["metadata"]["labels"]
+    )
 
 
 def test_job_patch_follows_suspend_and_leaves_queued_jobs_to_kueue():

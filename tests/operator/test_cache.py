@@ -48,7 +48,7 @@ def test_job_and_pod_bodies_keep_only_what_status_reads() -> None:
     cache.put_pod("a", obj("a-y", "7", spec={"containers": []}, status={"phase": "Pending"}))
     pods = {p["metadata"]["name"]: p for p in cache.pods("ns", "a")}
     assert pods["a-x"]["spec"] == {"nodeName": "gpu-1"} and pods["a-y"]["spec"] == {}
-    assert cache.sizes() == {"finetunejobs": 0, "jobs": 1, "pods": 2}
+    assert cache.sizes() == {"finetunejobs": 0, "jobs": 1, "pods": 2, "workloads": 0}
 
 
 def test_deletes_remove_only_what_they_name() -> None:

@@ -61,6 +61,13 @@ def test_children_it_creates_are_creatable():
         assert all(allowed(group, resource, v) for v in ("get", "list", "watch")), resource
 
 
+def test_kueue_workloads_are_only_read():
+    """The status of a queued job comes from Kueue's Workload; the operator never writes one."""
+    assert all(allowed("kueue.x-k8s.io", "workloads", v) for v in ("get", "list", "watch"))
+    assert not any(allowed("kueue.x-k8s.io", "workloads", v) for v in WRITES)
+    assert not any("kueue.x-k8s.io" in r["apiGroups"] and r["resources"] != ["workloads"] for r in operator_rules())
+
+
 def test_the_trainer_status_policy_names_what_the_operator_builds():
     """The admission policy (a YAML file the chart renders) and the Python builders agree."""
     policy, binding = trainer_status_policy()

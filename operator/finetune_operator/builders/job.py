@@ -8,7 +8,7 @@ from finetune_api.reasons import NON_RETRYABLE, TERMINATION_LOG
 from finetune_api.spec import FineTuneJobSpec
 
 from .. import quantities
-from ..children import HUB_EGRESS_LABEL, KUEUE_QUEUE_LABEL, Owner, job_name, labels, metadata
+from ..children import HUB_EGRESS_LABEL, KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, Owner, job_name, labels, metadata
 from ..settings import Settings
 from .config import config_json
 from .paths import (
@@ -210,6 +210,8 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
     queue = spec.placement.queue_name
     if queue:
         job_meta["labels"][KUEUE_QUEUE_LABEL] = queue
+    if spec.placement.workload_priority_class_name:
+        job_meta["labels"][KUEUE_PRIORITY_LABEL] = spec.placement.workload_priority_class_name
     vols, mounts = volumes(owner, spec, settings)
     pod_security, container_security = security_contexts(settings)
     container: dict[str, Any] = {
