@@ -64,6 +64,18 @@ def test_all_on_renders_every_optional_part() -> None:
     assert pod["containers"][0]["image"].endswith("@sha256:" + "0" * 64)
     assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
     assert pod["priorityClassName"] == "system-cluster-critical"
+    flavors = {o["metadata"]["name"]: o["spec"] for o in by_kind(objects, "ResourceFlavor")}
+    assert flavors["tesla-p40"]["nodeLabels"] == {"example.com/gpu-model": "Tesla-P40"}
+    assert "nodeTaints" not in flavors["a100"]
+    queue = one(objects, "ClusterQueue")["spec"]
+    assert queue["cohortName"] == "gpus"
+    group = queue["resourceGroups"][0]
+    assert group["coveredResources"] == ["cpu", "memory", "ephemeral-storage", "nvidia.com/gpu"]
+    assert [f["name"] for f in group["flavors"]] == ["tesla-p40", "a100"]
+    assert {"name": "nvidia.com/gpu", "nominalQuota": 16} in group["flavors"][0]["resources"]
+    local = sorted((o["metadata"]["namespace"], o["spec"]["clusterQueue"]) for o in by_kind(objects, "LocalQueue"))
+    assert local == [("team-a", "finetune-teams"), ("team-b", "finetune-teams")]
+    assert [o["value"] for o in by_kind(objects, "WorkloadPriorityClass")] == [100, 1000]
 
 
 @pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["defaults", "all-on"])

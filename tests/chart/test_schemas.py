@@ -28,8 +28,12 @@ from hack.cluster.binaries import K8S_VERSION
 from .helm import ALL_ON_VALUES, CHART, REPO, render
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
-# Kinds of other projects' CRDs: no Kubernetes schema describes them.
-NOT_KUBERNETES = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+# Kinds of other projects' CRDs: no Kubernetes schema describes them (Kueue's objects are checked
+# against Kueue's own CRDs and webhooks in tests/operator/test_e2e_kueue.py).
+NOT_KUBERNETES = {("monitoring.coreos.com/v1", "ServiceMonitor")} | {
+    ("kueue.x-k8s.io/v1beta2", kind)
+    for kind in ("ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass")
+}
 
 
 def _minor(version: str) -> str:
