@@ -322,7 +322,7 @@ def compute(obs: Observation) -> Outcome:
         phase = "Preempted"
         message = _preemption_text(admission, obs.preemptor)
         conds["Running"] = _condition("Running", False, "Preempted", message, obs)
-        if "Suspended" in conds or suspended:
+        if suspended:
             conds["Suspended"] = _condition("Suspended", True, "Preempted", message, obs)
     elif suspended:
         phase = "Queued" if obs.queued and not obs.suspend_requested else "Suspended"

@@ -83,7 +83,6 @@ class Admission:
     reason: str
     message: str
     cluster_queue: str | None
-    finished: bool
     preemption: Preemption | None  # the latest, while Kueue's Preempted condition is True
 
 
@@ -93,7 +92,6 @@ def read(workload: Body) -> Admission:
     admitted = _true(workload, "Admitted")
     evicted = _true(workload, "Evicted")
     reserved = _condition(workload, "QuotaReserved")
-    finished = _true(workload, "Finished")
     preempted = _true(workload, "Preempted")
     preemption = None
     if preempted is not None:
@@ -125,6 +123,5 @@ def read(workload: Body) -> Admission:
         reason=reason,
         message=message,
         cluster_queue=str(cluster_queue) if cluster_queue else None,
-        finished=finished is not None,
         preemption=preemption,
     )

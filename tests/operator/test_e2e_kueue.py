@@ -7,6 +7,7 @@ WorkloadPriorityClasses, named after the namespace, and deletes them afterwards.
 """
 
 import copy
+import datetime
 import os
 import subprocess
 from pathlib import Path
@@ -151,8 +152,13 @@ def test_a_job_beyond_the_gpu_quota_queues_with_kueues_reason_until_the_first_en
     wait_for(lambda: jobs.status("first").get("queue", {}).get("workload"), 60, "Kueue's Workload of first")
     assert "doesn't exist" in jobs.status("first")["message"], jobs.status("first")
     assert status["queue"]["name"] == QUEUE
-    template = {"spec": {"template": {"metadata": {"annotations": {"kwok.finetune.dev/run-ms": "12s"}}}}}
+    template = {"spec": {"template": {"metadata": {"annotations": {"kwok.finetune.dev/run-ms": "20s"}}}}}
     jobs.batch.patch_namespaced_job("first", namespace, template)
+    # Kueue admits equal priorities oldest first, by creationTimestamp, in whole seconds: the
+    # second job's Workload must be born in a later second than the first's.
+    (workload,) = kueue_objects.list("workloads", namespace)
+    born = datetime.datetime.fromisoformat(workload["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    wait_for(lambda: datetime.datetime.now(datetime.UTC) >= born + datetime.timedelta(seconds=1.1), 5, "a new second")
     jobs.create("second", spec)
     wait_for(lambda: jobs.status("second").get("queue", {}).get("workload"), 60, "Kueue's Workload of second")
 
