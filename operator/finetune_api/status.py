@@ -75,7 +75,6 @@ class QueueStatus(ApiModel):
     admitted: bool | None = None
     reason: Annotated[str, Field(max_length=128)] | None = Field(default=None, description="Kueue's reason.")
     message: Message | None = Field(default=None, description="Kueue's message, e.g. why quota is short.")
-    position: int | None = Field(default=None, description="Position in the LocalQueue, where Kueue tells it.")
     preemptions: int | None = Field(default=None, description="Times Kueue preempted the job.")
     last_preemption: PreemptionRef | None = None
 

@@ -106,8 +106,6 @@ def queue_text(queue: dict[str, Any]) -> str:
         where += f" (ClusterQueue {queue['clusterQueue']})"
     state = "admitted" if queue.get("admitted") else f"waiting: {queue.get('reason') or 'Pending'}"
     parts = [f"{where}, {state}"]
-    if isinstance(queue.get("position"), int):
-        parts.append(f"position {queue['position']}")
     count = queue.get("preemptions")
     if count:
         last = queue.get("lastPreemption") or {}
