@@ -204,16 +204,18 @@ def test_two_process_pods_train_in_each_mode_and_a_killed_rank_retries_to_the_sa
 # --- SIGTERM: suspend keeps every micro-batch -------------------------------------------
 
 
-def stop_event(cluster, namespace: str, pod_name: str) -> dict | None:
-    """The trainer's `stopped` event in a (possibly deleted) pod's log on the node agent."""
+def trainer_event(cluster, namespace: str, pod_name: str, kind: str) -> dict | None:
+    """The trainer's last `kind` event in a (possibly deleted) pod's log on the node agent."""
+    found = None
     for log in Path(cluster.layout.pods).glob(f"{namespace}_{pod_name}_*/*.log"):
         for line in log.read_text(errors="replace").splitlines():
-            if line.startswith('{"event":"stopped"'):
-                return json.loads(line)
-    return None
+            if line.startswith(f'{{"event":"{kind}"'):
+                found = json.loads(line)
+    return found
 
 
 # Two processes, four micro-batches of one sample each per step: most SIGTERMs land inside a step.
+RESULTS = Path(__file__).resolve().parents[2] / ".cache" / "reliability"
 ACCUMULATING = {**TRAINING, "batchSize": 1, "gradientAccumulation": 4}
 SUSPEND_TRIES = 4
 
@@ -229,20 +231,23 @@ def test_ftjob_suspend_mid_accumulation_loses_no_micro_batch_and_ends_with_the_u
     jobs.create("pause", body(**spec))
     stops: list[dict] = []
     for _ in range(SUSPEND_TRIES):
-        wait_for(lambda: checkpointed(jobs, "pause"), RUN_TIMEOUT, "a checkpoint of the running attempt")
-        pod = running_pod(jobs, "pause")
-        assert pod is not None
+        pod = wait_for(lambda: running_pod(jobs, "pause"), RUN_TIMEOUT, "a running attempt")
+        pod_name = pod["metadata"]["name"]
+        # Mid-training: this attempt has logged a step past any it resumed from.
+        wait_for(lambda: trainer_event(cluster, namespace, pod_name, "progress"), RUN_TIMEOUT, "training")  # noqa: B023
         done = ftjob("suspend", "pause", "-n", namespace)
         assert done.returncode == 0, done.stderr
         jobs.wait_phase("pause", "Suspended", 120)
         wait_for(lambda: not jobs.pods("pause"), 120, "the trainer pod to go away while suspended")
-        pod_name = pod["metadata"]["name"]
-        stops.append(wait_for(lambda: stop_event(cluster, namespace, pod_name), 30, "the stop"))  # noqa: B023
+        stops.append(wait_for(lambda: trainer_event(cluster, namespace, pod_name, "stopped"), 30, "the stop"))  # noqa: B023
         done = ftjob("resume", "pause", "-n", namespace)
         assert done.returncode == 0, done.stderr
         if stops[-1]["microBatchesDone"]:
             break
     assert stops[-1]["microBatchesDone"] > 0, f"every stop landed on a step boundary: {stops}"
+    # The figures of each stop (seconds from SIGTERM to a complete checkpoint), for the record.
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "suspend-stops.json").write_text(json.dumps(stops, indent=1))
 
     final = {name: watch_until_done(jobs, name)[2] for name in ("steady", "pause")}
     for name in ("steady", "pause"):
