@@ -15,6 +15,9 @@ TERMINATION_LOG: Final = "/dev/termination-log"
 class ExitReason(IntEnum):
     # Retryable: the next attempt resumes from the last complete checkpoint.
     TrainerError = 1
+    # Retryable and not counted against backoffLimit: stopped by SIGTERM (suspend, preemption,
+    # drain) after writing a checkpoint of the exact point reached. Not 2, which argparse uses.
+    Interrupted = 3
     # Not retryable: the same input fails the same way on every attempt.
     InvalidConfig = 10
     InvalidData = 11
@@ -37,6 +40,10 @@ NON_RETRYABLE: Final = frozenset(
         ExitReason.PrecisionViolation,
     }
 )
+
+
+# Exits that are nobody's fault: the Job retries them without counting an attempt.
+UNCOUNTED: Final = frozenset({ExitReason.Interrupted})
 
 
 def termination_message(reason: ExitReason, message: str) -> str:

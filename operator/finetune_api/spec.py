@@ -199,6 +199,13 @@ class CheckpointSpec(ApiModel):
     every_steps: Annotated[int, Field(ge=1, le=10_000_000)] = Field(
         default=100, description="Optimizer steps between checkpoints."
     )
+    every_minutes: Annotated[int, Field(ge=1, le=10_080)] = Field(
+        default=30,
+        description=(
+            "Minutes of training between checkpoints, whatever the step count: a long step or a"
+            " large everySteps never risks more than this much work. `ftjob plan` says how many steps it is."
+        ),
+    )
     keep: Annotated[int, Field(ge=2, le=100)] = Field(
         default=3, description="Complete checkpoints kept (at least 2, so one survives a torn write)."
     )

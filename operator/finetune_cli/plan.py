@@ -22,6 +22,8 @@ from finetune_api.problems import format_problems
 from finetune_api.spec import FineTuneJobSpec
 from finetune_trainer.planning import GIB, LaunchPlan, ModelConfigError, choose, known_model, lookup
 from finetune_trainer.planning.gpu_products import known_names
+from finetune_trainer.planning.grace import clock_steps, grace_of
+from finetune_trainer.planning.plan import Plan
 from finetune_trainer.planning.preflight import product_for
 from finetune_trainer.planning.report import render
 
@@ -223,6 +225,14 @@ def plan_job(job: FineTuneJob, args: argparse.Namespace) -> tuple[LaunchPlan, st
     return launch, token_origin
 
 
+def checkpoint_lines(plan: Plan, spec: FineTuneJobSpec) -> str:
+    """What a preemption can cost: the clock's checkpoint in steps, and the SIGTERM grace period."""
+    every = spec.checkpoints
+    steps = clock_steps(plan, every.every_minutes, spec.training.gradient_accumulation)
+    clock = f"everyMinutes {every.every_minutes}" + (f" = about {steps:,} steps" if steps else "")
+    return f"checkpoints everySteps {every.every_steps}, {clock}; {grace_of(plan).describe()}"
+
+
 def _cpu_line(launch: LaunchPlan) -> str:
     count = f"{launch.processes} process" + ("" if launch.processes == 1 else "es")
     return f"CPU (spec.resources.gpus is 0): {launch.parallelism}, {count}, no GPU memory to plan (try --gpus N)"
@@ -251,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         all_fit = all_fit and plan.fits
         results.append({"name": name, **plan.to_dict(), **launched, "tokens_source": token_origin or None})
-        text = render(plan, launch.processes)
+        text = render(plan, launch.processes) + "\n" + checkpoint_lines(plan, planned_spec(doc.job.spec, args))
         if token_origin and token_origin != "given":
             text += f"\n          (epoch tokens {token_origin}, ~{BYTES_PER_TOKEN} bytes per token)"
         texts.append(f"{source}: {name}\n{text}")

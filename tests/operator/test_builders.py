@@ -9,6 +9,7 @@ from finetune_operator.builders import config, job, pvc, rbac
 from finetune_operator.children import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL
 from finetune_operator.reconcile import desired_children, job_patch, output_status
 from finetune_operator.settings import Settings
+from finetune_trainer.planning import grace
 
 from .specs import OWNER, spec
 
@@ -192,12 +193,30 @@ def test_hub_token_reaches_the_pod_only_through_a_secret_ref():
 
 def test_pod_failure_policy_fails_fast_on_non_retryable_exits_and_ignores_disruptions():
     policy = job.job(OWNER, spec(), SETTINGS)["spec"]["podFailurePolicy"]
-    fail, ignore = policy["rules"]
+    fail, ignore, interrupted = policy["rules"]
     assert fail["action"] == "FailJob"
     assert set(fail["onExitCodes"]["values"]) == {int(c) for c in NON_RETRYABLE}
     assert ExitReason.TrainerError not in fail["onExitCodes"]["values"]
     assert fail["onExitCodes"]["containerName"] == "trainer"
     assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    # Stopped on SIGTERM with its state saved: retried without counting an attempt.
+    assert interrupted["action"] == "Ignore"
+    assert interrupted["onExitCodes"]["values"] == [int(ExitReason.Interrupted)]
+    assert not set(interrupted["onExitCodes"]["values"]) & {int(c) for c in NON_RETRYABLE}
+
+
+def test_the_grace_period_is_the_planners_sigterm_to_checkpoint_estimate():
+    cpu = job.job(OWNER, spec(), SETTINGS)["spec"]["template"]["spec"]
+    assert cpu["terminationGracePeriodSeconds"] == grace.DEFAULT_S  # no GPU plan on the CPU
+    big = spec(
+        model={"source": {"hub": {"id": "meta-llama/Llama-3.3-70B-Instruct"}}},
+        resources={"gpus": 4, "gpuProduct": "Tesla-P40"},
+    )
+    planned = grace.grace_for(big)
+    assert planned.micro_batch_s is not None and planned.micro_batch_s > 10  # a 70B micro-batch on a P40
+    pod = job.job(OWNER, big, SETTINGS)["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == planned.seconds
+    assert planned.seconds >= grace.MARGIN * (planned.micro_batch_s + (planned.write_s or 0))
 
 
 def test_job_carries_retries_deadline_ttl_and_suspend():

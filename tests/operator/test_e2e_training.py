@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.cli import ftjob
+
 from .harness import Jobs, OperatorProcess, wait_for
 from .specs import body
 
@@ -128,26 +130,6 @@ def test_a_retryable_failure_restarts_and_resumes_from_the_checkpoint(
     assert "Restarted" in {e["reason"] for e in jobs.events("retry")}
 
 
-def test_suspend_removes_the_pod_and_resume_continues_from_the_checkpoint(
-    jobs: Jobs, training_volumes: dict[str, Path], operator: OperatorProcess
-) -> None:
-    jobs.create("pause", cpu_spec())
-    wait_for(lambda: checkpointed(jobs, "pause"), RUN_TIMEOUT, "a first checkpoint")
-    jobs.patch_spec("pause", {"suspend": True})
-    jobs.wait_phase("pause", "Suspended", 120)
-    wait_for(lambda: not jobs.pods("pause"), 120, "the trainer pod to go away while suspended")
-    assert jobs.condition("pause", "Suspended")["status"] == "True"
-    at_suspend = jobs.status("pause")["lastCheckpoint"]["step"]
-
-    jobs.patch_spec("pause", {"suspend": False})
-    _, _, status = watch_until_done(jobs, "pause")
-    assert status["phase"] == "Succeeded"
-    assert jobs.condition("pause", "Suspended")["status"] == "False"
-    resumed = summary(training_volumes, "pause")["resumedFrom"]
-    assert resumed is not None and resumed["step"] >= at_suspend
-    assert summary(training_volumes, "pause")["finalStep"] == TRAINING["maxSteps"]
-
-
 # --- more than one process in the pod -------------------------------------------------------
 
 # Two CPU processes (gloo) in one pod, each with one micro-batch of 2 per step.
@@ -217,3 +199,64 @@ def test_two_process_pods_train_in_each_mode_and_a_killed_rank_retries_to_the_sa
     assert status["restarts"] == 1
     assert summary(training_volumes, "two-killed")["resumedFrom"] is not None
     assert max_difference(adapter_tensors(training_volumes, status), dp) <= ADAPTER_TOLERANCE
+
+
+# --- SIGTERM: suspend keeps every micro-batch -------------------------------------------
+
+
+def trainer_event(cluster, namespace: str, pod_name: str, kind: str) -> dict | None:
+    """The trainer's last `kind` event in a (possibly deleted) pod's log on the node agent."""
+    found = None
+    for log in Path(cluster.layout.pods).glob(f"{namespace}_{pod_name}_*/*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(f'{{"event":"{kind}"'):
+                found = json.loads(line)
+    return found
+
+
+# Two processes, four micro-batches of one sample each per step: most SIGTERMs land inside a step.
+RESULTS = Path(__file__).resolve().parents[2] / ".cache" / "reliability"
+ACCUMULATING = {**TRAINING, "batchSize": 1, "gradientAccumulation": 4}
+SUSPEND_TRIES = 4
+
+
+def test_ftjob_suspend_mid_accumulation_loses_no_micro_batch_and_ends_with_the_uninterrupted_adapter(
+    cluster, namespace: str, jobs: Jobs, training_volumes: dict[str, Path], operator: OperatorProcess
+) -> None:
+    """`ftjob suspend` SIGTERMs the pod: the trainer stops at the next micro-batch boundary with a
+    checkpoint of that point; `ftjob resume` finishes the step from there. A stop that happens to
+    land on a step boundary proves less, so the test suspends again until one lands inside a step."""
+    spec = {"training": ACCUMULATING, "checkpoints": CHECKPOINTS, "resources": TWO_PROCESSES}
+    jobs.create("steady", body(**spec))
+    jobs.create("pause", body(**spec))
+    stops: list[dict] = []
+    for _ in range(SUSPEND_TRIES):
+        pod = wait_for(lambda: running_pod(jobs, "pause"), RUN_TIMEOUT, "a running attempt")
+        pod_name = pod["metadata"]["name"]
+        # Mid-training: this attempt has logged a step past any it resumed from.
+        wait_for(lambda: trainer_event(cluster, namespace, pod_name, "progress"), RUN_TIMEOUT, "training")  # noqa: B023
+        done = ftjob("suspend", "pause", "-n", namespace)
+        assert done.returncode == 0, done.stderr
+        jobs.wait_phase("pause", "Suspended", 120)
+        wait_for(lambda: not jobs.pods("pause"), 120, "the trainer pod to go away while suspended")
+        stops.append(wait_for(lambda: trainer_event(cluster, namespace, pod_name, "stopped"), 30, "the stop"))  # noqa: B023
+        done = ftjob("resume", "pause", "-n", namespace)
+        assert done.returncode == 0, done.stderr
+        if stops[-1]["microBatchesDone"]:
+            break
+    assert stops[-1]["microBatchesDone"] > 0, f"every stop landed on a step boundary: {stops}"
+    # The figures of each stop (seconds from SIGTERM to a complete checkpoint), for the record.
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "suspend-stops.json").write_text(json.dumps(stops, indent=1))
+
+    final = {name: watch_until_done(jobs, name)[2] for name in ("steady", "pause")}
+    for name in ("steady", "pause"):
+        assert final[name]["phase"] == "Succeeded", final[name]
+        assert summary(training_volumes, name)["finalStep"] == ACCUMULATING["maxSteps"]
+    # An interrupted attempt is nobody's fault: not a restart, not counted against backoffLimit.
+    assert final["pause"]["restarts"] == 0
+    resumed = summary(training_volumes, "pause")["resumedFrom"]
+    assert resumed["path"].endswith(stops[-1]["checkpoint"])
+    assert resumed["microBatchesDone"] == stops[-1]["microBatchesDone"]
+    steady = adapter_tensors(training_volumes, final["steady"])
+    assert max_difference(adapter_tensors(training_volumes, final["pause"]), steady) <= ADAPTER_TOLERANCE

@@ -1,6 +1,11 @@
 """The real trainer SIGKILLed at random moments, some inside checkpoint writes, through the
 operator on the node agent (the Job retries each time).
 
+Every third attempt is stopped the polite way instead, as a suspend or a preemption stops it:
+frozen inside a checkpoint write, it gets SIGTERM twice and then runs on. The write must finish,
+the attempt exit Interrupted (retried, not counted), and the next one resume from that very
+checkpoint, with nothing discarded.
+
 A kill "inside a checkpoint write" is made exact from outside: the test waits for the
 trainer's staging folder to appear, freezes the whole process group with SIGSTOP, checks that
 the checkpoint is still unrenamed in staging, and only then sends SIGKILL. Other kills land at
@@ -53,7 +58,7 @@ SPEC: dict[str, Any] = {
 @dataclass
 class Kill:
     attempt: int
-    mode: str  # "random" or "in-save"
+    mode: str  # "random", "in-save" or "term-in-save"
     in_save: bool = False
     complete_before: int | None = None  # newest complete checkpoint when the kill landed
     resumed_from: int | None = None
@@ -74,7 +79,7 @@ def complete_checkpoints(root: Path) -> list[int]:
             continue
         files = marker.get("files") or {}
         if files and all((entry / n).is_file() and (entry / n).stat().st_size == s for n, s in files.items()):
-            steps.append(int(entry.name.split("-", 1)[1]))
+            steps.append(int(entry.name.split("-")[1]))  # checkpoint-N or checkpoint-N-micro-M
     return sorted(steps)
 
 
@@ -128,6 +133,31 @@ def kill_in_save(pid: int, checkpoints: Path, timeout: float) -> bool:
         time.sleep(0.002)
     os.killpg(pid, signal.SIGKILL)
     return False
+
+
+def term_in_save(pid: int, checkpoints: Path, timeout: float) -> bool:
+    """Freeze the group as a staging folder appears, SIGTERM it twice, let it run on, and wait
+    for it to end. True if the signals landed inside the write."""
+    deadline = time.monotonic() + timeout
+    inside = False
+    while time.monotonic() < deadline:
+        if checkpoints.is_dir() and list(checkpoints.glob(".staging-*")):
+            os.killpg(pid, signal.SIGSTOP)
+            steps = [p.name.removeprefix(".staging-") for p in checkpoints.glob(".staging-*")]
+            inside = any(not (checkpoints / f"checkpoint-{step}").exists() for step in steps)
+            os.killpg(pid, signal.SIGTERM)
+            os.killpg(pid, signal.SIGTERM)
+            os.killpg(pid, signal.SIGCONT)
+            break
+        time.sleep(0.002)
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return inside
+        time.sleep(0.05)
+    os.killpg(pid, signal.SIGKILL)
+    return inside
 
 
 def adapter_difference(a: Path, b: Path) -> float:
@@ -191,11 +221,13 @@ def kill_attempts(
         pod, pid, folder = found
         log = folder / "trainer.log"
         wait_for(lambda log=log: training_started(log), 300, f"{job} attempt {attempt + 1} training")
-        mode = "in-save" if attempt % 2 == 0 else "random"
+        mode = ("in-save", "random", "term-in-save")[attempt % 3]
         kill = Kill(attempt=attempt + 1, mode=mode)
         try:
             if mode == "in-save":
                 kill.in_save = kill_in_save(pid, checkpoints, timeout=300)
+            elif mode == "term-in-save":
+                kill.in_save = term_in_save(pid, checkpoints, timeout=300)
             else:
                 # A random moment of training: past a random step, then a random fraction of a step.
                 target = rng.randint(1, SPEC["training"]["maxSteps"] - 1)
@@ -281,8 +313,10 @@ def check(result: dict[str, Any]) -> None:
     assert all(r["phase"] == "Succeeded" for r in result["runs"]), result["runs"]
     for kill in result["attempts"]:
         assert kill["resumed_from"] == kill["complete_before"], f"resumed from the wrong checkpoint: {kill}"
-        if kill["in_save"]:
+        if kill["in_save"] and kill["mode"] == "in-save":
             assert kill["discarded"], f"a torn checkpoint was not discarded: {kill}"
+        if kill["mode"] == "term-in-save":
+            assert not kill["discarded"], f"a write finished after SIGTERM was thrown away: {kill}"
     assert result["survived"] == result["kills"], result
     assert result["adapter_max_abs_difference"] is not None
     assert result["adapter_max_abs_difference"] <= ATOL, result

@@ -132,6 +132,16 @@ def test_a_killed_rank_fails_the_pod_retryably_and_the_next_attempt_ends_alike(
     assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
 
 
+def test_a_rank_that_exits_unfinished_fails_the_pod_retryably_in_its_name(tmp_path: Path, tiny_assets: Path) -> None:
+    """What the launcher sees of a rank whose exit status was lost: an exit 0 mid-run. The pod
+    must neither hang on the other rank nor call the run a success."""
+    _, run = run_job(tmp_path, tiny_assets, TWO, env={"FINETUNE_TEST_EXIT_RANK_AT": "1@6"})
+    assert run.code == ExitReason.TrainerError, run.stderr[-3000:]
+    assert run.termination.startswith("TrainerError: rank 1 "), run.termination
+    assert "the job resumes from its last checkpoint" in run.termination
+    assert len(run.of("failed")) == 1
+
+
 def test_a_checkpoint_of_two_processes_resumes_in_one(
     two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
 ) -> None:
@@ -156,6 +166,7 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_its_reason(tmp_path
     assert "last good checkpoint: step 4" in run.termination
     assert max(run.losses) == 5
     assert "Traceback" not in run.termination
+    assert len(run.of("failed")) == 1  # the launcher speaks for the pod, once
 
 
 def test_packing_eval_and_the_merged_export_are_the_same_on_two_processes(tmp_path: Path, tiny_assets: Path) -> None:
@@ -176,3 +187,78 @@ def test_packing_eval_and_the_merged_export_are_the_same_on_two_processes(tmp_pa
     merged = load_file(str(two.output / "merged" / "model.safetensors"))
     reference = load_file(str(one.output / "merged" / "model.safetensors"))
     assert max_difference(merged, reference) <= ADAPTER_TOLERANCE
+
+
+# --- SIGTERM: a checkpoint of the exact point reached, on any process count -----------------
+
+# Two micro-batches of one sample per rank and step: a stop can fall between them.
+TWO_ACCUMULATING = with_changes(TWO, training={"batchSize": 1, "gradientAccumulation": 2})
+
+
+def losses_equal(a: Run, b: Run) -> bool:
+    """Every step `a` logged has the loss `b` logged for it."""
+    return all(abs(a.losses[step] - b.losses[step]) <= 1e-5 for step in a.losses)
+
+
+@pytest.mark.parametrize("processes", [1, 2], ids=["one-process", "two-processes"])
+def test_sigterm_mid_accumulation_saves_the_point_reached_and_the_resumed_run_loses_no_micro_batch(
+    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path, processes: int
+) -> None:
+    if processes == 1:
+        spec = ONE  # trains the adapter of two_process_run (the first test here)
+        two, uninterrupted = two_process_run
+    else:
+        spec = TWO_ACCUMULATING  # micro-batches of one sample: its own uninterrupted run
+        (tmp_path / "uninterrupted").mkdir()
+        two, uninterrupted = run_job(tmp_path / "uninterrupted", tiny_assets, spec)
+        assert uninterrupted.code == 0, uninterrupted.stderr[-3000:]
+    (tmp_path / "stopped").mkdir()
+    job, stopped = run_job(tmp_path / "stopped", tiny_assets, spec, env={"FINETUNE_TEST_SIGTERM_AT": "6.1"})
+    assert stopped.code == ExitReason.Interrupted, stopped.stderr[-3000:]
+    assert stopped.termination.startswith("Interrupted: "), stopped.termination
+    assert (
+        "stopped by SIGTERM after 1 of 2 micro-batches of step 6; checkpoint-5-micro-1 written" in stopped.termination
+    )
+    [event] = stopped.of("stopped")
+    assert (event["checkpoint"], event["microBatchesDone"]) == ("checkpoint-5-micro-1", 1)
+    assert len(stopped.of("failed")) == 1
+    assert (job.checkpoints / "checkpoint-5-micro-1" / "partial_step.pt").is_file()
+    assert (job.checkpoints / "checkpoint-4").is_dir()  # the step checkpoint before it is kept
+
+    resumed = job.run()
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    start = resumed.of("start")[0]
+    assert start["resumeFrom"]["step"] == 5 and start["resumeFrom"]["microBatchesDone"] == 1
+    assert start["worldSize"] == processes
+    assert sorted(resumed.losses) == list(range(6, STEPS + 1))  # step 6 is finished, not redone
+    assert losses_equal(resumed, uninterrupted)
+    assert summary(job)["finalStep"] == STEPS
+    assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
+
+
+def test_a_stop_inside_a_step_resumes_on_another_process_count_by_running_that_step_again(
+    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+) -> None:
+    two, _ = two_process_run
+    job, stopped = run_job(tmp_path, tiny_assets, ONE, env={"FINETUNE_TEST_SIGTERM_AT": "6.1"})
+    assert stopped.code == ExitReason.Interrupted
+    job.spec_changes = TWO
+    resumed = job.run()
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    assert "runs again from its start" in resumed.stderr
+    assert summary(job)["finalStep"] == STEPS
+    assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
+
+
+def test_sigterm_twice_during_a_checkpoint_write_leaves_that_checkpoint_whole(
+    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+) -> None:
+    two, _ = two_process_run
+    job, stopped = run_job(tmp_path, tiny_assets, TWO, env={"FINETUNE_TEST_SIGTERM_IN_SAVE": "8"})
+    assert stopped.code == ExitReason.Interrupted, stopped.stderr[-3000:]
+    assert "stopped by SIGTERM after step 8; checkpoint-8 written" in stopped.termination, stopped.termination
+    assert "CHECKPOINT_COMPLETE.json" in {p.name for p in (job.checkpoints / "checkpoint-8").iterdir()}
+    resumed = job.run()
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    assert resumed.of("start")[0]["resumeFrom"]["step"] == 8
+    assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE

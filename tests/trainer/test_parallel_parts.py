@@ -1,12 +1,16 @@
 """The pure parts of the N-process trainer: who trains on what, which rank's reason ends the pod,
 and a loss taken in chunks that equals the loss taken whole."""
 
+import signal
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
 from finetune_api.reasons import ExitReason
 from finetune_trainer.data.batches import IGNORE, Schedule, eval_slots, make_rows
-from finetune_trainer.distributed.launch import RankFailure, root_cause
+from finetune_trainer.distributed.launch import VANISHED_AFTER_S, RankFailure, Watchdog, read_reasons, root_cause
 from finetune_trainer.loss_head import LossHead
 
 
@@ -84,6 +88,37 @@ def test_a_rank_killed_by_a_signal_is_a_retryable_failure_named_in_the_message()
     reason, message = root_cause([failure(0, ExitReason.TrainerError, 1.0)], {0: 1, 1: -9})
     assert reason == ExitReason.TrainerError
     assert message.startswith("rank 1 was killed by SIGKILL")
+
+
+def test_a_rank_found_gone_is_named_before_the_ranks_killed_on_its_account() -> None:
+    lost = RankFailure(1, ExitReason.TrainerError, "rank 1 ended without finishing", 2.0, vanished=True)
+    reasons = [failure(0, ExitReason.TrainerError, 1.0), lost]
+    assert root_cause(reasons, {0: -9}) == (ExitReason.TrainerError, "rank 1 ended without finishing")
+
+
+def test_the_watchdog_names_a_worker_gone_unaccounted_and_stops_the_others(tmp_path: Path) -> None:
+    """Real processes: rank 1 is reaped here, out of its launcher's sight, as a lost exit status is."""
+    sleepers = [subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(3)]
+    try:
+        for rank, process in enumerate(sleepers):
+            (tmp_path / f"rank-{rank}.pid").write_text(str(process.pid))
+        (tmp_path / "rank-2.done").write_text("")  # a finished rank is never the lost one
+        sleepers[2].kill()
+        sleepers[2].wait()
+        watchdog = Watchdog(tmp_path)
+        assert watchdog.check(now=0.0) is None
+        sleepers[1].kill()
+        sleepers[1].wait()
+        assert watchdog.check(now=1.0) is None  # the agent gets its chance first
+        assert watchdog.check(now=1.0 + VANISHED_AFTER_S) == 1
+        assert sleepers[0].wait(timeout=10) == -signal.SIGKILL
+        [record] = read_reasons(tmp_path)
+        assert (record.rank, record.vanished) == (1, True)
+        assert record.message.startswith("rank 1 ended without finishing or naming a reason")
+    finally:
+        for process in sleepers:
+            process.kill()
+            process.wait()
 
 
 def test_without_any_record_the_exit_codes_are_reported() -> None:

@@ -5,6 +5,11 @@ that it is whole, and its own atomic-save attempts were reverted; a pod killed m
 resumes from a torn folder. Here a checkpoint is written into a staging folder, fsynced, given
 a completion marker that lists every file with its size, and only then renamed into place.
 Anything without a valid marker is ignored on start and removed.
+
+`checkpoint-N` holds the state after N optimizer steps. A run stopped by SIGTERM between the
+micro-batches of step N+1 writes `checkpoint-N-micro-M` (M of them done, their summed gradients
+kept): a name of its own, so it never replaces the step checkpoint it follows, and it sorts
+after it.
 """
 
 import json
@@ -22,7 +27,8 @@ log = logging.getLogger(__name__)
 PREFIX = "checkpoint-"
 STAGING_PREFIX = ".staging-"
 MARKER = "CHECKPOINT_COMPLETE.json"
-_NAME = re.compile(r"^checkpoint-(\d+)$")
+MICRO_INFIX = "-micro-"
+_NAME = re.compile(r"^checkpoint-(\d+)(?:-micro-(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,22 @@ class Checkpoint:
     step: int
     path: Path
     time: str
+    micro: int = 0  # micro-batches of step `step + 1` done (a checkpoint written on SIGTERM)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def checkpoint_name(step: int, micro: int = 0) -> str:
+    return f"{PREFIX}{step}{MICRO_INFIX}{micro}" if micro else f"{PREFIX}{step}"
+
+
+def _parse(name: str) -> tuple[int, int] | None:
+    match = _NAME.match(name)
+    if not match:
+        return None
+    return int(match.group(1)), int(match.group(2) or 0)
 
 
 def _fsync_path(path: Path) -> None:
@@ -60,12 +82,13 @@ def _read_marker(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _is_whole(folder: Path, step: int) -> tuple[bool, str]:
+def _is_whole(folder: Path, step: int, micro: int) -> tuple[bool, str]:
     marker = _read_marker(folder)
     if marker is None:
         return False, "no completion marker"
-    if marker.get("step") != step:
-        return False, f"marker names step {marker.get('step')}"
+    if marker.get("step") != step or marker.get("micro", 0) != micro:
+        named = f"step {marker.get('step')}" + (f", micro-batch {marker['micro']}" if marker.get("micro") else "")
+        return False, f"marker names {named}"
     files = marker.get("files")
     if not isinstance(files, dict) or not files:
         return False, "marker lists no files"
@@ -90,14 +113,14 @@ class CheckpointStore:
         if not self.root.is_dir():
             return found
         for entry in self.root.iterdir():
-            match = _NAME.match(entry.name)
-            if not match or not entry.is_dir():
+            parsed = _parse(entry.name)
+            if parsed is None or not entry.is_dir():
                 continue
-            whole, _ = _is_whole(entry, int(match.group(1)))
+            whole, _ = _is_whole(entry, *parsed)
             if whole:
                 marker = _read_marker(entry) or {}
-                found.append(Checkpoint(int(match.group(1)), entry, str(marker.get("time", ""))))
-        return sorted(found, key=lambda c: c.step)
+                found.append(Checkpoint(parsed[0], entry, str(marker.get("time", "")), parsed[1]))
+        return sorted(found, key=lambda c: (c.step, c.micro))
 
     def latest(self) -> Checkpoint | None:
         done = self.complete()
@@ -109,11 +132,11 @@ class CheckpointStore:
         if not self.root.is_dir():
             return removed
         for entry in sorted(self.root.iterdir()):
-            match = _NAME.match(entry.name)
+            parsed = _parse(entry.name)
             if entry.name.startswith(STAGING_PREFIX):
                 why = "unfinished write"
-            elif match and entry.is_dir():
-                whole, why = _is_whole(entry, int(match.group(1)))
+            elif parsed and entry.is_dir():
+                whole, why = _is_whole(entry, *parsed)
                 if whole:
                     continue
             else:
@@ -122,23 +145,25 @@ class CheckpointStore:
             removed.append(f"{entry.name} ({why})")
         return removed
 
-    def begin(self, step: int) -> Path:
-        """A fresh staging folder; the trainer writes `checkpoint-<step>` inside it."""
-        staging = self.root / f"{STAGING_PREFIX}{step}"
+    def begin(self, step: int, micro: int = 0) -> Path:
+        """A fresh staging folder; the trainer writes `checkpoint_name(step, micro)` inside it."""
+        staging = self._staging(step, micro)
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         return staging
 
-    def commit(self, step: int) -> Checkpoint:
-        staging = self.root / f"{STAGING_PREFIX}{step}"
-        written = staging / f"{PREFIX}{step}"
+    def commit(self, step: int, micro: int = 0) -> Checkpoint:
+        name = checkpoint_name(step, micro)
+        staging = self._staging(step, micro)
+        written = staging / name
         sizes = _fsync_tree(written)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         marker = written / MARKER
-        marker.write_text(json.dumps({"step": step, "time": stamp, "files": sizes}, indent=1), encoding="utf-8")
+        record = {"step": step, "micro": micro, "time": stamp, "files": sizes}
+        marker.write_text(json.dumps(record, indent=1), encoding="utf-8")
         _fsync_path(marker)
         _fsync_path(written)
-        final = self.root / f"{PREFIX}{step}"
+        final = self.root / name
         if final.exists():
             # Same step saved again after a resume: the new one replaces it, never half of it.
             self._remove(final)
@@ -146,7 +171,10 @@ class CheckpointStore:
         _fsync_path(self.root)
         shutil.rmtree(staging, ignore_errors=True)
         self.rotate()
-        return Checkpoint(step, final, stamp)
+        return Checkpoint(step, final, stamp, micro)
+
+    def _staging(self, step: int, micro: int) -> Path:
+        return self.root / f"{STAGING_PREFIX}{checkpoint_name(step, micro).removeprefix(PREFIX)}"
 
     def rotate(self) -> list[Path]:
         done = self.complete()

@@ -6,12 +6,14 @@ a bug in the trainer itself prints a traceback, to the log, for whoever fixes it
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from pydantic import ValidationError
 
@@ -143,9 +145,13 @@ def _outcome(termination: Path | None, run: Callable[[], object], worker: bool) 
             log.exception("trainer error")
             reason, message = ExitReason.TrainerError, f"{type(exc).__name__}: {exc}"
     if worker:
+        # The launcher speaks for the pod: it names one rank's reason, once, on stdout and in
+        # the termination log. A worker only records its own.
         from .distributed.launch import write_reason
 
+        log.error("%s: %s", reason.name, message)
         write_reason(reason, message)
+        return int(reason)
     return fail(termination, reason, message)
 
 
@@ -156,17 +162,21 @@ def _run(args: argparse.Namespace) -> None:
 
     prepare_process_environment(config)
     from .run import train
+    from .stopping import StopRequest
 
     if args.worker:
-        from .distributed.launch import die_with_launcher
+        from .distributed.launch import die_with_launcher, record_done, register_worker
         from .distributed.topology import from_env
 
+        stop = StopRequest().install()
         die_with_launcher()
-        train(config, from_env())
+        register_worker()
+        train(config, from_env(), stop)
+        record_done()
         return
     processes = _processes(config, args.nproc)
     if processes == 1:
-        train(config)
+        train(config, stop=StopRequest().install())
         return
     from .distributed.launch import launch
 
@@ -183,7 +193,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _outcome(termination, _self_check, worker=False)
     if not args.config:
         return fail(termination, ExitReason.InvalidConfig, "--config PATH is required")
-    return _outcome(termination, lambda: _run(args), worker=args.worker)
+    code = _outcome(termination, lambda: _run(args), worker=args.worker)
+    if args.worker:
+        _end_worker(code)
+    return code
+
+
+def _end_worker(code: int) -> NoReturn:
+    """End a worker without the interpreter's teardown: a live process group's destructor can
+    deadlock against its own worker thread (see run.train), and the launcher would wait on the
+    rank forever. Everything the worker owes is written by now."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def _self_check() -> None:

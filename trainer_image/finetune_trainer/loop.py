@@ -6,6 +6,10 @@ adapter gradients with the loss and token figures. The result is the gradient on
 would get from all micro-batches, so N processes with accumulation k train the adapter that
 one process with accumulation N x k trains. Each micro-batch's dropout is seeded by its global
 number, not by the rank that runs it, which keeps that true with dropout on.
+
+Given a stop request (SIGTERM), the ranks agree after each micro-batch whether to stop there;
+a step stopped part-way returns a `Partial` (the gradients so far, summed over the ranks) for a
+checkpoint, and a resumed step starts from one.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from .distributed.topology import Topology
 from .failures import TrainerFailure
 from .loss_head import LossHead
 from .precision_guard import GuardReport, fail_if_half, watch_activations
-from .train_state import Adapter
+from .train_state import Adapter, Partial, partial_of, restore_gradients
 
 
 def micro_seed(seed: int, micro: int) -> int:
@@ -86,28 +90,50 @@ class Loop:
             yield
         fail_if_half(guard)
 
-    def step(self, step: int) -> StepFigures:
-        """Run 0-based optimizer step `step`; raises NonFiniteLoss on every rank alike."""
+    def agree(self, *flags: bool) -> list[bool]:
+        """Each flag true on every rank when it is true on any (one collective for all of them)."""
+        counts = sum_figures([1.0 if flag else 0.0 for flag in flags], self.topology.world_size, self.device)
+        return [count > 0 for count in counts]
+
+    def step(
+        self, step: int, *, resume: Partial | None = None, stop: Callable[[], bool] | None = None
+    ) -> StepFigures | Partial:
+        """Run 0-based optimizer step `step` (from `resume`'s point when given); raises
+        NonFiniteLoss on every rank alike. When `stop()` turns true on any rank, every rank
+        stops after the same micro-batch and the step so far comes back as a Partial."""
         world = self.topology.world_size
         slots = self.schedule.slots(step, self.topology.rank)
         micro = [(number, [self.rows[i] for i in ids]) for number, ids in slots]
         local_targets = sum(r.targets for _, rows in micro for r in rows)
         (targets,) = sum_figures([local_targets], world, self.device)
         scale = 1.0 / max(targets, 1.0)
-        local_loss, local_tokens = 0.0, 0
+        start = resume.micro_done if resume is not None else 0
+        carried = resume if resume is not None and self.topology.rank == 0 else None
+        restore_gradients(self.adapter, carried)
+        local_loss = carried.loss if carried is not None else 0.0
+        local_tokens = carried.tokens if carried is not None else 0.0
         guard = self._first_step_guard()
         with guard:
-            for number, chosen in micro:
-                if not chosen and not self.sharded:
+            for index, (number, chosen) in enumerate(micro):
+                if index < start:
                     continue
-                rows = chosen or self._padding(self.rows)
-                torch.manual_seed(micro_seed(self.seed, number))
-                total = loss_sum(self.model, self.head, collate(rows, self.pad_id, self.device, self.packed))
-                if test_hooks.nonfinite_at(step + 1):
-                    total = total * float("nan")
-                (total * scale).backward()  # type: ignore[no-untyped-call]
-                local_loss += float(total.detach())
-                local_tokens += sum(len(r.input_ids) for r in chosen)
+                if chosen or self.sharded:
+                    rows = chosen or self._padding(self.rows)
+                    torch.manual_seed(micro_seed(self.seed, number))
+                    total = loss_sum(self.model, self.head, collate(rows, self.pad_id, self.device, self.packed))
+                    if test_hooks.nonfinite_at(step + 1):
+                        total = total * float("nan")
+                    (total * scale).backward()  # type: ignore[no-untyped-call]
+                    local_loss += float(total.detach())
+                    local_tokens += sum(len(r.input_ids) for r in chosen)
+                test_hooks.signal_after_micro(step + 1, index + 1)
+                if stop is not None and index + 1 < len(micro) and self.agree(stop())[0]:
+                    figures = sum_over_ranks(self.adapter.params, [local_loss, float(local_tokens)], world)
+                    partial = partial_of(
+                        self.adapter, step, index + 1, figures, world_size=world, accumulation=len(micro)
+                    )
+                    self.optimizer.zero_grad(set_to_none=True)
+                    return partial
         loss_total, tokens = sum_over_ranks(self.adapter.params, [local_loss, float(local_tokens)], world)
         loss = loss_total / max(targets, 1.0)
         if not math.isfinite(loss):

@@ -22,7 +22,10 @@ EMA_WEIGHT = 0.9
 
 
 def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}, separators=(",", ":")), file=sys.stdout, flush=True)
+    # One write per line: print() writes the text and its newline apart, and under
+    # PYTHONUNBUFFERED two processes sharing the pod's stdout could splice their lines.
+    sys.stdout.write(json.dumps({"event": event, **fields}, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
 
 
 class LossSpikes:

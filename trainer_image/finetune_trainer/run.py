@@ -17,13 +17,14 @@ from torch import nn
 from finetune_api.trainer_config import TrainerConfig
 
 from . import test_hooks
-from .checkpoints import Checkpoint, CheckpointStore
+from .checkpoints import Checkpoint, CheckpointStore, checkpoint_name
 from .data.batches import Row, Schedule, make_rows
 from .data.loading import check_dataset, split
 from .distributed import fsdp, topology
 from .distributed.gradsync import all_equal, sum_figures
 from .distributed.topology import Topology
 from .export import save_adapter, save_merged, write_summary
+from .failures import TrainerFailure
 from .hardware import (
     Hardware,
     apply_memory_cap,
@@ -44,7 +45,8 @@ from .preflight import MemoryPlan, memory_plan
 from .progress import Progress, emit
 from .self_check import check_gpu_stack
 from .status_patch import StatusReporter
-from .train_state import Adapter
+from .stopping import CheckpointClock, StopRequest, interrupted
+from .train_state import Adapter, Partial
 from .train_state import Progress as SavedProgress
 from .train_state import load as load_state
 from .train_state import save as save_state
@@ -73,7 +75,10 @@ def _plant_half(model: nn.Module, kind: str) -> None:
 
 
 def checkpoint_ref(checkpoint: Checkpoint) -> dict[str, Any]:
-    return {"step": checkpoint.step, "path": str(checkpoint.path), "time": checkpoint.time}
+    ref: dict[str, Any] = {"step": checkpoint.step, "path": str(checkpoint.path), "time": checkpoint.time}
+    if checkpoint.micro:
+        ref["microBatchesDone"] = checkpoint.micro
+    return ref
 
 
 def _peaks(hardware: Hardware, ranks: Topology, device: torch.device, parallelism: str) -> list[float]:
@@ -109,9 +114,13 @@ def _guard(model: nn.Module, precision: str) -> GuardReport | None:
     return report
 
 
-def train(config: TrainerConfig, ranks: Topology = topology.SINGLE) -> dict[str, Any] | None:
-    """Train this process's part; returns the summary on rank 0, None on the others."""
+def train(
+    config: TrainerConfig, ranks: Topology = topology.SINGLE, stop: StopRequest | None = None
+) -> dict[str, Any] | None:
+    """Train this process's part; returns the summary on rank 0, None on the others. With a
+    `stop` request installed, SIGTERM ends the run with a checkpoint of the point reached."""
     started = time.time()
+    stop = stop or StopRequest()
     spec = config.spec
     main = ranks.is_main
     output = Path(config.paths.output)
@@ -186,15 +195,29 @@ def train(config: TrainerConfig, ranks: Topology = topology.SINGLE) -> dict[str,
     topology.barrier(ranks)
     resume = store.latest()
     step, tokens_before = 0, 0
+    partial: Partial | None = None
     if resume is not None:
-        step, tokens_before, saved = load_state(resume.path, adapter, optimizer, scheduler)
+        step, tokens_before, saved, partial = load_state(resume.path, adapter, optimizer, scheduler)
         log.info(
-            "resuming from checkpoint %d (%s), written by %s process(es) in %s",
-            resume.step,
+            "resuming from %s (%s), written by %s process(es) in %s",
+            resume.name,
             resume.path,
             saved.get("worldSize"),
             saved.get("parallelism"),
         )
+        if partial is not None and not partial.fits(ranks.world_size, training.gradient_accumulation):
+            log.warning(
+                "%s stopped inside step %d on %d process(es) with accumulation %d; on %d with %d its"
+                " micro-batches are numbered otherwise, so step %d runs again from its start",
+                resume.name,
+                partial.step + 1,
+                partial.world_size,
+                partial.accumulation,
+                ranks.world_size,
+                training.gradient_accumulation,
+                partial.step + 1,
+            )
+            partial = None
 
     reporter = StatusReporter.from_environment(config.job_name, config.namespace) if main else None
     progress = Progress(reporter, output / "tensorboard" if main else None, schedule.total_steps)
@@ -243,9 +266,47 @@ def train(config: TrainerConfig, ranks: Topology = topology.SINGLE) -> dict[str,
     tokens = tokens_before
     progress.begin(step)
     evaluated_at: int | None = None
+    clock = CheckpointClock(spec.checkpoints.every_minutes)
+    saved_at = resume.step if resume is not None and not resume.micro else None
+
+    def save(at: int, partial: Partial | None = None) -> str:
+        """Rank 0 writes, every rank waits for it; returns the checkpoint's name."""
+        name = checkpoint_name(at, partial.micro_done if partial else 0)
+        if main:
+            _checkpoint(
+                store,
+                at,
+                adapter=adapter,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                tokens=tokens,
+                ranks=ranks,
+                parallelism=launch.parallelism,
+                progress=progress,
+                reporter=reporter,
+                partial=partial,
+            )
+        topology.barrier(ranks)
+        clock.reset()
+        return name
+
+    def stopped(name: str, partial: Partial | None) -> TrainerFailure:
+        seconds = stop.seconds_since() if main else None
+        done = partial.micro_done if partial else 0
+        if main:
+            emit(
+                "stopped", checkpoint=name, step=step, microBatchesDone=done, secondsAfterSignal=round(seconds or 0, 3)
+            )
+        return interrupted(name, step, done, training.gradient_accumulation, seconds)
+
+    stop.arm()
     try:
         while step < total:
-            figures = loop.step(step)
+            outcome = loop.step(step, resume=partial, stop=lambda: stop.requested)
+            partial = None
+            if isinstance(outcome, Partial):
+                raise stopped(save(step, outcome), outcome)
+            figures = outcome
             step += 1
             tokens += figures.tokens
             if main:
@@ -262,25 +323,20 @@ def train(config: TrainerConfig, ranks: Topology = topology.SINGLE) -> dict[str,
             delay = test_hooks.step_delay()
             if delay:
                 time.sleep(delay)
-            if step % every == 0 or step == total:
+            by_steps = step % every == 0 or step == total
+            stopping, by_clock = loop.agree(stop.requested, clock.due())
+            if by_steps and not stopping:
                 evaluated_at = step
                 eval_loss = loop.evaluate()
                 if main and eval_loss is not None:
                     progress.evaluated(step, eval_loss)
-                if main:
-                    _checkpoint(
-                        store,
-                        step,
-                        adapter=adapter,
-                        optimizer=optimizer,
-                        scheduler=scheduler,
-                        tokens=tokens,
-                        ranks=ranks,
-                        parallelism=launch.parallelism,
-                        progress=progress,
-                        reporter=reporter,
-                    )
-                topology.barrier(ranks)
+            if by_steps or by_clock or (stopping and saved_at != step):
+                save(step)
+                saved_at = step
+                if not stopping:  # a SIGTERM during the write: this checkpoint is the point reached
+                    (stopping,) = loop.agree(stop.requested)
+            if stopping:
+                raise stopped(checkpoint_name(step), None)
         # Every rank decides alike (the evaluation is collective): only rank 0 keeps `progress`.
         if eval_rows and evaluated_at != step:
             eval_loss = loop.evaluate()
@@ -294,7 +350,9 @@ def train(config: TrainerConfig, ranks: Topology = topology.SINGLE) -> dict[str,
         progress.close()
     if not in_step:
         log.error("the adapter differs between ranks after training")
-    topology.stop()
+    # The process group is left for the process's end to free (a worker ends in os._exit, see
+    # entry.main): gloo's destructor joins its worker thread holding the GIL, while that thread
+    # may need the GIL to free the last collective's tensors, and the rank then hangs forever.
     if not main:
         return None
 
@@ -354,12 +412,15 @@ def _checkpoint(
     parallelism: str,
     progress: Progress,
     reporter: StatusReporter | None,
+    partial: Partial | None = None,
 ) -> None:
     """Rank 0 writes the checkpoint atomically (staging, fsync, marker, rename)."""
-    staging = store.begin(step) / f"checkpoint-{step}"
-    save_state(staging, adapter, optimizer, scheduler, SavedProgress(step, tokens, ranks.world_size, parallelism))
+    micro = partial.micro_done if partial else 0
+    staging = store.begin(step, micro) / checkpoint_name(step, micro)
+    progress_now = SavedProgress(step, tokens, ranks.world_size, parallelism)
+    save_state(staging, adapter, optimizer, scheduler, progress_now, partial=partial)
     test_hooks.die_in_save(step)
-    checkpoint = store.commit(step)
+    checkpoint = store.commit(step, micro)
     log.info("checkpoint %d complete: %s", step, checkpoint.path)
     emit("checkpoint", **checkpoint_ref(checkpoint))
     if reporter is not None:

@@ -7,11 +7,20 @@ here acts unless its variable is set, and the operator never sets them.
 
 import os
 import signal
+import time
 
 KILL_IN_SAVE = "FINETUNE_TEST_KILL_IN_SAVE"  # step whose checkpoint write is cut short by SIGKILL
 NONFINITE_AT = "FINETUNE_TEST_NONFINITE_AT"  # "STEP" or "STEP@RANK": optimizer step whose loss becomes NaN
 KILL_RANK_AT = "FINETUNE_TEST_KILL_RANK_AT"  # "RANK@STEP": that rank SIGKILLs itself after that step
+# "RANK@STEP": that rank exits 0 after that step, unfinished: what the launcher sees of a rank
+# whose exit status was lost
+EXIT_RANK_AT = "FINETUNE_TEST_EXIT_RANK_AT"
 PLANT_HALF = "FINETUNE_TEST_PLANT_HALF"  # "parameter", "buffer" or "activation": plant a bf16 tensor
+# "STEP.MICRO": after that micro-batch (1-based) of that step, rank 0 sends SIGTERM to the pod's
+# main process (the launcher, or itself), as the kubelet does on suspend or preemption
+SIGTERM_AT = "FINETUNE_TEST_SIGTERM_AT"
+# "STEP": while rank 0 writes that step's checkpoint, SIGTERM reaches every rank, twice
+SIGTERM_IN_SAVE = "FINETUNE_TEST_SIGTERM_IN_SAVE"
 STEP_DELAY = "FINETUNE_TEST_STEP_DELAY"  # seconds to sleep per step, to widen kill windows
 
 
@@ -24,6 +33,12 @@ def die_in_save(step: int) -> None:
     """Called after the checkpoint's files are written, before they are marked complete."""
     if _int(KILL_IN_SAVE) == step:
         os.kill(os.getpid(), signal.SIGKILL)
+    if _int(SIGTERM_IN_SAVE) == step:
+        under_launcher = bool(os.environ.get("FINETUNE_REASON_DIR"))
+        for _ in range(2):
+            os.kill(os.getppid() if under_launcher else os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)  # and once more straight to this rank
 
 
 def _rank() -> int:
@@ -36,11 +51,18 @@ def nonfinite_at(step: int) -> bool:
     return at.isdigit() and int(at) == step and (not rank or int(rank) == _rank())
 
 
+def _names_this_rank(variable: str, step: int) -> bool:
+    rank, _, at = os.environ.get(variable, "").partition("@")
+    return rank.isdigit() and at.isdigit() and int(rank) == _rank() and int(at) == step
+
+
 def die_after_step(step: int) -> None:
-    """SIGKILL this process after `step` when it is the rank KILL_RANK_AT names (one rank of N)."""
-    rank, _, at = os.environ.get(KILL_RANK_AT, "").partition("@")
-    if rank.isdigit() and at.isdigit() and int(rank) == _rank() and int(at) == step:
+    """End this process after `step` when it is the rank KILL_RANK_AT (SIGKILL) or EXIT_RANK_AT
+    (exit 0) names (one rank of N)."""
+    if _names_this_rank(KILL_RANK_AT, step):
         os.kill(os.getpid(), signal.SIGKILL)
+    if _names_this_rank(EXIT_RANK_AT, step):
+        os._exit(0)
 
 
 def plant_half() -> str | None:
@@ -52,3 +74,14 @@ def step_delay() -> float:
         return float(os.environ.get(STEP_DELAY, "0"))
     except ValueError:
         return 0.0
+
+
+def signal_after_micro(step: int, micro: int) -> None:
+    at_step, _, at_micro = os.environ.get(SIGTERM_AT, "").partition(".")
+    if not (at_step.isdigit() and at_micro.isdigit()) or (int(at_step), int(at_micro)) != (step, micro):
+        return
+    if _rank() == 0:
+        under_launcher = bool(os.environ.get("FINETUNE_REASON_DIR"))
+        os.kill(os.getppid() if under_launcher else os.getpid(), signal.SIGTERM)
+        if under_launcher:
+            time.sleep(1.0)  # the launcher passes it on to every rank before they next agree

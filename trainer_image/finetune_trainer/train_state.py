@@ -5,6 +5,11 @@ optimizer and scheduler state, and the step. Every rank holds the same adapter a
 state (the adapter is never sharded), so rank 0 writes them alone and any process count reads
 them back. The data position is the step itself: the schedule (`data.batches.Schedule`) is a
 pure function of the seed and the step, and each micro-batch's dropout is seeded by its number.
+
+A checkpoint written on SIGTERM between micro-batches adds the step in progress (`Partial`): how
+many micro-batches every rank finished, and their adapter gradients and loss figures summed over
+the ranks. Rank 0 of the resumed run starts the step from those sums, the other ranks from zero,
+so the step's one all-reduce gives the gradient of the uninterrupted step.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 OPTIMIZER = "optimizer.pt"
 SCHEDULER = "scheduler.pt"
 STATE = "trainer_state.json"
+PARTIAL = "partial_step.pt"
 
 
 @dataclass
@@ -74,6 +80,43 @@ def _saved_name(name: str) -> str:
 
 
 @dataclass(frozen=True)
+class Partial:
+    """Optimizer step `step` (0-based) stopped after `micro_done` of its micro-batches on every rank."""
+
+    step: int
+    micro_done: int
+    loss: float  # summed over ranks, already scaled like the step's
+    tokens: float
+    world_size: int
+    accumulation: int
+    grads: dict[str, torch.Tensor]  # PEFT's saved names, summed over ranks, on the CPU
+
+    def fits(self, world_size: int, accumulation: int) -> bool:
+        """Its micro-batches are numbered for one process count and accumulation only."""
+        return (self.world_size, self.accumulation) == (world_size, accumulation)
+
+
+def partial_of(
+    adapter: Adapter, step: int, micro_done: int, figures: list[float], *, world_size: int, accumulation: int
+) -> Partial:
+    """The step in progress, from gradients already summed over the ranks."""
+    grads = {
+        _saved_name(name): (p.grad if p.grad is not None else torch.zeros_like(p)).detach().to("cpu", copy=True)
+        for name, p in adapter.named
+    }
+    return Partial(step, micro_done, figures[0], figures[1], world_size, accumulation, grads)
+
+
+def restore_gradients(adapter: Adapter, partial: Partial | None) -> None:
+    """Start the step from `partial`'s sums (rank 0 only), or from zero."""
+    for name, param in adapter.named:
+        if partial is None:
+            param.grad = None
+        else:
+            param.grad = partial.grads[_saved_name(name)].to(param.device, param.dtype).clone()
+
+
+@dataclass(frozen=True)
 class Progress:
     step: int
     tokens: int
@@ -87,6 +130,8 @@ def save(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     progress: Progress,
+    *,
+    partial: Partial | None = None,
 ) -> None:
     adapter.save(folder)
     torch.save(optimizer.state_dict(), folder / OPTIMIZER)
@@ -97,15 +142,42 @@ def save(
         "worldSize": progress.world_size,
         "parallelism": progress.parallelism,
     }
+    if partial is not None:
+        torch.save(
+            {
+                "step": partial.step,
+                "microDone": partial.micro_done,
+                "loss": partial.loss,
+                "tokens": partial.tokens,
+                "worldSize": partial.world_size,
+                "accumulation": partial.accumulation,
+                "grads": partial.grads,
+            },
+            folder / PARTIAL,
+        )
+        state["partialStep"] = {"microBatchesDone": partial.micro_done, "of": partial.accumulation}
     (folder / STATE).write_text(json.dumps(state, indent=1), encoding="utf-8")
 
 
 def load(
     folder: Path, adapter: Adapter, optimizer: torch.optim.Optimizer, scheduler: Any
-) -> tuple[int, int, dict[str, Any]]:
-    """Restore a checkpoint into this process; returns (step, tokens seen, the saved state)."""
+) -> tuple[int, int, dict[str, Any], Partial | None]:
+    """Restore a checkpoint into this process; returns (step, tokens seen, the saved state, the
+    step in progress when it was written on SIGTERM)."""
     adapter.load(folder)
     optimizer.load_state_dict(torch.load(folder / OPTIMIZER, map_location="cpu", weights_only=False))
     scheduler.load_state_dict(torch.load(folder / SCHEDULER, map_location="cpu", weights_only=False))
     state = json.loads((folder / STATE).read_text(encoding="utf-8"))
-    return int(state["step"]), int(state.get("tokens", 0)), state
+    partial = None
+    if (folder / PARTIAL).exists():
+        saved = torch.load(folder / PARTIAL, map_location="cpu", weights_only=True)
+        partial = Partial(
+            int(saved["step"]),
+            int(saved["microDone"]),
+            float(saved["loss"]),
+            float(saved["tokens"]),
+            int(saved["worldSize"]),
+            int(saved["accumulation"]),
+            dict(saved["grads"]),
+        )
+    return int(state["step"]), int(state.get("tokens", 0)), state, partial

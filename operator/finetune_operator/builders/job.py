@@ -4,8 +4,9 @@ from typing import Any, Final
 
 from finetune_api.constants import TRAINER_SERVICE_ACCOUNT
 from finetune_api.gpus import is_pascal
-from finetune_api.reasons import NON_RETRYABLE, TERMINATION_LOG
+from finetune_api.reasons import NON_RETRYABLE, TERMINATION_LOG, UNCOUNTED
 from finetune_api.spec import FineTuneJobSpec
+from finetune_trainer.planning.grace import grace_for
 
 from .. import quantities
 from ..children import HUB_EGRESS_LABEL, KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, Owner, job_name, labels, metadata
@@ -52,6 +53,15 @@ def pod_failure_policy() -> dict[str, Any]:
             },
             # Preemption, node drain, eviction: not the trainer's fault; the retry resumes.
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            # The trainer stopped on SIGTERM with its state saved: the retry loses nothing.
+            {
+                "action": "Ignore",
+                "onExitCodes": {
+                    "containerName": CONTAINER,
+                    "operator": "In",
+                    "values": sorted(int(code) for code in UNCOUNTED),
+                },
+            },
         ]
     }
 
@@ -234,8 +244,9 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
         "securityContext": pod_security,
         "containers": [container],
         "volumes": vols,
-        # Time for the trainer to finish a checkpoint write on SIGTERM (suspend, preemption).
-        "terminationGracePeriodSeconds": 120,
+        # Time for the trainer, on SIGTERM (suspend, preemption, drain), to finish its micro-batch
+        # and write a checkpoint of that point: the planner's estimate (planning/grace.py).
+        "terminationGracePeriodSeconds": grace_for(spec).seconds,
         **placement(spec, settings),
     }
     job_spec: dict[str, Any] = {

@@ -62,8 +62,3 @@ def start(topology: Topology, on_gpu: bool, timeout_s: float = 1800.0) -> None:
 def barrier(topology: Topology) -> None:
     if topology.world_size > 1 and dist.is_initialized():
         dist.barrier()
-
-
-def stop() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()

@@ -1,0 +1,102 @@
+"""How long the pod needs between SIGTERM and a complete checkpoint: its grace period.
+
+On SIGTERM the trainer finishes the micro-batch under way, sums the adapter's gradients over the
+ranks, and rank 0 writes the adapter, those gradients and the optimizer state (the frozen NF4
+weights are never written). So the time is one micro-batch plus that write at the checkpoint
+volume's speed. The pod's `terminationGracePeriodSeconds` is that estimate with a margin,
+never below a floor; a model whose shape is not known before its pod starts (a PVC model not
+named after a known Hub model) gets the default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from finetune_api.spec import FineTuneJobSpec
+
+from .memory import FP32, OPTIMIZER_BYTES
+from .model_shape import ModelConfigError, known_model
+from .plan import Plan
+
+# Stated write speed of the checkpoint volume: a network-attached PV's sustained write. A local
+# NVMe disk is ten times faster; a slower volume needs a longer grace period than planned.
+DISK_BYTES_PER_S = 100 * 10**6
+MARGIN = 1.5  # on the estimate: a loaded node, a slow fsync
+FIXED_S = 15.0  # process signalling, the collective, fsync and rename, the pod's own exit
+FLOOR_S = 60
+DEFAULT_S = 120  # when the shape is unknown before the pod starts
+
+
+@dataclass(frozen=True)
+class Grace:
+    seconds: int
+    micro_batch_s: float | None  # None: not planned (CPU, or an unknown shape)
+    write_bytes: int | None
+    write_s: float | None
+
+    def describe(self) -> str:
+        if self.micro_batch_s is None or self.write_bytes is None or self.write_s is None:
+            return f"grace {self.seconds} s on SIGTERM (the default: no GPU plan for this job)"
+        return (
+            f"grace {self.seconds} s on SIGTERM: finish a micro-batch ({self.micro_batch_s:.1f} s), write "
+            f"{self.write_bytes / 2**30:.2f} GiB of adapter, gradients and optimizer at "
+            f"{DISK_BYTES_PER_S / 1e6:.0f} MB/s ({self.write_s:.1f} s), x{MARGIN:g} + {FIXED_S:g} s, "
+            f"at least {FLOOR_S} s"
+        )
+
+
+def checkpoint_bytes(adapter_params: int, optimizer: str) -> int:
+    """Adapter weights and summed gradients in FP32, plus the optimizer's state."""
+    return int(adapter_params * (2 * FP32 + OPTIMIZER_BYTES.get(optimizer, 2 * FP32)))
+
+
+def grace_seconds(micro_batch_s: float, write_bytes: int) -> Grace:
+    write_s = write_bytes / DISK_BYTES_PER_S
+    seconds = max(FLOOR_S, math.ceil(MARGIN * (micro_batch_s + write_s) + FIXED_S))
+    return Grace(seconds, micro_batch_s, write_bytes, write_s)
+
+
+def known_config(spec: FineTuneJobSpec) -> Mapping[str, Any] | None:
+    """The model's config.json when it is known without reading the model: a Hub id, or a PVC
+    folder named after one (`.../meta-llama/Llama-3.3-70B-Instruct`), in the planner's table."""
+    source = spec.model.source
+    if source.hub is not None:
+        return known_model(source.hub.id)
+    if source.pvc is not None:
+        parts = [p for p in source.pvc.path.split("/") if p]
+        if len(parts) >= 2:
+            return known_model("/".join(parts[-2:]))
+    return None
+
+
+def grace_for(spec: FineTuneJobSpec, model_config: Mapping[str, Any] | None = None) -> Grace:
+    """The pod's grace period for `spec` (`model_config` default: `known_config(spec)`)."""
+    from .parallelism import choose
+
+    config = model_config if model_config is not None else known_config(spec)
+    if spec.resources.gpus < 1 or config is None:
+        return Grace(DEFAULT_S, None, None, None)
+    try:
+        launch = choose(spec, config, spec.resources.gpus, attention="memory_efficient")
+    except ModelConfigError:
+        return Grace(DEFAULT_S, None, None, None)
+    return grace_of(launch.plan)
+
+
+def grace_of(plan: Plan | None) -> Grace:
+    if plan is None or plan.speed is None:
+        return Grace(DEFAULT_S, None, None, None)
+    shape, recipe = plan.shape, plan.recipe
+    params = shape.layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets)
+    return grace_seconds(plan.speed.step_seconds, checkpoint_bytes(params, recipe.optimizer))
+
+
+def clock_steps(plan: Plan, every_minutes: int, accumulation: int) -> int | None:
+    """Optimizer steps in `every_minutes` at the planned speed (each rank runs `accumulation`
+    micro-batches per step, alongside the others)."""
+    if plan.speed is None or plan.speed.step_seconds <= 0:
+        return None
+    return max(1, int(every_minutes * 60 / (accumulation * plan.speed.step_seconds)))
