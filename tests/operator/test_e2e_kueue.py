@@ -25,7 +25,18 @@ from ..chart.helm import render
 from .harness import REPO, Jobs, OperatorProcess, wait_for
 from .specs import body
 from .test_e2e_placement import gpu_spec
-from .test_e2e_training import CHECKPOINTS, RUN_TIMEOUT, host_path, summary, watch_until_done
+from .test_e2e_training import (
+    ADAPTER_TOLERANCE,
+    CHECKPOINTS,
+    RUN_TIMEOUT,
+    adapter_tensors,
+    host_path,
+    max_difference,
+    running_pod,
+    summary,
+    trainer_event,
+    watch_until_done,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -209,6 +220,7 @@ def final_adapter(folders: dict[str, Path], status: dict) -> Path:
 
 @pytest.mark.trainer
 def test_a_high_priority_job_preempts_the_trainer_which_resumes_from_its_checkpoint(
+    cluster,
     namespace: str,
     jobs: Jobs,
     kueue_objects: KueueObjects,
@@ -230,12 +242,16 @@ def test_a_high_priority_job_preempts_the_trainer_which_resumes_from_its_checkpo
         return {"queueName": QUEUE, "workloadPriorityClassName": f"{namespace}-{priority}"}
 
     jobs.create("low", body(training=LOW_TRAINING, checkpoints=CHECKPOINTS, placement=placed("low")))
+    # The same spec outside any queue, never preempted: the adapter the preempted one must end with.
+    jobs.create("steady", body(training=LOW_TRAINING, checkpoints=CHECKPOINTS))
     checkpoint = wait_for(
         lambda: (s := jobs.status("low")).get("phase") == "Running" and s.get("lastCheckpoint", {}).get("step") and s,
         RUN_TIMEOUT,
         "low's first checkpoint",
     )["lastCheckpoint"]
     assert jobs.status("low")["queue"]["admitted"] is True
+    low_pod = running_pod(jobs, "low")
+    assert low_pod is not None
 
     jobs.create("high", body(training=HIGH_TRAINING, checkpoints=CHECKPOINTS, placement=placed("high")))
     phases: list[str] = []
@@ -257,6 +273,8 @@ def test_a_high_priority_job_preempts_the_trainer_which_resumes_from_its_checkpo
     preemption_events = [e for e in jobs.events("low") if e["reason"] == "Preempted" and e["type"] == "Warning"]
     assert len(preemption_events) == 1 and f"{namespace}/high" in preemption_events[0]["message"], preemption_events
     assert not [p for p in jobs.pods("low") if p["status"].get("phase") in ("Pending", "Running")]
+    # On SIGTERM the trainer wrote a checkpoint of the point it had reached.
+    stop = wait_for(lambda: trainer_event(cluster, namespace, low_pod["metadata"]["name"], "stopped"), 30, "low's stop")
 
     high_phases, _, high = watch_until_done(jobs, "high")
     assert high["phase"] == "Succeeded", high
@@ -267,9 +285,14 @@ def test_a_high_priority_job_preempts_the_trainer_which_resumes_from_its_checkpo
     assert "Running" in later_phases
     resumed = summary(training_volumes, "low")["resumedFrom"]
     assert resumed is not None and resumed["step"] >= checkpoint["step"] > 0, resumed
+    assert Path(resumed["path"]).name == stop["checkpoint"], (resumed, stop)  # nothing trained twice
     assert summary(training_volumes, "low")["finalStep"] == LOW_TRAINING["maxSteps"]
     readmitted = next(c for c in final["conditions"] if c["type"] == "Preempted")
     assert readmitted["status"] == "False" and readmitted["reason"] == "Readmitted"
     assert final["queue"]["preemptions"] == 1
     assert f"preempted 1x, last by {namespace}/high" in describe(jobs.get("low") or {})
     assert (final_adapter(training_volumes, final) / "adapter_config.json").is_file()
+    steady = watch_until_done(jobs, "steady")[2]
+    assert steady["phase"] == "Succeeded", steady
+    difference = max_difference(adapter_tensors(training_volumes, final), adapter_tensors(training_volumes, steady))
+    assert difference <= ADAPTER_TOLERANCE, difference
