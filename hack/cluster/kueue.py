@@ -15,6 +15,9 @@ that has no kube-proxy, no kubelet and no cluster DNS:
 - Only the webhooks of the integrations enabled here (batch/v1 Jobs) and of Kueue's own kinds are
   registered: a pod or Deployment webhook with failurePolicy Fail would stand between every
   other test and the API server.
+- The batch/v1 Job webhooks see only Jobs labelled `kueue.x-k8s.io/queue-name` (an
+  objectSelector): Kueue manages no other Job here, and its webhook would otherwise look up the
+  owners of every other test's Jobs.
 - The manager runs as a local process with the admin kubeconfig, leader election off, metrics
   off, the health probe and webhook server on 127.0.0.1, and the visibility API (an aggregated
   API server that writes certificates under /visibility) off.
@@ -45,6 +48,7 @@ from .layout import Layout
 
 NAME = "kueue"
 NAMESPACE = "kueue-system"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 WEBHOOK_SERVICE = "kueue-webhook-service"
 WEBHOOK_SECRET = "kueue-webhook-server-cert"
 MUTATING = "kueue-mutating-webhook-configuration"
@@ -150,6 +154,13 @@ def _kept(webhook: dict[str, Any]) -> bool:
     return bool(groups) and groups <= WEBHOOK_GROUPS
 
 
+def _on_jobs(webhook: dict[str, Any]) -> bool:
+    return any(
+        "batch" in (rule.get("apiGroups") or []) and "jobs" in (rule.get("resources") or [])
+        for rule in webhook.get("rules") or []
+    )
+
+
 def webhook_configurations(manifests: Path, port: int, ca_bundle: bytes | None) -> list[dict[str, Any]]:
     """Kueue's admission webhooks for the enabled integrations, named as its cert manager expects."""
     names = {"MutatingWebhookConfiguration": MUTATING, "ValidatingWebhookConfiguration": VALIDATING}
@@ -167,6 +178,11 @@ def webhook_configurations(manifests: Path, port: int, ca_bundle: bytes | None) 
             if ca_bundle:
                 client_config["caBundle"] = base64.b64encode(ca_bundle).decode()
             webhook["clientConfig"] = client_config
+            if _on_jobs(webhook):
+                # Only Jobs that ask for a queue: Kueue's Job webhook otherwise looks up every
+                # Job's owners and answers for Jobs it will never manage (manageJobsWithoutQueueName
+                # is off), which would put it in front of every other test's Jobs.
+                webhook["objectSelector"] = {"matchExpressions": [{"key": QUEUE_LABEL, "operator": "Exists"}]}
             webhooks.append(webhook)
         out.append({**doc, "metadata": {"name": names[doc["kind"]]}, "webhooks": webhooks})
     return out

@@ -49,6 +49,9 @@ Quantity = Annotated[
 # DNS-1123 subdomain: the rule for names of PVCs, Secrets, PriorityClasses.
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ResourceName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+# A Kueue object's name carried in a Job label (`kueue.x-k8s.io/queue-name`, `.../priority-class`):
+# an object name that is also a label value, which Kueue's Job webhook checks.
+KueueName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_SUBDOMAIN_PATTERN)]
 
 # A relative path inside a volume: no leading slash, no `..` segment, so a spec can never
 # point a mount outside its claim.

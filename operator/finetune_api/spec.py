@@ -15,6 +15,7 @@ from .base import (
     LABEL_VALUE_PATTERN,
     AnyObject,
     ApiModel,
+    KueueName,
     LabelMap,
     PositiveQuantity,
     RelativePath,
@@ -332,12 +333,10 @@ class PlacementSpec(ApiModel):
     )
     affinity: AnyObject | None = Field(default=None, description="A core/v1 Affinity, passed through.")
     priority_class_name: ResourceName | None = Field(default=None, description="PriorityClass of the pod.")
-    queue_name: Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)] | None = Field(
+    queue_name: KueueName | None = Field(
         default=None, description="Kueue LocalQueue; the Job is created suspended for Kueue to admit."
     )
-    workload_priority_class_name: (
-        Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)] | None
-    ) = Field(
+    workload_priority_class_name: KueueName | None = Field(
         default=None,
         description="Kueue WorkloadPriorityClass: orders the queue and decides preemption (needs queueName).",
     )

@@ -43,6 +43,12 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
 
 
+def _webhook_denied(exc: ApiException) -> bool:
+    """A validating webhook refused the object itself (e.g. Kueue's on a Job's queue labels):
+    403 like a missing permission, but no retry can change the answer, only the spec."""
+    return exc.status == 403 and "admission webhook" in _api_message(exc) and "denied the request" in _api_message(exc)
+
+
 class ChildRejected(Exception):
     """The API server refused a child object as invalid (4xx other than conflicts)."""
 
@@ -104,7 +110,7 @@ class Kube:
         except ApiException as exc:
             if exc.status != 409:
                 metrics.API_ERRORS.labels(verb="create", kind=kind, code=str(exc.status)).inc()
-                if exc.status in (400, 422):
+                if exc.status in (400, 422) or _webhook_denied(exc):
                     raise ChildRejected(kind, body["metadata"]["name"], _api_message(exc)) from exc
                 raise
         except (ValueError, TypeError) as exc:

@@ -263,7 +263,7 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         placement["priorityClassName"] = draw(SHORT_DNS_NAME)
     if draw(st.booleans()):
-        placement["queueName"] = draw(LABEL_VALUE)
+        placement["queueName"] = draw(SHORT_DNS_NAME)
     if placement:
         spec["placement"] = placement
     for key in ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"):
