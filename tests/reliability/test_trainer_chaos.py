@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from finetune_api.reasons import ExitReason
 from tests.fixtures.cluster import Cluster
 from tests.operator.harness import Jobs, OperatorProcess, wait_for
 
@@ -65,6 +66,7 @@ class Kill:
     complete_before: int | None = None  # newest complete checkpoint when the kill landed
     resumed_from: int | None = None
     discarded: list[str] = field(default_factory=list)
+    exit_code: int | None = None  # the stopped attempt's container exit code
 
 
 def complete_checkpoints(root: Path) -> list[int]:
@@ -252,6 +254,10 @@ def resumptions(cluster: Cluster, core: client.CoreV1Api, namespace: str, job: s
         key=lambda p: p.metadata.creation_timestamp,
     )
     logs = [cluster.layout.pods / f"{namespace}_{p.metadata.name}_{p.metadata.uid}" / "trainer.log" for p in attempts]
+    for kill, pod in zip(record, attempts, strict=False):
+        for status in pod.status.container_statuses or []:
+            if status.state and status.state.terminated:
+                kill.exit_code = status.state.terminated.exit_code
     for kill, log in zip(record, logs[1:], strict=False):
         lines = events(log)
         start = next((e for e in lines if e.get("event") == "start"), {})
@@ -298,8 +304,15 @@ def chaos(
             difference = None
             if status.get("phase") == "Succeeded":
                 difference = adapter_difference(outputs / "reference" / "adapter", outputs / job / "adapter")
+            job_failed = client.BatchV1Api(kube).read_namespaced_job(job, namespace).status.failed
             runs.append(
-                {"job": job, "phase": status.get("phase"), "restarts": status.get("restarts"), "difference": difference}
+                {
+                    "job": job,
+                    "phase": status.get("phase"),
+                    "restarts": status.get("restarts"),
+                    "job_failed": job_failed,
+                    "difference": difference,
+                }
             )
             record += kills
     finally:
@@ -343,6 +356,12 @@ def test_trainer_stopped_inside_a_checkpoint_write(
     result = chaos(cluster, kube, namespace, tmp_path, jobs=1, kills_per_job=1, seed=1, modes=(mode,))
     check(result)
     assert [(k["mode"], k["in_save"]) for k in result["attempts"]] == [(mode, True)], result
+    if mode == "term-in-save":
+        # Interrupted: retried without counting an attempt (the pod failure policy ignores exit 3).
+        assert result["attempts"][0]["exit_code"] == ExitReason.Interrupted, result
+        assert (result["runs"][0]["restarts"], result["runs"][0]["job_failed"]) == (0, None), result
+    else:
+        assert result["attempts"][0]["exit_code"] == 137, result  # SIGKILL
 
 
 @pytest.mark.soak

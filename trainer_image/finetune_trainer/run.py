@@ -346,6 +346,13 @@ def train(
         peaks = _peaks(hardware, ranks, device, launch.parallelism)
         host_peaks = _host_peaks(ranks, device)
         topology.barrier(ranks)
+    except BaseException:
+        # The run ends here (Interrupted, NonFiniteLoss...): send the last status and stop the
+        # reporter's thread now. Left running into the interpreter's teardown, mid-request, it
+        # ended a pod with SIGABRT instead of the exit code its Job's failure policy reads.
+        if reporter is not None:
+            reporter.close()
+        raise
     finally:
         progress.close()
     if not in_step:
