@@ -216,7 +216,9 @@ def kill_attempts(
     kills: int,
     rng: random.Random,
     modes: tuple[str, ...] = MODES,
+    first: int = 0,
 ) -> list[Kill]:
+    """Stop `kills` attempts of `job`; the modes cycle over the whole run (`first`: kills before)."""
     record: list[Kill] = []
     killed: set[str] = set()
     for attempt in range(kills):
@@ -226,7 +228,7 @@ def kill_attempts(
         pod, pid, folder = found
         log = folder / "trainer.log"
         wait_for(lambda log=log: training_started(log), 300, f"{job} attempt {attempt + 1} training")
-        mode = modes[attempt % len(modes)]
+        mode = modes[(first + attempt) % len(modes)]
         kill = Kill(attempt=attempt + 1, mode=mode)
         try:
             if mode == "in-save":
@@ -297,7 +299,7 @@ def chaos(
             job = f"chaos-{index}"
             ft.create(job, {**SPEC, "backoffLimit": kills_per_job + 1})
             kills = kill_attempts(
-                cluster, core, namespace, job, outputs / job / "checkpoints", kills_per_job, rng, modes
+                cluster, core, namespace, job, outputs / job / "checkpoints", kills_per_job, rng, modes, len(record)
             )
             status = ft.wait_phase(job, ("Succeeded", "Failed"), 900)
             resumptions(cluster, core, namespace, job, kills)
@@ -371,3 +373,5 @@ def test_trainer_killed_20_times(cluster: Cluster, kube: client.ApiClient, names
     result = chaos(cluster, kube, namespace, tmp_path, jobs=jobs, kills_per_job=2, seed=20)
     check(result)
     assert result["kills"] == 2 * jobs, result
+    stopped_politely = [k for k in result["attempts"] if k["mode"] == "term-in-save"]
+    assert stopped_politely and all(k["exit_code"] == ExitReason.Interrupted for k in stopped_politely), result
