@@ -22,6 +22,7 @@ one reads.
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,84 +193,76 @@ class WatchCache:
     # --- pods (grouped by their FineTuneJob's label) ----------------------------------------
 
     def put_pod(self, job_name: str, body: Body) -> None:
-        namespace, pod_name = _key(body)
-        with self._guard:
-            pods = self._pods.setdefault((namespace, job_name), {})
-            if _newer_or_equal(body, pods.get(pod_name)):
-                pods[pod_name] = _Packed.of(trim_pod(body))
+        self._put_grouped(self._pods, job_name, body, trim_pod)
 
     def drop_pod(self, job_name: str, body: Body) -> None:
-        namespace, pod_name = _key(body)
-        with self._guard:
-            pods = self._pods.get((namespace, job_name))
-            if pods is not None:
-                pods.pop(pod_name, None)
-                if not pods:
-                    del self._pods[(namespace, job_name)]
+        self._drop_grouped(self._pods, job_name, body)
 
     def keep_listed_pods(self, listed: list[Body], namespace: str | None, version: str) -> list[Key]:
         """As keep_listed_jobs, for pods; the (namespace, FineTuneJob) keys that lost a pod."""
-        present = {_key(body) for body in listed}
-        listed_at = _as_int(version)
-        touched: list[Key] = []
-        with self._guard:
-            for key, pods in list(self._pods.items()):
-                if namespace is not None and key[0] != namespace:
-                    continue
-                gone = [n for n, held in pods.items() if (key[0], n) not in present and _older(held, listed_at)]
-                for name in gone:
-                    del pods[name]
-                if gone:
-                    touched.append(key)
-                if not pods:
-                    del self._pods[key]
-        return touched
+        return self._keep_listed_grouped(self._pods, listed, namespace, version)
 
     def pods(self, namespace: str, job_name: str) -> list[Body]:
-        with self._guard:
-            held = list((self._pods.get((namespace, job_name)) or {}).values())
-        return [p.body() for p in held]
+        return self._grouped(self._pods, namespace, job_name)
 
     # --- Kueue Workloads (grouped by the name of the Job that owns them) --------------------
 
     def put_workload(self, job_name: str, body: Body) -> None:
-        namespace, name = _key(body)
-        with self._guard:
-            held = self._workloads.setdefault((namespace, job_name), {})
-            if _newer_or_equal(body, held.get(name)):
-                held[name] = _Packed.of(trim_workload(body))
+        self._put_grouped(self._workloads, job_name, body, trim_workload)
 
     def drop_workload(self, job_name: str, body: Body) -> None:
-        namespace, name = _key(body)
-        with self._guard:
-            held = self._workloads.get((namespace, job_name))
-            if held is not None:
-                held.pop(name, None)
-                if not held:
-                    del self._workloads[(namespace, job_name)]
+        self._drop_grouped(self._workloads, job_name, body)
 
     def keep_listed_workloads(self, listed: list[Body], namespace: str | None, version: str) -> list[Key]:
         """As keep_listed_pods, for Workloads; the (namespace, Job) keys that lost one."""
+        return self._keep_listed_grouped(self._workloads, listed, namespace, version)
+
+    def workloads(self, namespace: str, job_name: str) -> list[Body]:
+        return self._grouped(self._workloads, namespace, job_name)
+
+    # --- objects grouped by the name of what they belong to (pods, Workloads) ---------------
+
+    def _put_grouped(
+        self, groups: dict[Key, dict[str, _Packed]], owner: str, body: Body, trim: Callable[[Body], Body]
+    ) -> None:
+        namespace, name = _key(body)
+        with self._guard:
+            held = groups.setdefault((namespace, owner), {})
+            if _newer_or_equal(body, held.get(name)):
+                held[name] = _Packed.of(trim(body))
+
+    def _drop_grouped(self, groups: dict[Key, dict[str, _Packed]], owner: str, body: Body) -> None:
+        namespace, name = _key(body)
+        with self._guard:
+            held = groups.get((namespace, owner))
+            if held is not None:
+                held.pop(name, None)
+                if not held:
+                    del groups[(namespace, owner)]
+
+    def _keep_listed_grouped(
+        self, groups: dict[Key, dict[str, _Packed]], listed: list[Body], namespace: str | None, version: str
+    ) -> list[Key]:
         present = {_key(body) for body in listed}
         listed_at = _as_int(version)
         touched: list[Key] = []
         with self._guard:
-            for key, held in list(self._workloads.items()):
+            for key, held in list(groups.items()):
                 if namespace is not None and key[0] != namespace:
                     continue
-                gone = [n for n, w in held.items() if (key[0], n) not in present and _older(w, listed_at)]
+                gone = [n for n, packed in held.items() if (key[0], n) not in present and _older(packed, listed_at)]
                 for name in gone:
                     del held[name]
                 if gone:
                     touched.append(key)
                 if not held:
-                    del self._workloads[key]
+                    del groups[key]
         return touched
 
-    def workloads(self, namespace: str, job_name: str) -> list[Body]:
+    def _grouped(self, groups: dict[Key, dict[str, _Packed]], namespace: str, owner: str) -> list[Body]:
         with self._guard:
-            held = list((self._workloads.get((namespace, job_name)) or {}).values())
-        return [w.body() for w in held]
+            held = list((groups.get((namespace, owner)) or {}).values())
+        return [packed.body() for packed in held]
 
     def sizes(self) -> dict[str, int]:
         with self._guard:
