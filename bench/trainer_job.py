@@ -151,6 +151,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                     "parallelism",
                     "worldSize",
                     "peakHostGiBPerProcess",
+                    "peakHostAnonGiBPerProcess",
+                    "loadSeconds",
                 )
             }
         )

@@ -6,7 +6,8 @@ then PEFT LoRA with an initialisation seeded alike on every rank. Where the weig
 on the parallelism:
 - dataParallel: a whole copy on this rank's device;
 - fsdp: loaded on the host with float32 quant storage (FSDP flattens one float dtype per
-  unit), then sharded to the GPUs unit by unit by `distributed.fsdp`: no GPU holds the model;
+  unit), each weight quantised on the rank's GPU on its way (`gpu_quantise`), then sharded to
+  the GPUs unit by unit by `distributed.fsdp`: no GPU holds the model;
 - deviceMap: one process, layers spread over the visible GPUs with the planner's placement.
 """
 
@@ -21,6 +22,7 @@ from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
 
 from .failures import TrainerFailure
+from .gpu_quantise import quantising_on
 from .hardware import Attention, Hardware, ResolvedPrecision
 from .preflight import MemoryPlan
 
@@ -131,8 +133,11 @@ def load_model(
             # FSDP flattens one float dtype per unit: pack the 4-bit weights into float32.
             bnb_4bit_quant_storage=torch.float32 if parallelism == "fsdp" else torch.uint8,
         )
+    # fsdp loads on the host; its weights are quantised on this rank's GPU, one at a time.
+    quantiser = device if parallelism == "fsdp" and hardware.on_gpu and device is not None else torch.device("cpu")
     try:
-        model = AutoModelForCausalLM.from_pretrained(_model_location(config), **kwargs)
+        with quantising_on(quantiser):
+            model = AutoModelForCausalLM.from_pretrained(_model_location(config), **kwargs)
     except ValueError as exc:
         text = str(exc)
         if "offload" in text.lower() or "dispatched on the cpu" in text.lower():

@@ -35,6 +35,7 @@ from .hardware import (
     disable_triton_kernels,
     resolve_precision,
 )
+from .host_memory import HostMemory
 from .launch_plan import check_world, decide, loss_chunk_tokens
 from .loop import Loop
 from .loss_head import install as install_loss_head
@@ -92,13 +93,17 @@ def _peaks(hardware: Hardware, ranks: Topology, device: torch.device, parallelis
     return [round(v, 2) for v in sum_figures(mine, ranks.world_size, device)]
 
 
-def _host_peaks(ranks: Topology, device: torch.device) -> list[float]:
-    """Peak resident host memory (GiB) of every rank, gathered to every rank."""
-    import resource
-
-    mine = [0.0] * ranks.world_size
-    mine[ranks.rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    return [round(v, 2) for v in sum_figures(mine, ranks.world_size, device)]
+def _host_peaks(ranks: Topology, device: torch.device, memory: HostMemory) -> dict[str, list[float]]:
+    """Peak host memory (GiB) of every rank, resident and anonymous, gathered to every rank."""
+    resident = [0.0] * ranks.world_size
+    anon = [0.0] * ranks.world_size
+    resident[ranks.rank] = memory.resident_peak_gib()
+    anon[ranks.rank] = memory.anon_peak_gib
+    both = sum_figures(resident + anon, ranks.world_size, device)
+    return {
+        "resident": [round(v, 2) for v in both[: ranks.world_size]],
+        "anonymous": [round(v, 2) for v in both[ranks.world_size :]],
+    }
 
 
 def _guard(model: nn.Module, precision: str) -> GuardReport | None:
@@ -120,6 +125,7 @@ def train(
     """Train this process's part; returns the summary on rank 0, None on the others. With a
     `stop` request installed, SIGTERM ends the run with a checkpoint of the point reached."""
     started = time.time()
+    memory = HostMemory().start()
     stop = stop or StopRequest()
     spec = config.spec
     main = ranks.is_main
@@ -183,6 +189,7 @@ def train(
     trained: nn.Module = model
     if sharded:
         trained = fsdp.shard(model, adapter.params, ranks, on_gpu)
+    loaded_s = time.time() - started  # start-up, data checks, loading and sharding
     trained.train()  # gradient checkpointing only acts in training mode
 
     optimizer = make_optimizer(training, adapter.params)
@@ -344,7 +351,7 @@ def train(
                 progress.evaluated(step, eval_loss)
         in_step = all_equal(adapter.params)
         peaks = _peaks(hardware, ranks, device, launch.parallelism)
-        host_peaks = _host_peaks(ranks, device)
+        host_peaks = _host_peaks(ranks, device, memory)
         topology.barrier(ranks)
     except BaseException:
         # The run ends here (Interrupted, NonFiniteLoss...): send the last status and stop the
@@ -355,6 +362,7 @@ def train(
         raise
     finally:
         progress.close()
+        memory.stop()
     if not in_step:
         log.error("the adapter differs between ranks after training")
     # The process group is left for the process's end to free (a worker ends in os._exit, see
@@ -399,7 +407,11 @@ def train(
         "lossSpikes": progress.spikes.spikes,
         "statusPatches": {"sent": reporter.sent, "failed": reporter.failed} if reporter else None,
         "peakGiBPerGpu": peaks,
-        "peakHostGiBPerProcess": host_peaks,
+        # Resident counts the model files' mapped pages (page cache, shared, droppable);
+        # anonymous is what each process holds itself.
+        "peakHostGiBPerProcess": host_peaks["resident"],
+        "peakHostAnonGiBPerProcess": host_peaks["anonymous"],
+        "loadSeconds": round(loaded_s, 1),
         "seconds": round(time.time() - started, 1),
     }
     write_summary(output, summary)

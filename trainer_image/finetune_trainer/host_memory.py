@@ -1,0 +1,56 @@
+"""This process's peak host memory, in two readings.
+
+`ru_maxrss` counts every resident page, including the model files' pages that loading maps
+into memory: those belong to the page cache, are shared by every process reading the same
+files, and the kernel can drop them. The anonymous peak (`RssAnon`, sampled by a thread, since
+the kernel keeps no high-water mark of it) is the memory the process itself holds: the figure
+to size a node's RAM by, per process.
+"""
+
+from __future__ import annotations
+
+import resource
+import threading
+from pathlib import Path
+
+STATUS = Path("/proc/self/status")
+
+
+def _anon_kib() -> int:
+    try:
+        for line in STATUS.read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class HostMemory:
+    """Samples RssAnon every `interval` seconds on a daemon thread from `start()` on."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        self.interval = interval
+        self._peak_kib = _anon_kib()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="host-memory", daemon=True)
+
+    def start(self) -> HostMemory:
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._peak_kib = max(self._peak_kib, _anon_kib())
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def anon_peak_gib(self) -> float:
+        self._peak_kib = max(self._peak_kib, _anon_kib())
+        return self._peak_kib / 2**20
+
+    @staticmethod
+    def resident_peak_gib() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
