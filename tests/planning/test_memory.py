@@ -124,3 +124,24 @@ def test_tied_embeddings_keep_one_matrix_and_the_loss_on_gpu_0():
     assert mem.head_bytes(tied) == 0
     plan = make_plan(tied, Recipe(), Hardware(2, P40, 22.4), mode="device_map")
     assert plan.per_gpu[0].logits > 0 and plan.per_gpu[1].logits == 0
+
+
+def test_the_fsdp_host_figure_is_within_15_percent_of_the_measured_anonymous_peak() -> None:
+    """The committed 40-layer fsdp bench record (2 GPUs) against the planner for that slice."""
+    import json
+    from pathlib import Path
+
+    record = json.loads((Path(__file__).parents[2] / "bench/results/2026-11-30-h200-2gpu-40l-fsdp.json").read_text())
+    measured = record["ours"]["peakHostAnonGiBPerProcess"]
+    shape = shape_from_config({**LLAMA_33_70B, "num_hidden_layers": record["shape"]["layers"]})
+    plan = make_plan(shape, Recipe(max_length=record["seq"]), Hardware(2, P40, 22.4), mode="fsdp")
+    assert plan.host_gib_per_process is not None
+    for peak in measured:
+        assert abs(plan.host_gib_per_process - peak) / peak < 0.15, (plan.host_gib_per_process, peak)
+
+
+def test_only_fsdp_over_several_gpus_holds_the_model_on_the_host() -> None:
+    shape = shape_from_config(LLAMA_3_8B)
+    assert make_plan(shape, Recipe(), Hardware(1, P40, 22.4)).host_gib_per_process is None
+    assert make_plan(shape, Recipe(), Hardware(2, P40, 22.4), mode="data_parallel").host_gib_per_process is None
+    assert make_plan(shape, Recipe(), Hardware(2, P40, 22.4), mode="fsdp").host_gib_per_process is not None

@@ -104,6 +104,14 @@ class Plan:
         return self.layout.per_gpu
 
     @property
+    def host_gib_per_process(self) -> float | None:
+        """fsdp holds the whole packed model on each process's host until it is sharded (the
+        other modes load straight onto the GPUs); None where the host figure is only the base."""
+        if self.mode != "fsdp" or self.hardware.gpus < 2:
+            return None
+        return (mem.host_model_bytes(self.shape, self.recipe) + mem.PROCESS_HOST_BASE_BYTES) / GIB
+
+    @property
     def shortfall_gib(self) -> float:
         return self.layout.shortfall / GIB
 
@@ -116,6 +124,7 @@ class Plan:
             "loss_chunk_tokens": self.layout.loss_chunk_tokens,
             "per_gpu_total_gib": {f"cuda:{g.index}": round(g.total / GIB, 2) for g in self.per_gpu},
             "min_headroom_gib": round(self.layout.fullest.headroom / GIB, 2),
+            "host_gib_per_process": _rounded(self.host_gib_per_process),
             "tokens_per_second": None if self.speed is None else round(self.speed.tokens_per_second, 1),
             "message": self.message,
         }
@@ -151,6 +160,7 @@ class Plan:
             "gradient_checkpointing": self.recipe.gradient_checkpointing,
             "loss_chunk_tokens": self.layout.loss_chunk_tokens,
             "shortfall_gib": round(self.shortfall_gib, 2),
+            "host_gib_per_process": _rounded(self.host_gib_per_process),
             "per_gpu": [gpu_dict(g) for g in self.per_gpu],
             "alternatives": [
                 {
@@ -392,6 +402,10 @@ def _suggestions(
     ):
         out.append("fits with gradientCheckpointing: true")
     return out
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def _gib(value: float) -> str:

@@ -65,6 +65,12 @@ def render(plan: Plan, processes: int | None = None) -> str:
     lines.append("  (total = resident + the larger of the layer pass and the loss pass + context)")
     lines.append("")
     lines.append(("FITS: " if plan.fits else "DOES NOT FIT: ") + plan.message)
+    host = plan.host_gib_per_process
+    if host is not None:
+        lines.append(
+            f"host      {host:.1f} GiB of host memory per process, {host * hw.gpus:.1f} GiB for the pod's {hw.gpus}:"
+            " fsdp loads the packed model on each process's host, then shards it"
+        )
     if plan.speed is not None:
         speed = plan.speed
         lines.append(
