@@ -122,6 +122,19 @@ def reached(log: Path, step: int) -> bool:
     return resumed >= step or any(e.get("event") == "progress" and e.get("step", 0) >= step for e in lines)
 
 
+def resumed_step(log: Path) -> int:
+    start = next((e for e in events(log) if e.get("event") == "start"), {})
+    return int((start.get("resumeFrom") or {}).get("step") or 0)
+
+
+def random_target(rng: random.Random, start: int, later: int) -> int:
+    """A step after `start` inside the first 1/(later+1) of what is left: a late stop leaves the
+    next attempt too little to do for `later` more stops to land."""
+    last = SPEC["training"]["maxSteps"] - 1
+    room = max(1, (last - start) // (later + 1))
+    return rng.randint(min(start + 1, last), min(start + room, last))
+
+
 def kill_in_save(pid: int, checkpoints: Path, timeout: float) -> bool:
     """SIGSTOP the group as soon as a staging folder appears; SIGKILL it. True if it froze mid-write."""
     deadline = time.monotonic() + timeout
@@ -236,8 +249,9 @@ def kill_attempts(
             elif mode == "term-in-save":
                 kill.in_save = term_in_save(pid, checkpoints, timeout=300)
             else:
-                # A random moment of training: past a random step, then a random fraction of a step.
-                target = rng.randint(1, SPEC["training"]["maxSteps"] - 1)
+                # A random moment of training: past a random step, then a random fraction of a step,
+                # early enough that the stops still to come on this job find an attempt to stop.
+                target = random_target(rng, resumed_step(log), kills - attempt - 1)
                 wait_for(lambda log=log, target=target: reached(log, target), 300, f"{job} step {target}", 0.05)
                 time.sleep(rng.uniform(0.0, 0.5))
                 os.killpg(pid, signal.SIGKILL)
