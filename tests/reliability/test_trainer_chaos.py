@@ -253,7 +253,9 @@ def kill_attempts(
                 # early enough that the stops still to come on this job find an attempt to stop.
                 target = random_target(rng, resumed_step(log), kills - attempt - 1)
                 wait_for(lambda log=log, target=target: reached(log, target), 300, f"{job} step {target}", 0.05)
-                time.sleep(rng.uniform(0.0, 0.5))
+                # A step of the tiny model takes about 0.1 s: half a second was several steps, and
+                # a stop meant for step 9 landed after the last checkpoint.
+                time.sleep(rng.uniform(0.0, 0.1))
                 os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             break  # the attempt finished before the kill: nothing was killed
