@@ -12,7 +12,6 @@ from .base import ApiModel
 # Queued, Admitted and Preempted are Kueue's part of a job's life (spec.placement.queueName):
 # waiting for quota, admitted but the trainer not running yet, evicted and its pod stopping.
 Phase = Literal["Pending", "Queued", "Admitted", "Preempted", "Running", "Suspended", "Succeeded", "Failed"]
-TERMINAL_PHASES: tuple[Phase, ...] = ("Succeeded", "Failed")
 
 ConditionType = Literal["Validated", "Admitted", "Preempted", "Scheduled", "Running", "Complete", "Failed", "Suspended"]
 

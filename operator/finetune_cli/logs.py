@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from finetune_api.constants import LABEL_COMPONENT, LABEL_JOB
+from finetune_api.contract import COMPONENT_TRAINER, CONTAINER, TERMINAL_PHASES
 
 from . import kube
-from .display import TERMINAL
 from .errors import CliError
 
-TRAINER_CONTAINER = "trainer"
 POLL_SECONDS = 0.5
 API_TIMEOUT_SECONDS = 15
 
@@ -34,7 +33,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("name", metavar="NAME")
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing until the pod ends")
-    parser.add_argument("-c", "--container", help=f"container (default: {TRAINER_CONTAINER})")
+    parser.add_argument("-c", "--container", help=f"container (default: {CONTAINER})")
     parser.add_argument(
         "--logs-dir",
         metavar="DIR",
@@ -54,7 +53,7 @@ def current_pod(cluster: kube.Cluster, name: str) -> Any | None:
     with kube.api_errors(cluster, f"pods of finetunejob {name}"):
         pods = cluster.core().list_namespaced_pod(cluster.namespace, label_selector=f"{LABEL_JOB}={name}").items
     trainers = [
-        p for p in pods if (p.metadata.labels or {}).get(LABEL_COMPONENT, TRAINER_CONTAINER) == TRAINER_CONTAINER
+        p for p in pods if (p.metadata.labels or {}).get(LABEL_COMPONENT, COMPONENT_TRAINER) == COMPONENT_TRAINER
     ]
     return max(trainers, key=_created, default=None)
 
@@ -65,7 +64,7 @@ def _container(pod: Any, wanted: str | None) -> str:
         if wanted not in names:
             raise CliError(f"pod {pod.metadata.name} has no container {wanted} (it has {', '.join(names)})")
         return wanted
-    return TRAINER_CONTAINER if TRAINER_CONTAINER in names else names[0]
+    return CONTAINER if CONTAINER in names else names[0]
 
 
 def _wait_for_pod(cluster: kube.Cluster, name: str, follow: bool) -> Any:
@@ -74,7 +73,7 @@ def _wait_for_pod(cluster: kube.Cluster, name: str, follow: bool) -> Any:
         if pod is not None:
             return pod
         phase = (kube.get_job(cluster, name).get("status") or {}).get("phase") or "Pending"
-        if not follow or phase in TERMINAL:
+        if not follow or phase in TERMINAL_PHASES:
             raise CliError(f"finetunejob {name} has no trainer pod (phase {phase})")
         time.sleep(POLL_SECONDS * 2)
 
@@ -89,7 +88,7 @@ def _local_log(logs_dir: str | None, pod: Any, container: str) -> Path | None:
 def _pod_done(cluster: kube.Cluster, pod: Any) -> bool:
     with kube.api_errors(cluster, f"pod {pod.metadata.name}"):
         fresh = cluster.core().read_namespaced_pod(pod.metadata.name, cluster.namespace)
-    return fresh.status.phase in TERMINAL
+    return fresh.status.phase in TERMINAL_PHASES
 
 
 def _tail_file(cluster: kube.Cluster, pod: Any, path: Path, follow: bool) -> None:

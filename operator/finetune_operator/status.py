@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from finetune_api.contract import CONTAINER, TERMINAL_PHASES
 from finetune_api.reasons import parse_termination_message, reason_for_exit_code
 
-from .builders.job import CONTAINER
 from .workloads import Admission
 
 # The fields this module owns; a status patch never touches any other.
@@ -36,7 +36,6 @@ OWNED_FIELDS = (
     "queue",
     "message",
 )
-TERMINAL = ("Succeeded", "Failed")
 # Reasons the operator itself gives for a job that never gets a Job (the trainer's own are
 # finetune_api.reasons.ExitReason): a spec the models or the API server refuse, and an image
 # outside the platform's allow-list (images.py).
@@ -270,7 +269,7 @@ def compute(obs: Observation) -> Outcome:
     job = obs.job
     if job is None:
         # Terminal jobs keep their verdict after the Job is gone (ttlSecondsAfterFinished).
-        if current.get("phase") in TERMINAL:
+        if current.get("phase") in TERMINAL_PHASES:
             kept = {k: v for k, v in owned_part(current).items() if k != "conditions"}
             return _finish(obs, {**kept, **status}, conds)
         status["phase"] = "Pending"
@@ -364,7 +363,7 @@ def transitions(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Tra
     out: list[Transition] = []
     old_restarts = int(before.get("restarts") or 0)
     new_restarts = int(after.get("restarts") or 0)
-    if new_restarts > old_restarts and after.get("phase") not in TERMINAL:
+    if new_restarts > old_restarts and after.get("phase") not in TERMINAL_PHASES:
         out.append(
             Transition(
                 "Warning", "Restarted", f"attempt {new_restarts} failed; the next one resumes from the last checkpoint"
