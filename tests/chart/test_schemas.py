@@ -21,7 +21,7 @@ import yaml
 from finetune_api.spec import FineTuneJobSpec
 from finetune_operator.builders import rbac
 from finetune_operator.children import Owner
-from finetune_operator.reconcile import desired_children
+from finetune_operator.decide import desired_children
 from finetune_operator.settings import Settings
 from hack.cluster.binaries import K8S_VERSION
 

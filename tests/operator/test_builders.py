@@ -7,7 +7,7 @@ from finetune_api.reasons import NON_RETRYABLE, ExitReason
 from finetune_api.trainer_config import TrainerConfig
 from finetune_operator.builders import config, job, pvc, rbac
 from finetune_operator.children import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL
-from finetune_operator.reconcile import desired_children, job_patch, output_status
+from finetune_operator.decide import desired_children, job_patch, output_status
 from finetune_operator.settings import Settings
 from finetune_trainer.planning import grace
 

@@ -6,7 +6,7 @@ import pytest
 
 from finetune_api.constants import DEFAULT_IMAGE
 from finetune_operator import images
-from finetune_operator.reconcile import image_refusal
+from finetune_operator.decide import image_refusal
 from finetune_operator.settings import Settings
 
 from .specs import spec

@@ -1,0 +1,111 @@
+"""What a reconcile decides, from what it saw: every path the cluster tests prove end to end
+(create, refused child, ownership, the JobCreated Event once, suspend, deletion), here with no
+threads and no API server."""
+
+from typing import Any
+
+from finetune_operator.decide import Actions, Observed, decide
+from finetune_operator.settings import Settings
+
+from .specs import OWNER, body
+
+NOW = "2026-01-01T00:00:10Z"
+SETTINGS = Settings()
+
+
+def finetunejob(status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    meta = {"name": OWNER.name, "namespace": OWNER.namespace, "uid": OWNER.uid, "generation": 1}
+    return {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": meta, "spec": body(**spec)} | (
+        {"status": status} if status else {}
+    )
+
+
+def batch_job(owner_uid: str = OWNER.uid, **spec: Any) -> dict[str, Any]:
+    meta = {"name": OWNER.name, "namespace": OWNER.namespace, "uid": "job-uid"}
+    meta["ownerReferences"] = [{"kind": "FineTuneJob", "name": OWNER.name, "uid": owner_uid, "controller": True}]
+    return {"metadata": meta, "spec": {"suspend": False, **spec}, "status": {}}
+
+
+def seen(job_body: dict[str, Any] | None, **kwargs: Any) -> Observed:
+    return Observed(namespace=OWNER.namespace, name=OWNER.name, settings=SETTINGS, now=NOW, body=job_body, **kwargs)
+
+
+PENDING = {"phase": "Pending", "observedGeneration": 1}
+
+
+def test_a_new_job_gets_its_children_and_nothing_else_in_that_pass() -> None:
+    actions = decide(seen(finetunejob(output={"pvc": None, "storage": {"size": "1Gi"}})))
+    assert [c["kind"] for c in actions.create] == ["PersistentVolumeClaim", "Job"]  # the Job last
+    assert actions.create[-1]["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    assert actions.status_patch is None and actions.announcement is None and not actions.writes
+
+
+def test_a_refused_child_fails_the_job_once_instead_of_creating_again() -> None:
+    refusal = "the API server rejected Job tiny: spec.template.spec.affinity: Invalid value"
+    actions = decide(seen(finetunejob(), rejected=refusal))
+    assert not actions.create
+    assert actions.phase == "Failed" and actions.status_patch is not None
+    failed = next(c for c in actions.status_patch["conditions"] if c["type"] == "Failed")
+    assert (failed["reason"], failed["message"]) == ("Invalid", refusal)
+    assert [(e.reason, e.message) for e in actions.events] == [("Invalid", refusal)]
+    # The next pass, with the verdict written and no Job: nothing is created again.
+    written = finetunejob(status=actions.status_patch)
+    assert not decide(seen(written)).create
+
+
+def test_a_job_of_another_owner_is_neither_used_nor_replaced() -> None:
+    # The Job of a deleted FineTuneJob of the same name, not collected yet.
+    actions = decide(seen(finetunejob(), job=batch_job(owner_uid="old-uid"), pods=[]))
+    assert not actions.create and actions.job_patch is None
+    assert actions.phase == "Pending"
+    assert actions.status_patch is not None and "restarts" not in actions.status_patch
+
+
+def test_job_created_is_said_once_and_replaces_the_pending_event() -> None:
+    first = decide(seen(finetunejob(), job=batch_job(), unannounced=True))
+    assert first.announcement is not None and first.announcement.reason == "JobCreated"
+    assert first.announcement.message == "created Job tiny"
+    assert first.announced and first.writes
+    assert [e.reason for e in first.events] == []  # no "Pending" Event beside it
+    assert first.status_patch is not None and first.status_patch["phase"] == "Pending"
+    # The mark cleared, the same job again: no second JobCreated, nothing to write.
+    again = decide(seen(finetunejob(status=first.status_patch), job=batch_job()))
+    assert again.announcement is None and not again.writes
+    # Without the mark (another process created the Job) the first pass says Pending instead.
+    unmarked = decide(seen(finetunejob(), job=batch_job()))
+    assert unmarked.announcement is None and [e.reason for e in unmarked.events] == ["Pending"]
+
+
+def test_suspend_and_resume_patch_the_job_before_any_status() -> None:
+    actions = decide(seen(finetunejob(status=PENDING, suspend=True), job=batch_job()))
+    assert actions.job_patch == {"suspend": True} and actions.status_patch is None
+    resumed = decide(seen(finetunejob(status=PENDING), job=batch_job(suspend=True)))
+    assert resumed.job_patch == {"suspend": False}
+    # A queued Job is Kueue's to unsuspend.
+    queued = finetunejob(status=PENDING, placement={"queueName": "team-a"})
+    assert decide(seen(queued, job=batch_job(suspend=True))).job_patch is None
+    # Suspended as asked: the status says so.
+    suspended = decide(seen(finetunejob(status=PENDING, suspend=True), job=batch_job(suspend=True)))
+    assert suspended.job_patch is None and suspended.phase == "Suspended"
+
+
+def test_a_deleted_job_is_forgotten_and_a_deleting_one_left_to_the_garbage_collector() -> None:
+    assert decide(seen(None)).forget
+    deleting = finetunejob()
+    deleting["metadata"]["deletionTimestamp"] = NOW
+    assert decide(seen(deleting, job=batch_job())) == Actions()
+
+
+def test_an_image_outside_the_allow_list_fails_the_job_and_creates_nothing() -> None:
+    actions = decide(seen(finetunejob(image="evil.example.com/miner:1")))
+    assert not actions.create and actions.phase == "Failed"
+    assert actions.status_patch is not None and "allow-list" in actions.status_patch["message"]
+    # A job that got its Job under a wider list is never failed by a narrower one.
+    running = finetunejob(status={"phase": "Running"}, image="evil.example.com/miner:1")
+    assert decide(seen(running, job=batch_job())).phase != "Failed"
+
+
+def test_a_terminal_job_whose_job_is_gone_keeps_its_verdict_and_gets_no_new_job() -> None:
+    done = {"phase": "Succeeded", "observedGeneration": 1, "completionTime": NOW}
+    actions = decide(seen(finetunejob(status=done)))
+    assert not actions.create and actions.phase == "Succeeded"
