@@ -15,8 +15,8 @@ from kubernetes.client.rest import ApiException
 
 from finetune_api.constants import GROUP, PLURAL, VERSION
 from finetune_api.generate import ROOT
-from tests.api.test_validate import TINY, WRONG_SPECS, _with
 from tests.fixtures.cluster import Cluster
+from tests.support.api_cases import TINY, WRONG_SPECS, tiny_with
 
 pytestmark = pytest.mark.cluster
 
@@ -68,7 +68,7 @@ def test_admission_rejects_each_wrong_spec(
     expected: str,
 ) -> None:
     with pytest.raises(ApiException) as failure:
-        _create(custom, namespace, _with(change))
+        _create(custom, namespace, tiny_with(change))
     message = json.loads(failure.value.body)["message"]
     field = ADMISSION_FIELD.get(case, expected.split(":", maxsplit=1)[0])
     assert field in message, message

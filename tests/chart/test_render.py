@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from finetune_api.constants import DEFAULT_IMAGE, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
-
-from .helm import ALL_ON_VALUES, CHART, by_kind, env_of, helm, one, operator_rules, render, template_args
+from tests.support.helm import ALL_ON_VALUES, CHART, by_kind, env_of, helm, one, operator_rules, render, template_args
 
 DEFAULT_KINDS = {
     "ServiceAccount",
@@ -390,7 +389,7 @@ def test_template_is_deterministic() -> None:
 
 
 def test_trainer_status_policy_is_the_files_rule_named_after_the_release() -> None:
-    from tests.operator.harness import trainer_status_policy
+    from tests.support.harness import trainer_status_policy
 
     objects = render()
     policy = _named(objects, "ValidatingAdmissionPolicy", "-trainer-status")
@@ -408,7 +407,7 @@ def test_trainer_status_policy_is_the_files_rule_named_after_the_release() -> No
 def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) -> None:
     """The chart's fence equals the file's policies (what the tests apply) with this release's
     operator user and allow-list filled in, each policy with its Deny binding."""
-    from tests.operator.harness import operator_fence_policies
+    from tests.support.harness import operator_fence_policies
 
     objects = render(values)
     chart_values = yaml.safe_load((CHART / "values.yaml").read_text())

@@ -6,8 +6,7 @@ from typing import Any
 
 from finetune_operator.decide import Actions, Observed, decide
 from finetune_operator.settings import Settings
-
-from .specs import OWNER, body
+from tests.support.specs import OWNER, body
 
 NOW = "2026-01-01T00:00:10Z"
 SETTINGS = Settings()

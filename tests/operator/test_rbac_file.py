@@ -10,8 +10,13 @@ import yaml
 from finetune_api.constants import GROUP, MAX_NAME_LENGTH, PLURAL, TRAINER_SERVICE_ACCOUNT
 from finetune_operator.builders import rbac
 from finetune_operator.images import DEFAULT_ALLOWED_IMAGES
-
-from .harness import FENCE_POLICY_FILE, OPERATOR_USER, operator_fence_policies, operator_rules, trainer_status_policy
+from tests.support.harness import (
+    FENCE_POLICY_FILE,
+    OPERATOR_USER,
+    operator_fence_policies,
+    operator_rules,
+    trainer_status_policy,
+)
 
 WRITES = {"create", "patch", "update", "delete", "deletecollection"}
 

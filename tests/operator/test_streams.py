@@ -16,8 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from finetune_operator.kube import Kube
 from finetune_operator.runtime.streams import Source, Stream, sources
-
-from .harness import wait_for
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.cluster
 
