@@ -17,10 +17,11 @@ Rules that users rely on:
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from finetune_api.contract import CONTAINER, TERMINAL_PHASES
 from finetune_api.reasons import parse_termination_message, reason_for_exit_code
+from finetune_api.status import Condition, ConditionType, Phase
 
 from .workloads import Admission
 
@@ -41,7 +42,8 @@ OWNED_FIELDS = (
 # outside the platform's allow-list (images.py).
 INVALID = "Invalid"
 IMAGE_NOT_ALLOWED = "ImageNotAllowed"
-CONDITION_ORDER = ("Validated", "Admitted", "Preempted", "Scheduled", "Running", "Complete", "Failed", "Suspended")
+# Conditions in the order the API lists their types.
+CONDITION_ORDER: tuple[str, ...] = get_args(ConditionType)
 # Before Kueue has made the job's Workload (or where Kueue does not run at all).
 NO_WORKLOAD = "NoWorkload"
 NO_WORKLOAD_MESSAGE = "waiting for Kueue to make the job's Workload (is Kueue managing batch/v1 Jobs?)"
@@ -170,19 +172,21 @@ def _failure(job: Mapping[str, Any], cond: Mapping[str, Any], pods: Sequence[Map
 # --- conditions ----------------------------------------------------------------------------
 
 
-def _condition(kind: str, ok: bool | None, reason: str, message: str, obs: Observation) -> dict[str, Any]:
-    status = "Unknown" if ok is None else "True" if ok else "False"
+def _condition(kind: ConditionType, ok: bool | None, reason: str, message: str, obs: Observation) -> dict[str, Any]:
+    """One of the API's Conditions, as on the wire (built unvalidated: the CRD bounds it)."""
+    status: Literal["True", "False", "Unknown"] = "Unknown" if ok is None else "True" if ok else "False"
     previous = next((c for c in obs.current.get("conditions") or [] if c.get("type") == kind), None)
     # lastTransitionTime moves only when the status flips.
     since = previous.get("lastTransitionTime") if previous and previous.get("status") == status else obs.now
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since,
-        "observedGeneration": obs.generation,
-    }
+    condition = Condition.model_construct(
+        type=kind,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=since,
+        observed_generation=obs.generation,
+    )
+    return condition.model_dump(by_alias=True)
 
 
 def _scheduling(pods: Sequence[Mapping[str, Any]]) -> tuple[bool, str, str] | None:
@@ -303,6 +307,7 @@ def compute(obs: Observation) -> Outcome:
         if not ok:
             message = text
 
+    phase: Phase
     if complete is not None:
         phase = "Succeeded"
         status["completionTime"] = job_status.get("completionTime") or complete.get("lastTransitionTime") or obs.now
