@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from .spec import FineTuneJobSpec, HubSource
     from .status import Phase
-    from .trainer_config import RuntimePaths
 
 # --- the pod's layout ------------------------------------------------------------------------
 
@@ -65,21 +64,20 @@ def uses_hub(spec: "FineTuneJobSpec") -> bool:
     return spec.model.source.hub is not None or spec.dataset.source.hub is not None
 
 
-def runtime_paths(
+def trainer_paths(
     job: str, spec: "FineTuneJobSpec", mount: Callable[[str, str], str], hub_cache: str
-) -> "RuntimePaths":
-    """The trainer's paths, given where each claim is mounted: `mount(role, claimName)` with role
-    model, dataset or output (the pod: a fixed folder per role; `ftjob run`: DIR/<claimName>)."""
-    from .trainer_config import RuntimePaths
-
+) -> dict[str, str | None]:
+    """The trainer's paths (the fields of trainer_config.RuntimePaths), given where each claim is
+    mounted: `mount(role, claimName)` with role model, dataset or output (the pod: a fixed folder
+    per role; `ftjob run`: DIR/<claimName>)."""
     model, data, out = spec.model.source, spec.dataset.source, spec.output
     relative = out.pvc.path if out.pvc is not None and out.pvc.path else job
-    return RuntimePaths(
-        model=_join(mount("model", model.pvc.claim_name), model.pvc.path) if model.pvc else _hub_id(model.hub),
-        dataset=_join(mount("dataset", data.pvc.claim_name), data.pvc.path) if data.pvc else _hub_id(data.hub),
-        output=_join(mount("output", output_claim_name(job, spec)), relative),
-        cache=hub_cache if uses_hub(spec) else None,
-    )
+    return {
+        "model": _join(mount("model", model.pvc.claim_name), model.pvc.path) if model.pvc else _hub_id(model.hub),
+        "dataset": _join(mount("dataset", data.pvc.claim_name), data.pvc.path) if data.pvc else _hub_id(data.hub),
+        "output": _join(mount("output", output_claim_name(job, spec)), relative),
+        "cache": hub_cache if uses_hub(spec) else None,
+    }
 
 
 # --- the environment the libraries read at import ----------------------------------------------

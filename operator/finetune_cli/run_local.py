@@ -36,9 +36,11 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 def local_paths(name: str, spec: FineTuneJobSpec, workdir: Path) -> RuntimePaths:
     """The pod's paths with each claim at DIR/<claimName>/ instead of its mount."""
-    return contract.runtime_paths(
-        name, spec, lambda _role, claim: str(workdir / claim), str(workdir / contract.HUB_CACHE_DIR)
-    )
+
+    def mount(_role: str, claim: str) -> str:
+        return str(workdir / claim)
+
+    return RuntimePaths.model_validate(contract.trainer_paths(name, spec, mount, str(workdir / contract.HUB_CACHE_DIR)))
 
 
 def local_config(path: str, workdir: Path) -> TrainerConfig:

@@ -8,7 +8,9 @@ POD_MOUNTS = {"model": contract.MODEL_MOUNT, "dataset": contract.DATASET_MOUNT, 
 
 
 def runtime_paths(job: str, spec: FineTuneJobSpec) -> RuntimePaths:
-    return contract.runtime_paths(job, spec, lambda role, _claim: POD_MOUNTS[role], contract.HUB_CACHE)
+    return RuntimePaths.model_validate(
+        contract.trainer_paths(job, spec, lambda role, _claim: POD_MOUNTS[role], contract.HUB_CACHE)
+    )
 
 
 def output_dir(job: str, spec: FineTuneJobSpec) -> str:
