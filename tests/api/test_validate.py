@@ -90,6 +90,13 @@ WRONG_SPECS = [
         {"training": {"parallelism": "deviceMap"}, "resources": {"processes": 2}},
         "resources.processes must be 1 with training.parallelism deviceMap",
     ),
+    ("zero nodes", {"resources": {"nodes": 0}}, "spec.resources.nodes:"),
+    ("too many nodes", {"resources": {"nodes": 65}}, "spec.resources.nodes:"),
+    (
+        "deviceMap on two nodes",
+        {"training": {"parallelism": "deviceMap"}, "resources": {"nodes": 2}},
+        "resources.nodes must be 1 with training.parallelism deviceMap",
+    ),
     (
         "priority without a queue",
         {"placement": {"workloadPriorityClassName": "high"}},
@@ -117,8 +124,22 @@ def test_wrong_specs_name_the_field(
         {"resources": {"processes": 1}, "training": {"parallelism": "deviceMap"}},
         {"resources": {"gpus": 4, "processes": 1}},
         {"resources": {"gpus": 2}, "training": {"parallelism": "deviceMap"}},
+        {"resources": {"gpus": 2, "nodes": 1}, "training": {"parallelism": "deviceMap"}},
+        {"resources": {"gpus": 4, "nodes": 2}, "training": {"parallelism": "fsdp"}},
+        {"resources": {"gpus": 0, "nodes": 2, "processes": 2}},
+        {"resources": {"nodes": 64}},
     ],
-    ids=["cpu fsdp", "cpu dataParallel", "cpu deviceMap one process", "gpus one process", "gpus deviceMap"],
+    ids=[
+        "cpu fsdp",
+        "cpu dataParallel",
+        "cpu deviceMap one process",
+        "gpus one process",
+        "gpus deviceMap",
+        "deviceMap on one node",
+        "fsdp on two nodes",
+        "cpu processes on two nodes",
+        "most nodes",
+    ],
 )
 def test_parallelism_and_processes_that_make_sense(tmp_path: Path, change: dict[str, Any]) -> None:
     assert main(["validate", str(_write(tmp_path, _with(change)))]) == 0
@@ -128,6 +149,7 @@ def test_parallelism_defaults_to_auto_and_processes_to_unset() -> None:
     job = parse_file(ROOT / "examples" / "tiny-job.yaml")[0].job
     assert job is not None
     assert job.spec.training.parallelism == "auto" and job.spec.resources.processes is None
+    assert job.spec.resources.nodes == 1
 
 
 def test_bf16_on_a_newer_gpu_is_fine(tmp_path: Path) -> None:
