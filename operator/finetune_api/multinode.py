@@ -21,6 +21,10 @@ NODE_ADDR_ENV: Final = "FINETUNE_NODE_ADDR"
 # Seconds a launcher waits for every node at the rendezvous before it exits RendezvousTimeout.
 RDZV_TIMEOUT_ENV: Final = "FINETUNE_RDZV_TIMEOUT_S"
 
+# On the pod template of a multi-node job, and no other: the chart's optional NetworkPolicy
+# (`trainer.networkPolicy.multiNode`) lets the pods that carry it reach each other.
+MULTINODE_LABEL: Final = "finetune.dev/multinode"
+
 LAUNCH_ENV: Final = (NNODES_ENV, NODE_RANK_ENV, RDZV_ENDPOINT_ENV, NODE_DOMAIN_ENV, NODE_ADDR_ENV, RDZV_TIMEOUT_ENV)
 
 # The rendezvous store (torch's c10d TCPStore) listens here on the pod of index 0. torchrun's port.

@@ -42,6 +42,9 @@ def test_two_nodes_are_an_indexed_job_done_when_index_0_succeeds() -> None:
     assert job_spec["backoffLimit"] == single["spec"]["backoffLimit"]
     assert job_spec["template"]["spec"]["subdomain"] == service(OWNER, two)["metadata"]["name"] == "tiny"
     assert body["metadata"] == single["metadata"]
+    # The pods carry the label the chart's multi-node NetworkPolicy selects; a job of one pod does not.
+    assert job_spec["template"]["metadata"]["labels"][multinode.MULTINODE_LABEL] == "true"
+    assert multinode.MULTINODE_LABEL not in single["spec"]["template"]["metadata"]["labels"]
     # Every pod asks for its own GPUs: gpus is per pod.
     limits = job_spec["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits[SETTINGS.gpu_resource] == "4"

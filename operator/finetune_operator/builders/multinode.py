@@ -81,6 +81,7 @@ def indexed_job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict
     job_spec["completions"] = nodes
     job_spec["parallelism"] = nodes
     job_spec["successPolicy"] = {"rules": [{"succeededIndexes": "0", "succeededCount": 1}]}
+    job_spec["template"]["metadata"]["labels"][multinode.MULTINODE_LABEL] = "true"
     pod_spec = job_spec["template"]["spec"]
     pod_spec["subdomain"] = multinode.service_name(owner.name)
     container = next(c for c in pod_spec["containers"] if c["name"] == CONTAINER)
