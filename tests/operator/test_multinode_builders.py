@@ -25,7 +25,8 @@ def test_one_node_renders_exactly_the_job_of_today() -> None:
     assert indexed_job(OWNER, one, SETTINGS) == job.job(OWNER, one, SETTINGS)
     explicit = spec(resources={"gpus": 0, "cpu": "1", "memory": "2Gi", "nodes": 1})
     assert indexed_job(OWNER, explicit, SETTINGS) == job.job(OWNER, spec(), SETTINGS)
-    assert pvc.output_pvc(OWNER, spec(output={"pvc": None, "storage": {"size": "1Gi"}}))["spec"]["accessModes"] == ["ReadWriteOnce"]
+    claim = pvc.output_pvc(OWNER, spec(output={"pvc": None, "storage": {"size": "1Gi"}}))
+    assert claim is not None and claim["spec"]["accessModes"] == ["ReadWriteOnce"]
 
 
 def test_two_nodes_are_an_indexed_job_done_when_index_0_succeeds() -> None:
@@ -91,5 +92,5 @@ def test_the_endpoint_names_the_pod_of_index_0_by_the_name_the_service_gives_it(
 
 
 def test_an_output_volume_the_operator_creates_for_several_nodes_is_read_write_many() -> None:
-    two = spec(output={"pvc": None, "storage": {"size": "1Gi"}}, **TWO_NODES)
-    assert pvc.output_pvc(OWNER, two)["spec"]["accessModes"] == ["ReadWriteMany"]
+    claim = pvc.output_pvc(OWNER, spec(output={"pvc": None, "storage": {"size": "1Gi"}}, **TWO_NODES))
+    assert claim is not None and claim["spec"]["accessModes"] == ["ReadWriteMany"]
