@@ -5,6 +5,7 @@ from typing import Any
 
 from finetune_api import multinode
 from finetune_api.constants import LABEL_JOB
+from finetune_api.reasons import ExitReason, parse_termination_message, reason_for_exit_code, termination_message
 from finetune_operator.builders import job, pvc
 from finetune_operator.builders.multinode import indexed_job, is_multinode, launch_environment, service
 
@@ -94,3 +95,13 @@ def test_the_endpoint_names_the_pod_of_index_0_by_the_name_the_service_gives_it(
 def test_an_output_volume_the_operator_creates_for_several_nodes_is_read_write_many() -> None:
     claim = pvc.output_pvc(OWNER, spec(output={"pvc": None, "storage": {"size": "1Gi"}}, **TWO_NODES))
     assert claim is not None and claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_a_rendezvous_timeout_is_retried_and_counted_by_the_pod_failure_policy() -> None:
+    """A gang that cannot form retries, each attempt counted against backoffLimit, so it ends."""
+    fail_job, _, ignore = job.pod_failure_policy()["rules"]
+    code = int(ExitReason.RendezvousTimeout)
+    assert code not in fail_job["onExitCodes"]["values"] and code not in ignore["onExitCodes"]["values"]
+    assert reason_for_exit_code(code) == "RendezvousTimeout"
+    message = termination_message(ExitReason.RendezvousTimeout, "node 1 of 2 did not meet every node")
+    assert parse_termination_message(message) == ("RendezvousTimeout", "node 1 of 2 did not meet every node")
