@@ -363,7 +363,9 @@ def launch_config(processes: int, nodes: Nodes | None) -> dict[str, Any]:
         "rdzv_endpoint": nodes.endpoint,
         "local_addr": nodes.local_addr,
         "rdzv_configs": {
-            # Only the pod of index 0 serves the store; the others wait for it to listen.
+            # Only the pod of index 0 serves the store; the others wait for it to listen. The
+            # bound: pod 0 waits `timeout_s` for every node to join; another pod waits up to
+            # `timeout_s` for pod 0's store to listen, then up to `timeout_s` to join (2x at most).
             "is_host": nodes.hosts_rendezvous,
             "join_timeout": nodes.timeout_s,
             "read_timeout": nodes.timeout_s,
