@@ -31,6 +31,7 @@ ADMISSION_FIELD = {
     "epochs and maxSteps": "set either epochs or maxSteps",
     "no output": "spec.output: Required value",
     "deviceMap with processes": "spec.resources.processes",
+    "deviceMap on two nodes": "spec.resources.nodes: Invalid value",
     "priority without a queue": "workloadPriorityClassName needs queueName",
 }
 
@@ -89,6 +90,7 @@ def test_defaults_are_applied_by_the_server(
     }
     assert spec["quantization"] == {"type": "nf4", "doubleQuant": True}
     assert spec["training"]["optimizer"] == "paged_adamw_8bit"
+    assert spec["resources"]["nodes"] == 1
 
 
 def test_spec_is_immutable_but_suspend_is_not(

@@ -47,8 +47,22 @@ def test_wrong_specs_name_the_field(
         {"resources": {"processes": 1}, "training": {"parallelism": "deviceMap"}},
         {"resources": {"gpus": 4, "processes": 1}},
         {"resources": {"gpus": 2}, "training": {"parallelism": "deviceMap"}},
+        {"resources": {"gpus": 2, "nodes": 1}, "training": {"parallelism": "deviceMap"}},
+        {"resources": {"gpus": 4, "nodes": 2}, "training": {"parallelism": "fsdp"}},
+        {"resources": {"gpus": 0, "nodes": 2, "processes": 2}},
+        {"resources": {"nodes": 64}},
     ],
-    ids=["cpu fsdp", "cpu dataParallel", "cpu deviceMap one process", "gpus one process", "gpus deviceMap"],
+    ids=[
+        "cpu fsdp",
+        "cpu dataParallel",
+        "cpu deviceMap one process",
+        "gpus one process",
+        "gpus deviceMap",
+        "deviceMap on one node",
+        "fsdp on two nodes",
+        "cpu processes on two nodes",
+        "most nodes",
+    ],
 )
 def test_parallelism_and_processes_that_make_sense(tmp_path: Path, change: dict[str, Any]) -> None:
     assert main(["validate", str(_write(tmp_path, tiny_with(change)))]) == 0
@@ -58,6 +72,7 @@ def test_parallelism_defaults_to_auto_and_processes_to_unset() -> None:
     job = parse_file(ROOT / "examples" / "tiny-job.yaml")[0].job
     assert job is not None
     assert job.spec.training.parallelism == "auto" and job.spec.resources.processes is None
+    assert job.spec.resources.nodes == 1
 
 
 def test_bf16_on_a_newer_gpu_is_fine(tmp_path: Path) -> None:

@@ -72,6 +72,13 @@ WRONG_SPECS = [
         {"training": {"parallelism": "deviceMap"}, "resources": {"processes": 2}},
         "resources.processes must be 1 with training.parallelism deviceMap",
     ),
+    ("zero nodes", {"resources": {"nodes": 0}}, "spec.resources.nodes:"),
+    ("too many nodes", {"resources": {"nodes": 65}}, "spec.resources.nodes:"),
+    (
+        "deviceMap on two nodes",
+        {"training": {"parallelism": "deviceMap"}, "resources": {"nodes": 2}},
+        "resources.nodes must be 1 with training.parallelism deviceMap",
+    ),
     (
         "priority without a queue",
         {"placement": {"workloadPriorityClassName": "high"}},

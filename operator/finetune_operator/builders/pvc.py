@@ -19,7 +19,8 @@ def output_pvc(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any] | None:
         return None
     name = output_claim_name(owner, spec)
     claim_spec: dict[str, Any] = {
-        "accessModes": ["ReadWriteOnce"],
+        # Every pod of a job of several nodes mounts it (one pod template), on other machines.
+        "accessModes": ["ReadWriteMany" if spec.resources.nodes > 1 else "ReadWriteOnce"],
         "resources": {"requests": {"storage": storage.size}},
     }
     if storage.storage_class_name:
