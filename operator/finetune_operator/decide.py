@@ -21,7 +21,7 @@ from finetune_api.spec import FineTuneJobSpec
 
 from . import images, workloads
 from .builders import job as job_builder
-from .builders import paths
+from .builders import multinode, paths
 from .builders import pvc as pvc_builder
 from .children import Owner
 from .settings import Settings
@@ -85,13 +85,19 @@ def image_refusal(spec: FineTuneJobSpec, settings: Settings) -> str | None:
 
 
 def desired_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> list[Body]:
-    """A job's own children in creation order: the Job last, so it never exists without its claim.
+    """A job's own children in creation order: the Job last, so it never exists without its claim
+    (and, for several nodes, without the headless Service its pods find each other through).
 
     The trainer's config rides in the Job's pod template and its identity is the namespace's
     (identity.py): a job whose output claim the user brings costs one create, its Job.
     """
     claim = pvc_builder.output_pvc(owner, spec)
-    return [*([claim] if claim is not None else []), job_builder.job(owner, spec, settings)]
+    service = multinode.service(owner, spec) if multinode.is_multinode(spec) else None
+    return [
+        *([claim] if claim is not None else []),
+        *([service] if service is not None else []),
+        multinode.indexed_job(owner, spec, settings),
+    ]
 
 
 def output_status(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any]:
@@ -199,6 +205,7 @@ def decide(seen: Observed) -> Actions:
             queue_name=spec.placement.queue_name if spec is not None else None,
             admission=admission,
             preemptor=preemptor,
+            nodes=spec.resources.nodes if spec is not None else 1,
         )
     )
     announcement = None

@@ -80,6 +80,7 @@ class Kube:
             ),
             "Role": (self.rbac.create_namespaced_role, self.rbac.read_namespaced_role),
             "RoleBinding": (self.rbac.create_namespaced_role_binding, self.rbac.read_namespaced_role_binding),
+            "Service": (self.core.create_namespaced_service, self.core.read_namespaced_service),
             "Job": (self.batch.create_namespaced_job, self.batch.read_namespaced_job),
         }
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from finetune_operator.decide import Actions, Observed, decide
 from finetune_operator.settings import Settings
+from tests.support import bodies
 from tests.support.specs import OWNER, body
 
 NOW = "2026-01-01T00:00:10Z"
@@ -108,3 +109,91 @@ def test_a_terminal_job_whose_job_is_gone_keeps_its_verdict_and_gets_no_new_job(
     done = {"phase": "Succeeded", "observedGeneration": 1, "completionTime": NOW}
     actions = decide(seen(finetunejob(status=done)))
     assert not actions.create and actions.phase == "Succeeded"
+
+
+# --- a job of several nodes: one gang of pods ---------------------------------------------
+
+TWO_NODES = {"gpus": 0, "cpu": "1", "memory": "2Gi", "processes": 1, "nodes": 2}
+
+
+def gang_pod(index: int, phase: str, **kwargs: Any) -> dict[str, Any]:
+    made = bodies.pod(f"{OWNER.name}-{index}-abcde", phase, **kwargs)
+    made["metadata"]["ownerReferences"] = [{"kind": "Job", "name": OWNER.name, "uid": "job-uid", "controller": True}]
+    return made
+
+
+def test_a_job_of_two_nodes_gets_its_headless_service_then_its_indexed_job() -> None:
+    output = {"pvc": None, "storage": {"size": "1Gi"}}
+    actions = decide(seen(finetunejob(resources=TWO_NODES, output=output, backoffLimit=3)))
+    assert [c["kind"] for c in actions.create] == ["PersistentVolumeClaim", "Service", "Job"]
+    claim, service, job = actions.create
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # every pod mounts the output
+    assert service["metadata"]["name"] == OWNER.name
+    assert service["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    assert (service["spec"]["clusterIP"], service["spec"]["publishNotReadyAddresses"]) == ("None", True)
+    assert [p["port"] for p in service["spec"]["ports"]] == [29400]
+    assert job["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 2, 2)
+    assert spec["template"]["spec"]["subdomain"] == OWNER.name
+    assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0", "succeededCount": 1}]}
+    # A gang attempt costs up to one failed pod per node: the spec's limit counts attempts.
+    assert spec["backoffLimit"] == 2 * 3
+    assert actions.status_patch is None and not actions.writes
+
+
+def test_a_job_of_one_node_gets_no_service() -> None:
+    actions = decide(seen(finetunejob(resources={**TWO_NODES, "nodes": 1})))
+    assert [c["kind"] for c in actions.create] == ["Job"]
+    assert "completionMode" not in actions.create[0]["spec"]
+
+
+def test_a_gang_with_a_pod_the_scheduler_cannot_place_says_what_is_missing_and_is_not_running() -> None:
+    refusal = "0/5 nodes are available: 4 Insufficient nvidia.com/gpu, 1 node(s) didn't match pod anti-affinity."
+    pods = [
+        gang_pod(0, "Running", node="local-0", scheduled=(True, "", "")),
+        gang_pod(1, "Pending", scheduled=(False, "Unschedulable", refusal)),
+    ]
+    actions = decide(seen(finetunejob(status=PENDING, resources=TWO_NODES), job=batch_job(), pods=pods))
+    patch = actions.status_patch
+    assert patch is not None and actions.phase == "Pending"
+    assert patch["message"] == f"Unschedulable: 1 of 2 pods pending: {refusal}"
+    assert patch["nodes"] == {"ready": 1, "total": 2}
+    running = next(c for c in patch["conditions"] if c["type"] == "Running")
+    assert running["status"] == "False"
+    scheduled = next(c for c in patch["conditions"] if c["type"] == "Scheduled")
+    assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
+    assert [(e.type, e.reason) for e in actions.events] == [("Warning", "Unschedulable")]
+
+
+def test_a_gang_is_running_only_when_every_pod_runs() -> None:
+    one = [gang_pod(0, "Running", node="local-0"), gang_pod(1, "Pending", node="local-1")]
+    waiting = decide(seen(finetunejob(status=PENDING, resources=TWO_NODES), job=batch_job(), pods=one))
+    assert waiting.phase == "Pending"
+    assert waiting.status_patch is not None and "message" not in waiting.status_patch
+    running = next(c for c in waiting.status_patch["conditions"] if c["type"] == "Running")
+    assert (running["status"], running["reason"]) == ("False", "WaitingForNodes")
+    assert running["message"].startswith("1 of 2 pods running")
+
+    both = [gang_pod(0, "Running", node="local-0"), gang_pod(1, "Running", node="local-1")]
+    whole = decide(seen(finetunejob(status=PENDING, resources=TWO_NODES), job=batch_job(), pods=both))
+    assert whole.phase == "Running"
+    assert whole.status_patch is not None and whole.status_patch["nodes"] == {"ready": 2, "total": 2}
+    scheduled = next(c for c in whole.status_patch["conditions"] if c["type"] == "Scheduled")
+    assert scheduled["status"] == "True" and scheduled["message"] == "2 of 2 pods are on nodes local-0, local-1"
+
+
+def test_a_gang_that_failed_together_counts_one_restart() -> None:
+    pods = [
+        gang_pod(0, "Failed", exit_code=1, created="2026-01-01T00:00:01Z"),
+        gang_pod(1, "Failed", exit_code=137, created="2026-01-01T00:00:01Z"),
+        gang_pod(0, "Running", node="local-0", created="2026-01-01T00:00:05Z"),
+        gang_pod(1, "Running", node="local-1", created="2026-01-01T00:00:05Z"),
+    ]
+    job = batch_job()
+    job["status"] = {"failed": 2, "startTime": "2026-01-01T00:00:00Z"}
+    actions = decide(seen(finetunejob(status=PENDING, resources=TWO_NODES), job=job, pods=pods))
+    assert actions.phase == "Running"
+    assert actions.status_patch is not None and actions.status_patch["restarts"] == 1
+    assert actions.status_patch["nodes"] == {"ready": 2, "total": 2}
+    assert "Restarted" in [e.reason for e in actions.events]

@@ -8,8 +8,8 @@ from finetune_api.constants import LABEL_JOB
 from finetune_api.reasons import ExitReason, parse_termination_message, reason_for_exit_code, termination_message
 from finetune_operator.builders import job, pvc
 from finetune_operator.builders.multinode import indexed_job, is_multinode, launch_environment, service
+from tests.support.specs import OWNER, spec
 
-from .specs import OWNER, spec
 from .test_builders import SETTINGS
 
 TWO_NODES = {"resources": {"gpus": 4, "nodes": 2}}
@@ -41,7 +41,8 @@ def test_two_nodes_are_an_indexed_job_done_when_index_0_succeeds() -> None:
     # Retries as for one pod: the same failure policy, a replacement only once the old pod is gone.
     assert job_spec["podFailurePolicy"] == job.pod_failure_policy()
     assert job_spec["podReplacementPolicy"] == "Failed"
-    assert job_spec["backoffLimit"] == single["spec"]["backoffLimit"]
+    # A gang attempt fails up to one pod per node: the spec's limit counts attempts.
+    assert job_spec["backoffLimit"] == 2 * single["spec"]["backoffLimit"]
     assert job_spec["template"]["spec"]["subdomain"] == service(OWNER, two)["metadata"]["name"] == "tiny"
     assert body["metadata"] == single["metadata"]
     # The pods carry the label the chart's multi-node NetworkPolicy selects; a job of one pod does not.

@@ -53,6 +53,7 @@ def test_children_it_creates_are_creatable():
     for group, resource in [
         ("", "serviceaccounts"),
         ("", "persistentvolumeclaims"),
+        ("", "services"),
         ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io", "rolebindings"),
         ("batch", "jobs"),

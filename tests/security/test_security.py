@@ -46,6 +46,8 @@ OPERATOR_CAN: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {
     ("pods", ()): frozenset({"get", "list", "watch"}),
     ("serviceaccounts", ()): frozenset({"get", "create"}),
     ("persistentvolumeclaims", ()): frozenset({"get", "create"}),
+    # The headless Service of a job of several nodes.
+    ("services", ()): frozenset({"get", "create"}),
     ("roles.rbac.authorization.k8s.io", ()): frozenset({"get", "create"}),
     ("rolebindings.rbac.authorization.k8s.io", ()): frozenset({"get", "create"}),
     ("events", ()): frozenset({"create"}),

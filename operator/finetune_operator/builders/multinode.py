@@ -12,7 +12,15 @@ Kubernetes gives what a gang of training pods needs, and nothing here schedules 
   trainer);
 - `successPolicy`: the Job is done when index 0 succeeds. Its pod holds global rank 0, which
   writes the adapter last; the others' pods may end first, or be stopped once it is done;
-- the pod failure policy of a job of one node, and `podReplacementPolicy: Failed`.
+- the pod failure policy of a job of one node, and `podReplacementPolicy: Failed`;
+- a gang restart through the Job's own retries. One attempt is all pods together: when a pod's
+  trainer fails, its peers' collectives fail at once (the dead rank's sockets close), so every
+  pod of the gang exits retryably, the Job replaces each failed pod, the replacements meet at a
+  fresh rendezvous, and every rank resumes from rank 0's last complete checkpoint (sent to the
+  other nodes). The launcher's own restarts (`max_restarts`) stay 0: a pod that restarted its
+  workers in place could meet a replaced peer at a stale round, and its rank files would speak
+  of the round before. Each gang attempt costs up to one failed pod per node, so
+  `backoffLimit` is the spec's times `nodes` (status.restarts counts attempts, status.py).
 
 Pure functions of the spec; a job of one node keeps the Job of `job.job` exactly.
 """
@@ -20,11 +28,12 @@ Pure functions of the spec; a job of one node keeps the Job of `job.job` exactly
 from typing import Any, Final
 
 from finetune_api import multinode
+from finetune_api.contract import CONTAINER
 from finetune_api.spec import FineTuneJobSpec
 
 from ..children import Owner, labels, metadata
 from ..settings import Settings
-from .job import CONTAINER, job
+from .job import job
 
 PROTOCOL: Final = "TCP"
 
@@ -80,6 +89,7 @@ def indexed_job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict
     job_spec["completionMode"] = "Indexed"
     job_spec["completions"] = nodes
     job_spec["parallelism"] = nodes
+    job_spec["backoffLimit"] = spec.backoff_limit * nodes
     job_spec["successPolicy"] = {"rules": [{"succeededIndexes": "0", "succeededCount": 1}]}
     job_spec["template"]["metadata"]["labels"][multinode.MULTINODE_LABEL] = "true"
     pod_spec = job_spec["template"]["spec"]
