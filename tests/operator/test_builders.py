@@ -15,9 +15,7 @@ from finetune_operator.decide import desired_children, job_patch, output_status
 from finetune_operator.settings import Settings
 from finetune_trainer.planning import grace
 from tests.support.harness import REPO
-from tests.support.specs import OWNER, spec
-
-SETTINGS = Settings(trainer_image="registry.example/trainer:1", default_cpu="2", default_memory="8Gi")
+from tests.support.specs import OWNER, SETTINGS, spec
 
 
 def pod_spec(s=None, settings=SETTINGS):

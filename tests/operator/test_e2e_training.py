@@ -10,6 +10,7 @@ import pytest
 
 from tests.support.cli import ftjob
 from tests.support.harness import Jobs, OperatorProcess, wait_for
+from tests.support.processes import trainer_pid, worker_pid
 from tests.support.specs import body
 from tests.support.training import (
     ADAPTER_TOLERANCE,
@@ -33,16 +34,6 @@ TRAINING = {"maxSteps": 32, "batchSize": 2, "gradientAccumulation": 1, "maxLengt
 
 def cpu_spec(**extra: object) -> dict:
     return body(training=TRAINING, checkpoints=CHECKPOINTS, **extra)
-
-
-def trainer_pid(cluster, namespace: str, pod_name: str) -> int:
-    folders = list(Path(cluster.layout.pods).glob(f"{namespace}_{pod_name}_*"))
-    record = wait_for(
-        lambda: next((f / "trainer.pid.json" for f in folders if (f / "trainer.pid.json").exists()), None),
-        30,
-        "the trainer's pid file",
-    )
-    return int(json.loads(record.read_text())["pid"])
 
 
 def checkpointed(jobs: Jobs, name: str) -> dict | None:
@@ -110,25 +101,6 @@ def test_a_retryable_failure_restarts_and_resumes_from_the_checkpoint(
 
 # Two CPU processes (gloo) in one pod, each with one micro-batch of 2 per step.
 TWO_PROCESSES = {"gpus": 0, "cpu": "2", "memory": "4Gi", "processes": 2}
-
-
-def worker_pid(launcher: int, rank: int) -> int | None:
-    """The pid of the trainer process of `rank` that the pod's launcher started."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            # The launcher starts each worker in a session of its own: find them by parent.
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if parent != launcher:
-                continue
-            command = (proc / "cmdline").read_bytes().split(b"\0")
-            environment = (proc / "environ").read_bytes().split(b"\0")
-        except (OSError, ProcessLookupError):
-            continue
-        if b"--worker" in command and f"RANK={rank}".encode() in environment:
-            return int(proc.name)
-    return None
 
 
 def test_two_process_pods_train_in_each_mode_and_a_killed_rank_retries_to_the_same_adapter(

@@ -8,9 +8,7 @@ from finetune_api.constants import LABEL_JOB
 from finetune_api.reasons import ExitReason, parse_termination_message, reason_for_exit_code, termination_message
 from finetune_operator.builders import job, pvc
 from finetune_operator.builders.multinode import indexed_job, is_multinode, launch_environment, service
-from tests.support.specs import OWNER, spec
-
-from .test_builders import SETTINGS
+from tests.support.specs import OWNER, SETTINGS, spec
 
 TWO_NODES = {"resources": {"gpus": 4, "nodes": 2}}
 

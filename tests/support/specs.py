@@ -5,9 +5,12 @@ from typing import Any
 
 from finetune_api.spec import FineTuneJobSpec
 from finetune_operator.children import Owner
+from finetune_operator.settings import Settings
 from hack.cluster.nodes import GPU_RESOURCE
 
 OWNER = Owner(name="tiny", namespace="team-a", uid="0000-uid")
+# Operator settings for the builders' tests: an image name no test pulls.
+SETTINGS = Settings(trainer_image="registry.example/trainer:1", default_cpu="2", default_memory="8Gi")
 
 BASE: dict[str, Any] = {
     "model": {"source": {"pvc": {"claimName": "models", "path": "tiny-llama"}}},
