@@ -25,6 +25,10 @@ RDZV_TIMEOUT_ENV: Final = "FINETUNE_RDZV_TIMEOUT_S"
 # (`trainer.networkPolicy.multiNode`) lets the pods that carry it reach each other.
 MULTINODE_LABEL: Final = "finetune.dev/multinode"
 
+# Kubernetes writes each Indexed Job pod's completion index (its node rank) here too, so
+# `ftjob logs --rank` and the tests find the pod of a rank without reading its environment.
+COMPLETION_INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"
+
 LAUNCH_ENV: Final = (NNODES_ENV, NODE_RANK_ENV, RDZV_ENDPOINT_ENV, NODE_DOMAIN_ENV, NODE_ADDR_ENV, RDZV_TIMEOUT_ENV)
 
 # The rendezvous store (torch's c10d TCPStore) listens here on the pod of index 0. torchrun's port.

@@ -18,6 +18,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from finetune_api.multinode import COMPLETION_INDEX_ANNOTATION
+from tests.support.cli import assert_one_line_error, ftjob
 from tests.support.harness import Jobs, OperatorProcess, wait_for
 from tests.support.processes import trainer_pid, worker_pid
 from tests.support.specs import body
@@ -39,7 +41,6 @@ GANG = {"gpus": 0, "cpu": "1", "memory": "2Gi", "processes": 1, "nodes": 2}
 ONE_POD = {"gpus": 0, "cpu": "2", "memory": "4Gi", "processes": 2}
 # The agent's second node takes only pods that tolerate its taint.
 LOCAL_NODES = [{"key": "finetune.dev/local-node", "operator": "Exists", "effect": "NoSchedule"}]
-INDEX = "batch.kubernetes.io/job-completion-index"
 COMPLETE = "CHECKPOINT_COMPLETE.json"
 
 
@@ -60,7 +61,7 @@ def gang_spec(name: str, **extra: Any) -> dict[str, Any]:
 
 
 def index_of(pod: dict[str, Any]) -> int:
-    return int(pod["metadata"]["annotations"][INDEX])
+    return int(pod["metadata"]["annotations"][COMPLETION_INDEX_ANNOTATION])
 
 
 def running_pod_of_index(jobs: Jobs, name: str, index: int) -> dict[str, Any] | None:
@@ -133,6 +134,14 @@ def test_two_nodes_train_the_adapter_of_one_pod_of_two_and_a_killed_rank_restart
     difference = max_difference(adapter_tensors(training_volumes, status), expected)
     print(f"two nodes of one process against one pod of two: max abs difference {difference}")
     assert difference <= ADAPTER_TOLERANCE
+
+    # `ftjob logs --rank N` reads the pod of each node rank; a rank the job has not is one line.
+    where = ["-n", namespace, "--logs-dir", str(cluster.layout.pods)]
+    for rank in (0, 1):
+        logs = ftjob("logs", "pair", "--rank", str(rank), *where)
+        assert logs.returncode == 0, logs.stderr
+        assert f"node {rank} of 2: rendezvous at" in logs.stdout, logs.stdout[-2000:]
+    assert_one_line_error(ftjob("logs", "pair", "--rank", "2", *where), "--rank 2", "node ranks 0 to 1")
 
     service = core.read_namespaced_service("pair", namespace)
     assert service.spec.cluster_ip == "None" and service.metadata.owner_references[0].kind == "FineTuneJob"
