@@ -12,7 +12,10 @@ process so one's memory never shows in the other's peak:
   3. `large`: a slice deeper than one P40 holds (`--large-layers`), every process capped at
      22.4 GiB: the reference split over the GPUs against ours in fsdp;
   4. optional phases: ours without checkpointing, per-layer memory for the planner, the
-     planner's calibration.
+     planner's calibration;
+  5. `multinode` (not in the default list): the launch path of a job of 2 nodes on one 2-GPU
+     machine, two launchers of one GPU each meeting over TCP on 127.0.0.1 with the Indexed Job's
+     environment, against the 1-GPU reference in the same call: <date>-<gpu>-2node.json.
 
     python -m bench.run --shared DIR_WITH_seed_baseline.py [--gpus 1,2] [--phases ...]
 """
@@ -33,7 +36,9 @@ from bench.flops import Shape
 from bench.report import compare_record, environment_versions, gpu_slug
 
 REPO = Path(__file__).resolve().parent.parent
-PHASES = ("compare", "nockpt", "large", "layers", "calibration")
+PHASES = ("compare", "nockpt", "large", "layers", "calibration", "multinode")
+# What runs without --phases: `multinode` is asked for by name (it needs 2 GPUs of their own).
+DEFAULT_PHASES = ("compare", "nockpt", "large", "layers", "calibration")
 # What a Tesla P40 gives PyTorch; the `large` phase holds every process to it.
 P40_GIB = 22.4
 SLICE = Shape(layers=4, hidden=8192, inter=28672, heads=64, kv=8, vocab=128256)
@@ -52,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4, help="timed steps after warm-up")
     parser.add_argument("--warm", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma list of {', '.join(PHASES)}")
+    parser.add_argument("--phases", default=",".join(DEFAULT_PHASES), help=f"comma list of {', '.join(PHASES)}")
     parser.add_argument("--work", type=Path, default=Path("/tmp/finetune-bench"), help="model and scratch folder")
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--logs", type=Path, default=None, help="folder for each child's full output")
@@ -127,8 +132,11 @@ class Bench:
         script = str(self.args.shared / "seed_baseline.py")
         return self.child(name, [sys.executable, "-c", wrapper, str(self.args.seed), script, json.dumps(spec)], gpus)
 
-    def ours(self, gpus: int, name: str, model: Path | None = None, **extra: Any) -> dict[str, Any] | None:
-        """The Job's command on the first `gpus` GPUs; `extra` goes to bench.trainer_job."""
+    def ours(
+        self, gpus: int, name: str, model: Path | None = None, visible: int | None = None, **extra: Any
+    ) -> dict[str, Any] | None:
+        """The Job's command with `gpus` GPUs per pod on the first `visible` GPUs (default `gpus`);
+        `extra` goes to bench.trainer_job."""
         spec = {
             "path": str(model or self.model),
             "work": str(self.args.work / name),
@@ -137,8 +145,12 @@ class Bench:
             "gpus": gpus,
             **extra,
         }
-        lines = self.child(name, [sys.executable, "-m", "bench.trainer_job", json.dumps(spec)], gpus)
+        lines = self.child(name, self.ours_argv(spec), visible or gpus)
         return next((x for x in reversed(lines) if x.get("event") == "bench-summary"), None)
+
+    @staticmethod
+    def ours_argv(spec: dict[str, Any]) -> list[str]:
+        return [sys.executable, "-m", "bench.trainer_job", json.dumps(spec)]
 
     def arch(self) -> dict[str, int]:
         s = self.shape
@@ -218,10 +230,7 @@ class Bench:
 
     def compare(self, gpus: int, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
         run = {"seq": self.args.seq, "steps": self.args.steps, "warm": self.args.warm, "attn": "sdpa", "ckpt": True}
-        if 1 not in self.references:
-            lines = [x for x in self.reference([run], 1, "reference-1gpu") if "tok_s" in x or "error" in x]
-            if lines:
-                self.references[1] = lines[-1]
+        self.reference_1gpu()
         split = None
         if gpus > 1:
             # What device_map does for a model too large for one card.
@@ -270,6 +279,35 @@ class Bench:
         record["gpu_memory_cap_gib"] = P40_GIB
         self.write(f"{self.date}-{gpu_slug(peaks)}-{gpus}gpu-{layers}l-fsdp.json", record)
 
+    def reference_1gpu(self) -> dict[str, Any] | None:
+        """The 1-GPU reference of this call (run once, shared by the phases that compare with it)."""
+        if 1 not in self.references:
+            run = {"seq": self.args.seq, "steps": self.args.steps, "warm": self.args.warm, "attn": "sdpa", "ckpt": True}
+            lines = [x for x in self.reference([run], 1, "reference-1gpu") if "tok_s" in x or "error" in x]
+            if lines:
+                self.references[1] = lines[-1]
+        return self.references.get(1)
+
+    def multinode_spec(self, nodes: int = 2) -> dict[str, Any]:
+        """bench.trainer_job's settings for a job of `nodes` pods of one GPU each."""
+        # dataParallel is what `auto` runs on a pod of one GPU; named, so the record says it.
+        return {"nodes": nodes, "parallelism": "dataParallel", "socket": True}
+
+    def multinode(self, peaks: list[dict[str, Any]], versions: dict[str, Any], nodes: int = 2) -> None:
+        """A job of `nodes` pods on one machine, one GPU each, through the product's launch path."""
+        self.build(self.model, self.args.layers)
+        reference = self.reference_1gpu()
+        ours = self.ours(1, f"ours-{nodes}node", visible=nodes, **self.multinode_spec(nodes))
+        record = self.record(self.shape, nodes, peaks, versions, reference=reference, ours=ours)
+        record["mode"] = f"{nodes} nodes x 1 GPU, dataParallel"
+        record["nodes"] = nodes
+        record["launch"] = (
+            f"{nodes} x `python -m finetune_trainer`, CUDA_VISIBLE_DEVICES one GPU each, the Indexed Job's "
+            "environment (finetune_api.multinode), c10d rendezvous on 127.0.0.1, NCCL over TCP "
+            "(NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1)"
+        )
+        self.write(f"{self.date}-{gpu_slug(peaks)}-{nodes}node.json", record)
+
     def layers(self, peaks: list[dict[str, Any]]) -> None:
         spec = {"path": str(self.model), "seqs": [1024, 2048]}
         lines = self.child("layer-memory", [sys.executable, "-m", "bench.layer_memory", json.dumps(spec)], 1)
@@ -301,6 +339,9 @@ class Bench:
         import torch
 
         available = torch.cuda.device_count()
+        if "multinode" in self.phases and max(counts) < 2:
+            print("[bench] multinode needs --gpus 2", file=sys.stderr)
+            return 2
         if available < max(counts):
             print(f"[bench] {max(counts)} GPUs asked for, {available} visible", file=sys.stderr)
             return 2
@@ -314,6 +355,7 @@ class Bench:
                     continue
                 self.compare(gpus, peaks, versions)
         for phase, action in (
+            ("multinode", lambda: self.multinode(peaks, versions)),
             ("large", lambda: self.large(max(counts), peaks, versions)),
             ("layers", lambda: self.layers(peaks)),
             ("calibration", self.calibration),

@@ -10,6 +10,14 @@ fsdp or deviceMap, as in a spec); `gpu_memory_gib` caps every process, as on a P
 
     python -m bench.trainer_job '{"path": SLICE, "work": DIR, "seq": 2048, "steps": 6, "gpus": 2,
                                   "parallelism": "fsdp", "gpu_memory_gib": 22.4}'
+
+With `"nodes": N`, it runs what a job of `resources.nodes: N` runs, on one machine: N launchers
+(`python -m finetune_trainer`, one per pod), each on its own share of the visible GPUs (`gpus`
+per node), with the environment the Indexed Job sets (`finetune_api.multinode`: the node count,
+the completion index, the rendezvous on the pod of index 0). The pods' names become 127.0.0.x
+addresses (no cluster DNS here); the rendezvous is TCP on 127.0.0.1; with `"socket": true` NCCL
+is kept off shared memory and peer-to-peer, so the collectives also go over TCP, as between two
+machines. Node 0 (global rank 0) reports; every other node writes its output elsewhere.
 """
 
 from __future__ import annotations
@@ -85,7 +93,7 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
             },
             "checkpoints": {"everySteps": spec["steps"], "keep": 2},
             "output": {"pvc": {"claimName": "out"}},
-            "resources": {"gpus": spec.get("gpus", 1), "gpuProduct": "NVIDIA-H200"},
+            "resources": {"gpus": spec.get("gpus", 1), "gpuProduct": "NVIDIA-H200", "nodes": spec.get("nodes", 1)},
         },
         "paths": {"model": str(model), "dataset": str(data), "output": str(work / "output")},
     }
@@ -94,15 +102,69 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
     return path, words + 2  # BOS + words + the EOS the trainer appends
 
 
+def node_env(index: int, nodes: int, port: int, gpus_per_node: int, visible: list[str]) -> dict[str, str]:
+    """The Indexed Job's environment for the pod of `index`, and that pod's share of the GPUs."""
+    from finetune_api import multinode
+
+    share = visible[index * gpus_per_node : (index + 1) * gpus_per_node]
+    return {
+        multinode.NNODES_ENV: str(nodes),
+        multinode.NODE_RANK_ENV: str(index),
+        multinode.RDZV_ENDPOINT_ENV: f"127.0.0.1:{port}",
+        # `<job>-<index>.<service>` on a cluster: the same order, so node 0 is global rank 0.
+        multinode.NODE_ADDR_ENV: f"127.0.0.{index + 1}",
+        multinode.RDZV_TIMEOUT_ENV: "600",
+        "CUDA_VISIBLE_DEVICES": ",".join(share),
+    }
+
+
+def node_config(config: Path, index: int) -> Path:
+    """Node `index`'s copy of the trainer config: an output folder of its own (another machine's)."""
+    if index == 0:
+        return config
+    body = json.loads(config.read_text())
+    body["paths"]["output"] = str(config.parent / f"output-node-{index}")
+    path = config.with_name(f"config-node-{index}.json")
+    path.write_text(json.dumps(body))
+    return path
+
+
+def launchers(spec: dict[str, Any], config: Path, env: dict[str, str]) -> list[tuple[list[str], dict[str, str]]]:
+    """(argv, env) of every launcher: one for the pod, or one per node of a multi-node job."""
+    nodes = int(spec.get("nodes", 1))
+    if nodes == 1:
+        return [([sys.executable, "-m", "finetune_trainer", "--config", str(config)], env)]
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    per_node = int(spec.get("gpus", 1))
+    if len(visible) < nodes * per_node:
+        raise SystemExit(f"{nodes} nodes x {per_node} GPUs asked for, {len(visible)} visible")
+    socket_only = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"} if spec.get("socket") else {}
+    work = Path(spec["work"])
+    out = []
+    for index in range(nodes):
+        node = dict(env, **socket_only, **node_env(index, nodes, port, per_node, visible))
+        node["FINETUNE_TERMINATION_LOG"] = str(work / f"termination-log-node-{index}")
+        out.append(([sys.executable, "-m", "finetune_trainer", "--config", str(node_config(config, index))], node))
+    return out
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     config, tokens_per_sample = prepare(spec)
     env = dict(os.environ, FINETUNE_TERMINATION_LOG=str(Path(spec["work"]) / "termination-log"))
     env.update({k: str(v) for k, v in spec.get("env", {}).items()})
     if spec.get("gpu_memory_gib"):
         env["FINETUNE_GPU_MEMORY_GIB"] = str(spec["gpu_memory_gib"])
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "finetune_trainer", "--config", str(config)], stdout=subprocess.PIPE, text=True, env=env
-    )
+    started = []
+    for index, (argv, node) in enumerate(launchers(spec, config, env)):
+        # Node 0 holds global rank 0, which reports; the others' output goes to a file each.
+        sink = subprocess.PIPE if index == 0 else (Path(spec["work"]) / f"node-{index}.out").open("w")
+        started.append(subprocess.Popen(argv, stdout=sink, text=True, env=node))
+    proc = started[0]
     assert proc.stdout is not None
     stamps: list[tuple[float, dict[str, Any]]] = []
     for line in proc.stdout:
@@ -112,10 +174,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 stamps.append((time.monotonic(), json.loads(line)))
             except ValueError:
                 continue
-    code = proc.wait()
+    codes = [p.wait() for p in started]
+    code = next((c for c in codes if c != 0), 0)
     progress = [(t, e) for t, e in stamps if e.get("event") == "progress"]
     warm = 2
     result: dict[str, Any] = {"exit_code": code, "tokens_per_sample": tokens_per_sample}
+    if len(codes) > 1:
+        result["node_exit_codes"] = codes
     if len(progress) > warm + 1:
         timed = progress[warm:]
         seconds = timed[-1][0] - timed[0][0]

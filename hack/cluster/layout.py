@@ -13,8 +13,11 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# The node the agent owns; pods bound to it run as local processes.
+# The nodes the agent owns; pods bound to them run as local processes. `local-0` takes any CPU
+# pod; the others are tainted (nodes.LOCAL_EXTRA_TAINT), so only pods that ask for them (the
+# pods of a multi-node job) land there and every other pod stays on `local-0`, as before.
 LOCAL_NODE = "local-0"
+LOCAL_NODES = (LOCAL_NODE, "local-1")
 
 
 def binary_cache_root() -> Path:

@@ -29,7 +29,7 @@ from .control_plane import (
     scheduler_args,
     wait_until,
 )
-from .layout import LOCAL_NODE, Layout
+from .layout import LOCAL_NODES, Layout
 from .nodes import gpu_nodes
 from .storage import storage_class
 
@@ -72,10 +72,16 @@ def _apply(layout: Layout) -> Any:
     return core
 
 
+# The node lifecycle controller taints a new node until it has seen it Ready; the scheduler
+# places nothing there until then.
+NOT_READY_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
+
+
 def _nodes_ready(core: Any, expected: set[str]) -> bool:
     ready = set()
     for node in core.list_node().items:
-        if any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
+        untainted = not any(t.key in NOT_READY_TAINTS for t in node.spec.taints or [])
+        if untainted and any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
             ready.add(node.metadata.name)
     return expected <= ready
 
@@ -183,7 +189,7 @@ def _start(layout: Layout, found: dict[str, Path], started: float) -> None:
     wait_until("kube-controller-manager", healthz(ports.controller_manager), 120, alive("kube-controller-manager"))
     wait_until("kube-scheduler", healthz(ports.scheduler), 120, alive("kube-scheduler"))
     wait_until("the default ServiceAccount", lambda: _default_account(core), 120)
-    expected = {n["metadata"]["name"] for n in gpu_nodes()} | {LOCAL_NODE}
+    expected = {n["metadata"]["name"] for n in gpu_nodes()} | set(LOCAL_NODES)
     wait_until("nodes Ready", lambda: _nodes_ready(core, expected), 120, alive("kwok"))
     wait_until("node agent", alive("node-agent"), 1)
     wait_until("provisioner", alive("provisioner"), 1)

@@ -9,7 +9,7 @@ which is how KWOK's own examples register nodes.
 from dataclasses import dataclass
 from typing import Any
 
-from .layout import LOCAL_NODE
+from .layout import LOCAL_NODE, LOCAL_NODES
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -95,14 +95,26 @@ def gpu_nodes() -> list[dict[str, Any]]:
     ]
 
 
+# On the agent's nodes other than local-0: a pod lands there only when it tolerates this.
+LOCAL_EXTRA_TAINT = {"key": "finetune.dev/local-node", "value": "extra", "effect": "NoSchedule"}
+
+
 def local_node(name: str = LOCAL_NODE) -> dict[str, Any]:
-    """The agent's node: untainted and GPU-less, so CPU pods (the operator, CPU trainer runs) land here.
+    """An agent's node: GPU-less, so CPU pods (the operator, CPU trainer runs) land on local-0,
+    the only one untainted; the others take the pods that tolerate LOCAL_EXTRA_TAINT.
 
     Its capacity is generous rather than this machine's: it exists so that placement never
     blocks a test, not to model the host.
     """
-    return _node(
+    node = _node(
         name,
         {"type": "local", "finetune.dev/node-agent": "true"},
         {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"},
     )
+    if name != LOCAL_NODE:
+        node["spec"]["taints"] = [dict(LOCAL_EXTRA_TAINT)]
+    return node
+
+
+def local_nodes() -> list[dict[str, Any]]:
+    return [local_node(name) for name in LOCAL_NODES]

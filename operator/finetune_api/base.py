@@ -5,6 +5,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
+from .contract import LABEL_KEY_PATTERN
+
 
 class ApiModel(BaseModel):
     """Frozen, camelCase on the wire, snake_case in Python; unknown fields are errors.
@@ -71,9 +73,6 @@ def _positive(quantity: str) -> str:
 PositiveQuantity = Annotated[Quantity, AfterValidator(_positive)]
 
 ShortString = Annotated[str, Field(min_length=1, max_length=253)]
-LABEL_KEY_PATTERN = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 LabelMap = Annotated[
     dict[

@@ -45,6 +45,20 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
     {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpus"},
     {
+        "name": "Nodes",
+        "type": "integer",
+        "jsonPath": ".spec.resources.nodes",
+        "priority": 1,
+        "description": "Pods of one attempt; the world size is nodes x GPUs.",
+    },
+    {
+        "name": "Ready",
+        "type": "integer",
+        "jsonPath": ".status.nodes.ready",
+        "priority": 1,
+        "description": "Pods of a job of several nodes whose trainer runs.",
+    },
+    {
         "name": "Queue",
         "type": "string",
         "jsonPath": ".spec.placement.queueName",

@@ -18,6 +18,10 @@ class ExitReason(IntEnum):
     # Retryable and not counted against backoffLimit: stopped by SIGTERM (suspend, preemption,
     # drain) after writing a checkpoint of the exact point reached. Not 2, which argparse uses.
     Interrupted = 3
+    # Retryable and counted: a launcher of a multi-node job did not meet all its peers at the
+    # rendezvous within the bound (a pod unscheduled, crashed, or unreachable). Each attempt that
+    # ends so counts against backoffLimit, so a gang that can never form fails instead of looping.
+    RendezvousTimeout = 4
     # Not retryable: the same input fails the same way on every attempt.
     InvalidConfig = 10
     InvalidData = 11

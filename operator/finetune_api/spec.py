@@ -268,6 +268,10 @@ PROCESSES_NEED_CPU = "processes is for CPU pods (gpus: 0); on GPUs there is one 
 DEVICE_MAP_ONE_PROCESS = (
     "resources.processes must be 1 with training.parallelism deviceMap (one process drives every device)"
 )
+DEVICE_MAP_ONE_NODE = (
+    "resources.nodes must be 1 with training.parallelism deviceMap (one process drives the devices of one pod)"
+)
+MAX_NODES = 64
 
 
 class ResourcesSpec(ApiModel):
@@ -284,6 +288,13 @@ class ResourcesSpec(ApiModel):
     )
 
     gpus: Annotated[int, Field(ge=0, le=64)] = Field(default=4, description="GPUs for the pod (0 = CPU).")
+    nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = Field(
+        default=1,
+        description="Pods (nodes) the job trains on together, each with `gpus` GPUs (or `processes` on the "
+        "CPU): the world size is nodes x processes per pod. More than 1 runs an Indexed Job and a headless "
+        "Service; every claim the job mounts must then be mountable from every node (ReadWriteMany or "
+        "ReadOnlyMany).",
+    )
     gpu_product: Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)] = Field(
         default="Tesla-P40", description="Value of the node label nvidia.com/gpu.product."
     )
@@ -354,6 +365,10 @@ _DEVICE_MAP_RULE = (
     "!(has(self.training) && has(self.training.parallelism) && self.training.parallelism == 'deviceMap' "
     "&& has(self.resources) && has(self.resources.processes) && self.resources.processes > 1)"
 )
+_DEVICE_MAP_NODES_RULE = (
+    "!(has(self.training) && has(self.training.parallelism) && self.training.parallelism == 'deviceMap' "
+    "&& has(self.resources) && has(self.resources.nodes) && self.resources.nodes > 1)"
+)
 _PASCAL_RULE = (
     f"!(self.precision in ['bf16', 'fp16']) || !self.resources.gpuProduct.matches('{PASCAL_PRODUCT_PATTERN}')"
 )
@@ -370,6 +385,7 @@ class FineTuneJobSpec(ApiModel):
                     ".precision",
                 ),
                 _cel(_DEVICE_MAP_RULE, DEVICE_MAP_ONE_PROCESS, ".resources.processes"),
+                _cel(_DEVICE_MAP_NODES_RULE, DEVICE_MAP_ONE_NODE, ".resources.nodes"),
             ]
         }
     )
@@ -409,6 +425,12 @@ class FineTuneJobSpec(ApiModel):
         processes = self.resources.processes
         if self.training.parallelism == "deviceMap" and processes is not None and processes > 1:
             raise ValueError(DEVICE_MAP_ONE_PROCESS)
+        return self
+
+    @model_validator(mode="after")
+    def _device_map_one_node(self) -> Self:
+        if self.training.parallelism == "deviceMap" and self.resources.nodes > 1:
+            raise ValueError(DEVICE_MAP_ONE_NODE)
         return self
 
 

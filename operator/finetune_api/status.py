@@ -12,7 +12,6 @@ from .base import ApiModel
 # Queued, Admitted and Preempted are Kueue's part of a job's life (spec.placement.queueName):
 # waiting for quota, admitted but the trainer not running yet, evicted and its pod stopping.
 Phase = Literal["Pending", "Queued", "Admitted", "Preempted", "Running", "Suspended", "Succeeded", "Failed"]
-TERMINAL_PHASES: tuple[Phase, ...] = ("Succeeded", "Failed")
 
 ConditionType = Literal["Validated", "Admitted", "Preempted", "Scheduled", "Running", "Complete", "Failed", "Suspended"]
 
@@ -79,6 +78,13 @@ class QueueStatus(ApiModel):
     last_preemption: PreemptionRef | None = None
 
 
+class NodesStatus(ApiModel):
+    """The pods of a job of several nodes (`spec.resources.nodes`): how many run of the gang."""
+
+    ready: int | None = Field(default=None, description="Pods of the current attempt whose trainer runs.")
+    total: int | None = Field(default=None, description="spec.resources.nodes: the pods of one attempt.")
+
+
 class FineTuneJobStatus(ApiModel):
     phase: Phase | None = None
     conditions: Annotated[list[Condition], Field(max_length=16)] = Field(default_factory=list)
@@ -90,4 +96,5 @@ class FineTuneJobStatus(ApiModel):
     completion_time: Timestamp | None = None
     output: OutputPaths | None = None
     queue: QueueStatus | None = None
+    nodes: NodesStatus | None = None
     message: Message | None = None

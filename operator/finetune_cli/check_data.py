@@ -29,7 +29,10 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 def _load_tokenizer(path: str) -> tuple[object, object | None]:
     import os
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from finetune_api.contract import OFFLINE
+
+    for key, value in OFFLINE.items():
+        os.environ.setdefault(key, value)
     from transformers import AutoConfig, AutoTokenizer
 
     folder = Path(path)

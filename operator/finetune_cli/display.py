@@ -5,8 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-TERMINAL = ("Succeeded", "Failed")
-
 
 def parse_time(value: Any) -> datetime | None:
     if not isinstance(value, str) or not value:

@@ -8,15 +8,12 @@ import argparse
 import json
 from pathlib import Path
 
-from finetune_api import ManifestError, parse_file
+from finetune_api import ManifestError, contract, parse_file
 from finetune_api.problems import format_problems
 from finetune_api.spec import FineTuneJobSpec
 from finetune_api.trainer_config import RuntimePaths, TrainerConfig
 
 from .errors import CliError
-
-# The claim the operator creates for `output.storage` is named `<job>-output`.
-STORAGE_CLAIM_SUFFIX = "-output"
 
 
 def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -37,23 +34,13 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     parser.set_defaults(handler=run)
 
 
-def _join(root: Path, relative: str) -> str:
-    return str(root / relative) if relative else str(root)
-
-
 def local_paths(name: str, spec: FineTuneJobSpec, workdir: Path) -> RuntimePaths:
-    model, data, out = spec.model.source, spec.dataset.source, spec.output
-    if out.pvc is not None:
-        output = workdir / out.pvc.claim_name / (out.pvc.path or name)
-    else:
-        output = workdir / f"{name}{STORAGE_CLAIM_SUFFIX}" / name
-    uses_hub = model.hub is not None or data.hub is not None
-    return RuntimePaths(
-        model=_join(workdir / model.pvc.claim_name, model.pvc.path) if model.pvc else model.hub.id if model.hub else "",
-        dataset=_join(workdir / data.pvc.claim_name, data.pvc.path) if data.pvc else data.hub.id if data.hub else "",
-        output=str(output),
-        cache=str(workdir / ".hf-cache") if uses_hub else None,
-    )
+    """The pod's paths with each claim at DIR/<claimName>/ instead of its mount."""
+
+    def mount(_role: str, claim: str) -> str:
+        return str(workdir / claim)
+
+    return RuntimePaths.model_validate(contract.trainer_paths(name, spec, mount, str(workdir / contract.HUB_CACHE_DIR)))
 
 
 def local_config(path: str, workdir: Path) -> TrainerConfig:

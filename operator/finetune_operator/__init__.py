@@ -1,5 +1,4 @@
-"""The FineTuneJob operator (kopf). Importing the package registers its handlers, which is
-what `kopf run -m finetune_operator` needs; `python -m finetune_operator` adds flags, JSON
-logs, metrics and the liveness endpoint."""
-
-from . import handlers as handlers
+"""The FineTuneJob operator (kopf). `python -m finetune_operator` runs it; importing the package
+(or its builders, status logic or API client) registers nothing and needs neither kopf nor a
+cluster: the kopf handlers are registered by `finetune_operator.handlers`, which `__main__`
+imports."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from . import handlers
+from . import handlers  # noqa: F401 (registers the kopf handlers)
 from .memory import limit_malloc_arenas
 from .settings import LOG_FORMATS, LOG_LEVELS, Settings, SettingsError, check, from_env
 
@@ -71,13 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for chatty in ("kopf.objects", "aiohttp.access"):
             logging.getLogger(chatty).setLevel(logging.WARNING)
     limit_malloc_arenas()
-    handlers.STATE.settings = settings
     liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
     kopf.run(
         clusterwide=settings.clusterwide,
         namespaces=settings.namespaces,
         liveness_endpoint=liveness,
         standalone=True,
+        memo=kopf.Memo(settings=settings),
     )
     return 0
 

@@ -16,9 +16,8 @@ from finetune_api.constants import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
+from finetune_api.contract import COMPONENT_TRAINER
 
-COMPONENT_TRAINER = "trainer"
-COMPONENT_OUTPUT = "output"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Kueue's WorkloadPriorityClass of the Job: orders its queue and decides preemption.
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
@@ -43,10 +42,6 @@ class Owner:
 
 def job_name(job: str) -> str:
     return job
-
-
-def output_pvc_name(job: str) -> str:
-    return f"{job}-output"
 
 
 def labels(job: str, component: str = COMPONENT_TRAINER) -> dict[str, str]:

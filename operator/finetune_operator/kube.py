@@ -4,18 +4,18 @@ Everything comes back as plain camelCase dicts (as on the wire), so the pure sta
 reads the same shapes in unit tests and in the cluster.
 """
 
-import datetime
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from finetune_api import contract
 from finetune_api.constants import GROUP, KIND, LABEL_JOB, PLURAL, VERSION
 
-from . import metrics
+from .metrics import Metrics
 
 logger = logging.getLogger(__name__)
 COMPONENT = "finetune-operator"
@@ -65,8 +65,9 @@ def _api_message(exc: ApiException) -> str:
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, metrics: Metrics | None = None) -> None:
         self.api = api
+        self.metrics = metrics or Metrics()
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
         self.rbac = client.RbacAuthorizationV1Api(api)
@@ -79,6 +80,7 @@ class Kube:
             ),
             "Role": (self.rbac.create_namespaced_role, self.rbac.read_namespaced_role),
             "RoleBinding": (self.rbac.create_namespaced_role_binding, self.rbac.read_namespaced_role_binding),
+            "Service": (self.core.create_namespaced_service, self.core.read_namespaced_service),
             "Job": (self.batch.create_namespaced_job, self.batch.read_namespaced_job),
         }
 
@@ -93,7 +95,7 @@ class Kube:
         try:
             return fn(*args, **kwargs)
         except ApiException as exc:
-            metrics.API_ERRORS.labels(verb=verb, kind=kind, code=str(exc.status)).inc()
+            self.metrics.api_errors.labels(verb=verb, kind=kind, code=str(exc.status)).inc()
             raise
 
     def create_or_get(self, body: Body) -> tuple[Body, bool]:
@@ -109,12 +111,12 @@ class Kube:
             return self._plain(create(namespace, body, _preload_content=False)), True
         except ApiException as exc:
             if exc.status != 409:
-                metrics.API_ERRORS.labels(verb="create", kind=kind, code=str(exc.status)).inc()
+                self.metrics.api_errors.labels(verb="create", kind=kind, code=str(exc.status)).inc()
                 if exc.status in (400, 422) or _webhook_denied(exc):
                     raise ChildRejected(kind, body["metadata"]["name"], _api_message(exc)) from exc
                 raise
         except (ValueError, TypeError) as exc:
-            metrics.API_ERRORS.labels(verb="create", kind=kind, code="client").inc()
+            self.metrics.api_errors.labels(verb="create", kind=kind, code="client").inc()
             raise ChildRejected(kind, body["metadata"]["name"], " ".join(str(exc).split())[:1000]) from exc
         found = self._call("get", kind, read, body["metadata"]["name"], namespace, _preload_content=False)
         return self._plain(found), False
@@ -157,29 +159,6 @@ class Kube:
                 return None
             raise
 
-    def finetunejob_pages(self, namespaces: tuple[str, ...], page: int = 100) -> Iterator[list[Body]]:
-        """Every FineTuneJob, a page at a time: a caller that lets each page go never holds
-        the whole list (at 500 jobs, megabytes of parsed objects)."""
-        for namespace in namespaces or (None,):
-            token: str | None = None
-            while True:
-                kwargs: dict[str, Any] = {"limit": page, "_preload_content": False}
-                if token:
-                    kwargs["_continue"] = token
-                if namespace is None:
-                    raw = self._call(
-                        "list", KIND, self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, **kwargs
-                    )
-                else:
-                    list_namespaced = self.custom.list_namespaced_custom_object
-                    raw = self._call("list", KIND, list_namespaced, GROUP, VERSION, namespace, PLURAL, **kwargs)
-                found = self._plain(raw)
-                # A list's items carry no kind; the cache and Events expect whole objects.
-                yield [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, **i} for i in found.get("items") or []]
-                token = (found.get("metadata") or {}).get("continue")
-                if not token:
-                    break
-
     def patch_status(self, namespace: str, name: str, patch: Body) -> Body:
         """Merge-patch the status subresource; the object as the API server now holds it."""
         result: Body = self._call(
@@ -197,7 +176,7 @@ class Kube:
 
     def post_event(self, owner: Body, type_: str, reason: str, message: str) -> None:
         meta = owner["metadata"]
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = contract.now()
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -222,7 +201,7 @@ class Kube:
         }
         try:
             self._call("create", "Event", self.core.create_namespaced_event, meta["namespace"], body)
-            metrics.EVENTS_POSTED.labels(reason=reason).inc()
+            self.metrics.events_posted.labels(reason=reason).inc()
         except ApiException as exc:
             # An Event is worth less than the reconcile that produced it.
             logger.warning(

@@ -14,6 +14,7 @@ from typing import Any
 
 from finetune_api.base import QUANTITY_PATTERN
 from finetune_api.constants import DEFAULT_IMAGE
+from finetune_api.contract import LABEL_KEY_PATTERN
 
 from . import images
 
@@ -48,9 +49,7 @@ ENV_CRASH_AFTER = "FINETUNE_TEST_CRASH_AFTER"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("json", "text")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
-_LABEL_KEY = re.compile(
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
+_LABEL_KEY = re.compile(LABEL_KEY_PATTERN)
 _QUANTITY = re.compile(QUANTITY_PATTERN)
 
 

@@ -10,6 +10,11 @@ Rules that users rely on:
 - The Failed reason is the trainer's own (from its termination message or exit code), or
   OOMKilled, DeadlineExceeded, BackoffLimitExceeded.
 - Scheduled=False carries the scheduler's message.
+- A job of several nodes (`nodes` > 1) is one gang: `status.nodes` counts its running pods; it is
+  Running only when every pod runs (until then each launcher waits at the rendezvous and no
+  trainer starts); a pod the scheduler cannot place is named with how many of the gang wait,
+  e.g. `Unschedulable: 1 of 2 pods pending: 0/5 nodes are available: ...`; `restarts` counts
+  gang attempts (failed pods over nodes, rounded up: one failed pod fails its peers' collectives).
 - A queued job (spec.placement.queueName) says what Kueue says, in Kueue's words: Queued with
   its reason and message while the Workload waits, Admitted, Preempted (by whom, when the
   preemptor is a job the operator knows) while the evicted pod stops, then Queued again.
@@ -17,11 +22,12 @@ Rules that users rely on:
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
+from finetune_api.contract import CONTAINER, TERMINAL_PHASES
 from finetune_api.reasons import parse_termination_message, reason_for_exit_code
+from finetune_api.status import Condition, ConditionType, Phase
 
-from .builders.job import CONTAINER
 from .workloads import Admission
 
 # The fields this module owns; a status patch never touches any other.
@@ -34,15 +40,16 @@ OWNED_FIELDS = (
     "completionTime",
     "output",
     "queue",
+    "nodes",
     "message",
 )
-TERMINAL = ("Succeeded", "Failed")
 # Reasons the operator itself gives for a job that never gets a Job (the trainer's own are
 # finetune_api.reasons.ExitReason): a spec the models or the API server refuse, and an image
 # outside the platform's allow-list (images.py).
 INVALID = "Invalid"
 IMAGE_NOT_ALLOWED = "ImageNotAllowed"
-CONDITION_ORDER = ("Validated", "Admitted", "Preempted", "Scheduled", "Running", "Complete", "Failed", "Suspended")
+# Conditions in the order the API lists their types.
+CONDITION_ORDER: tuple[str, ...] = get_args(ConditionType)
 # Before Kueue has made the job's Workload (or where Kueue does not run at all).
 NO_WORKLOAD = "NoWorkload"
 NO_WORKLOAD_MESSAGE = "waiting for Kueue to make the job's Workload (is Kueue managing batch/v1 Jobs?)"
@@ -67,6 +74,8 @@ class Observation:
     admission: Admission | None = None
     # The preempting FineTuneJob (namespace/name), when the preemptor's Job is one of ours.
     preemptor: str | None = None
+    # spec.resources.nodes: the pods of one attempt (an Indexed Job when more than one).
+    nodes: int = 1
 
 
 @dataclass(frozen=True)
@@ -171,19 +180,21 @@ def _failure(job: Mapping[str, Any], cond: Mapping[str, Any], pods: Sequence[Map
 # --- conditions ----------------------------------------------------------------------------
 
 
-def _condition(kind: str, ok: bool | None, reason: str, message: str, obs: Observation) -> dict[str, Any]:
-    status = "Unknown" if ok is None else "True" if ok else "False"
+def _condition(kind: ConditionType, ok: bool | None, reason: str, message: str, obs: Observation) -> dict[str, Any]:
+    """One of the API's Conditions, as on the wire (built unvalidated: the CRD bounds it)."""
+    status: Literal["True", "False", "Unknown"] = "Unknown" if ok is None else "True" if ok else "False"
     previous = next((c for c in obs.current.get("conditions") or [] if c.get("type") == kind), None)
     # lastTransitionTime moves only when the status flips.
     since = previous.get("lastTransitionTime") if previous and previous.get("status") == status else obs.now
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since,
-        "observedGeneration": obs.generation,
-    }
+    condition = Condition.model_construct(
+        type=kind,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=since,
+        observed_generation=obs.generation,
+    )
+    return condition.model_dump(by_alias=True)
 
 
 def _scheduling(pods: Sequence[Mapping[str, Any]]) -> tuple[bool, str, str] | None:
@@ -198,6 +209,36 @@ def _scheduling(pods: Sequence[Mapping[str, Any]]) -> tuple[bool, str, str] | No
     if cond and cond.get("status") == "False":
         return False, str(cond.get("reason") or "Unschedulable"), str(cond.get("message") or "")
     return None
+
+
+def _live(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Pods of the current attempt: Pending or Running, their trainer not ended."""
+    return [
+        p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running") and _terminated(p) is None
+    ]
+
+
+def _gang_scheduling(pods: Sequence[Mapping[str, Any]], nodes: int) -> tuple[bool, str, str] | None:
+    """A gang is scheduled when every pod of the attempt is; else the first refusal, with a count."""
+    live = _live(pods)
+    if not live:
+        return None
+    waiting = [p for p in live if (_pod_condition(p, "PodScheduled") or {}).get("status") == "False"]
+    if waiting:
+        cond = _pod_condition(min(waiting, key=_created), "PodScheduled") or {}
+        reason = str(cond.get("reason") or "Unschedulable")
+        said = str(cond.get("message") or "no node fits the pod")
+        return False, reason, f"{len(waiting)} of {nodes} pods pending: {said}"
+    placed = [p for p in live if (p.get("spec") or {}).get("nodeName")]
+    if len(placed) < nodes:
+        return None
+    where = ", ".join(sorted(str(p["spec"]["nodeName"]) for p in placed))
+    return True, "Scheduled", f"{len(placed)} of {nodes} pods are on nodes {where}"
+
+
+def gang_running(pods: Sequence[Mapping[str, Any]]) -> int:
+    """Pods of the current attempt whose container runs (the launcher; the trainer once all do)."""
+    return sum(1 for p in _live(pods) if (p.get("status") or {}).get("phase") == "Running")
 
 
 def _active(pods: Sequence[Mapping[str, Any]]) -> bool:
@@ -270,7 +311,7 @@ def compute(obs: Observation) -> Outcome:
     job = obs.job
     if job is None:
         # Terminal jobs keep their verdict after the Job is gone (ttlSecondsAfterFinished).
-        if current.get("phase") in TERMINAL:
+        if current.get("phase") in TERMINAL_PHASES:
             kept = {k: v for k, v in owned_part(current).items() if k != "conditions"}
             return _finish(obs, {**kept, **status}, conds)
         status["phase"] = "Pending"
@@ -284,13 +325,26 @@ def compute(obs: Observation) -> Outcome:
     complete = _job_condition(job, "Complete")
     failed = _job_condition(job, "Failed") or _job_condition(job, "FailureTarget")
     suspended = bool((job.get("spec") or {}).get("suspend"))
-    schedule = _scheduling(obs.pods)
+    gang = obs.nodes > 1
+    schedule = _gang_scheduling(obs.pods, obs.nodes) if gang else _scheduling(obs.pods)
     running = any((p.get("status") or {}).get("phase") == "Running" for p in obs.pods if _terminated(p) is None)
+    gathering: str | None = None  # a gang not whole yet: its launchers wait, no trainer runs
+    if gang:
+        ready = gang_running(obs.pods)
+        status["nodes"] = {"ready": ready, "total": obs.nodes}
+        if running and ready < obs.nodes:
+            running = False
+            gathering = (
+                f"{ready} of {obs.nodes} pods running: their launchers wait at the rendezvous "
+                "and no trainer starts until every pod of the gang runs"
+            )
     # The trainer exited 0 and the Job controller has not marked the Job Complete yet (seconds,
     # more under load): still Running, not back to Pending and forward again.
     finishing = any((p.get("status") or {}).get("phase") == "Succeeded" for p in obs.pods)
     # A restart is a failed attempt that was followed by another one; the failure that ends
     # a Failed job is not a restart.
+    if gang:
+        failures = -(-failures // obs.nodes)  # one gang attempt fails a pod per node, or fewer
     restarts = max(failures - 1, 0) if failed is not None else failures
     status["restarts"] = restarts
 
@@ -302,8 +356,9 @@ def compute(obs: Observation) -> Outcome:
         ok, reason, text = schedule
         conds["Scheduled"] = _condition("Scheduled", ok, reason, text, obs)
         if not ok:
-            message = text
+            message = f"{reason}: {text}" if gang else text
 
+    phase: Phase
     if complete is not None:
         phase = "Succeeded"
         status["completionTime"] = job_status.get("completionTime") or complete.get("lastTransitionTime") or obs.now
@@ -344,6 +399,8 @@ def compute(obs: Observation) -> Outcome:
         elif finishing:
             text = "the trainer finished; the Job is completing"
             conds["Running"] = _condition("Running", True, "TrainerFinished", text, obs)
+        elif gathering is not None and message is None:
+            conds["Running"] = _condition("Running", False, "WaitingForNodes", gathering, obs)
         else:
             waiting = "waiting to retry" if restarts else "waiting for the trainer pod"
             conds["Running"] = _condition("Running", False, "Pending", message or waiting, obs)
@@ -364,7 +421,7 @@ def transitions(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Tra
     out: list[Transition] = []
     old_restarts = int(before.get("restarts") or 0)
     new_restarts = int(after.get("restarts") or 0)
-    if new_restarts > old_restarts and after.get("phase") not in TERMINAL:
+    if new_restarts > old_restarts and after.get("phase") not in TERMINAL_PHASES:
         out.append(
             Transition(
                 "Warning", "Restarted", f"attempt {new_restarts} failed; the next one resumes from the last checkpoint"

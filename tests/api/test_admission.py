@@ -15,8 +15,8 @@ from kubernetes.client.rest import ApiException
 
 from finetune_api.constants import GROUP, PLURAL, VERSION
 from finetune_api.generate import ROOT
-from tests.api.test_validate import TINY, WRONG_SPECS, _with
 from tests.fixtures.cluster import Cluster
+from tests.support.api_cases import TINY, WRONG_SPECS, tiny_with
 
 pytestmark = pytest.mark.cluster
 
@@ -31,6 +31,7 @@ ADMISSION_FIELD = {
     "epochs and maxSteps": "set either epochs or maxSteps",
     "no output": "spec.output: Required value",
     "deviceMap with processes": "spec.resources.processes",
+    "deviceMap on two nodes": "spec.resources.nodes: Invalid value",
     "priority without a queue": "workloadPriorityClassName needs queueName",
 }
 
@@ -68,7 +69,7 @@ def test_admission_rejects_each_wrong_spec(
     expected: str,
 ) -> None:
     with pytest.raises(ApiException) as failure:
-        _create(custom, namespace, _with(change))
+        _create(custom, namespace, tiny_with(change))
     message = json.loads(failure.value.body)["message"]
     field = ADMISSION_FIELD.get(case, expected.split(":", maxsplit=1)[0])
     assert field in message, message
@@ -89,6 +90,7 @@ def test_defaults_are_applied_by_the_server(
     }
     assert spec["quantization"] == {"type": "nf4", "doubleQuant": True}
     assert spec["training"]["optimizer"] == "paged_adamw_8bit"
+    assert spec["resources"]["nodes"] == 1
 
 
 def test_spec_is_immutable_but_suspend_is_not(

@@ -7,6 +7,7 @@ import yaml
 
 from finetune_api import crd
 from finetune_api.generate import TARGETS, stale_targets
+from finetune_api.spec import DEVICE_MAP_ONE_NODE
 
 
 def test_committed_crds_match_the_models() -> None:
@@ -66,6 +67,10 @@ def test_defaults_enums_and_rules_are_carried() -> None:
         "x-kubernetes-validations"
     ]
     assert "x-kubernetes-validations" not in spec["properties"]["suspend"]
+    nodes = spec["properties"]["resources"]["properties"]["nodes"]
+    assert (nodes["default"], nodes["minimum"], nodes["maximum"]) == (1, 1, 64)
+    node_rules = [r for r in spec["x-kubernetes-validations"] if r.get("fieldPath") == ".resources.nodes"]
+    assert [r["message"] for r in node_rules] == [DEVICE_MAP_ONE_NODE]
 
 
 def test_crd_names_and_columns() -> None:

@@ -1,6 +1,5 @@
 """`ftjob validate`: valid examples pass; each wrong spec fails naming the field."""
 
-import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -11,10 +10,10 @@ import yaml
 
 from finetune_api import parse_file
 from finetune_cli.main import main
+from tests.support.api_cases import TINY, WRONG_SPECS, tiny_with
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-TINY = yaml.safe_load((ROOT / "examples" / "tiny-job.yaml").read_text())
 
 
 def _write(tmp_path: Path, body: Any, name: str = "job.yaml") -> Path:
@@ -23,86 +22,17 @@ def _write(tmp_path: Path, body: Any, name: str = "job.yaml") -> Path:
     return path
 
 
-def _with(change: dict[str, Any]) -> dict[str, Any]:
-    """The tiny example with `change` merged into its spec (None deletes a key)."""
-    body = copy.deepcopy(TINY)
-
-    def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
-        for key, value in patch.items():
-            if value is None:
-                target.pop(key, None)
-            elif isinstance(value, dict) and isinstance(target.get(key), dict):
-                merge(target[key], value)
-            else:
-                target[key] = value
-
-    merge(body["spec"], change)
-    return body
-
-
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_valid(example: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(example)]) == 0
     assert capsys.readouterr().out.strip() == f"{example}: valid"
 
 
-WRONG_SPECS = [
-    ("zero rank", {"lora": {"r": 0}}, "spec.lora.r:"),
-    ("rank too big", {"lora": {"r": 257}}, "spec.lora.r:"),
-    ("negative learning rate", {"training": {"learningRate": -1e-4}}, "spec.training.learningRate:"),
-    ("zero learning rate", {"training": {"learningRate": 0}}, "spec.training.learningRate:"),
-    ("negative gpus", {"resources": {"gpus": -1}}, "spec.resources.gpus:"),
-    ("zero batch", {"training": {"batchSize": 0}}, "spec.training.batchSize:"),
-    ("dropout over one", {"lora": {"dropout": 1.5}}, "spec.lora.dropout:"),
-    (
-        "both model sources",
-        {"model": {"source": {"hub": {"id": "meta-llama/Llama-3.3-70B-Instruct"}}}},
-        "spec.model.source: exactly one of pvc or hub",
-    ),
-    ("no model source", {"model": {"source": {"pvc": None}}}, "spec.model.source: exactly one of pvc or hub"),
-    (
-        "bf16 on P40",
-        {"precision": "bf16", "resources": {"gpus": 4, "gpuProduct": "Tesla-P40"}},
-        "precision bf16 is not supported on Tesla-P40",
-    ),
-    (
-        "fp16 on P100",
-        {"precision": "fp16", "resources": {"gpus": 1, "gpuProduct": "Tesla-P100-PCIE-16GB"}},
-        "precision fp16 is not supported",
-    ),
-    ("unknown field", {"lora": {"rank": 16}}, "spec.lora.rank: unknown field (did you mean 'r'?)"),
-    ("empty targetModules", {"lora": {"targetModules": []}}, "spec.lora.targetModules:"),
-    ("keep below two", {"checkpoints": {"keep": 1}}, "spec.checkpoints.keep:"),
-    ("bad format", {"dataset": {"format": "csv"}}, "spec.dataset.format:"),
-    ("bad quantization", {"quantization": {"type": "int3"}}, "spec.quantization.type:"),
-    ("epochs and maxSteps", {"training": {"epochs": 1}}, "set either epochs or maxSteps"),
-    ("no output", {"output": None}, "spec.output: required field is missing"),
-    ("unknown parallelism", {"training": {"parallelism": "pipeline"}}, "spec.training.parallelism:"),
-    ("zero processes", {"resources": {"processes": 0}}, "spec.resources.processes:"),
-    ("too many processes", {"resources": {"processes": 65}}, "spec.resources.processes:"),
-    (
-        "processes on GPUs",
-        {"resources": {"gpus": 2, "processes": 2}},
-        "spec.resources.processes: processes is for CPU pods (gpus: 0)",
-    ),
-    (
-        "deviceMap with processes",
-        {"training": {"parallelism": "deviceMap"}, "resources": {"processes": 2}},
-        "resources.processes must be 1 with training.parallelism deviceMap",
-    ),
-    (
-        "priority without a queue",
-        {"placement": {"workloadPriorityClassName": "high"}},
-        "workloadPriorityClassName needs queueName",
-    ),
-]
-
-
 @pytest.mark.parametrize(("case", "change", "expected"), WRONG_SPECS, ids=[c[0] for c in WRONG_SPECS])
 def test_wrong_specs_name_the_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, change: dict[str, Any], expected: str
 ) -> None:
-    path = _write(tmp_path, _with(change))
+    path = _write(tmp_path, tiny_with(change))
     assert main(["validate", str(path)]) == 1
     out = capsys.readouterr().out
     assert f"{path}: " in out
@@ -117,28 +47,43 @@ def test_wrong_specs_name_the_field(
         {"resources": {"processes": 1}, "training": {"parallelism": "deviceMap"}},
         {"resources": {"gpus": 4, "processes": 1}},
         {"resources": {"gpus": 2}, "training": {"parallelism": "deviceMap"}},
+        {"resources": {"gpus": 2, "nodes": 1}, "training": {"parallelism": "deviceMap"}},
+        {"resources": {"gpus": 4, "nodes": 2}, "training": {"parallelism": "fsdp"}},
+        {"resources": {"gpus": 0, "nodes": 2, "processes": 2}},
+        {"resources": {"nodes": 64}},
     ],
-    ids=["cpu fsdp", "cpu dataParallel", "cpu deviceMap one process", "gpus one process", "gpus deviceMap"],
+    ids=[
+        "cpu fsdp",
+        "cpu dataParallel",
+        "cpu deviceMap one process",
+        "gpus one process",
+        "gpus deviceMap",
+        "deviceMap on one node",
+        "fsdp on two nodes",
+        "cpu processes on two nodes",
+        "most nodes",
+    ],
 )
 def test_parallelism_and_processes_that_make_sense(tmp_path: Path, change: dict[str, Any]) -> None:
-    assert main(["validate", str(_write(tmp_path, _with(change)))]) == 0
+    assert main(["validate", str(_write(tmp_path, tiny_with(change)))]) == 0
 
 
 def test_parallelism_defaults_to_auto_and_processes_to_unset() -> None:
     job = parse_file(ROOT / "examples" / "tiny-job.yaml")[0].job
     assert job is not None
     assert job.spec.training.parallelism == "auto" and job.spec.resources.processes is None
+    assert job.spec.resources.nodes == 1
 
 
 def test_bf16_on_a_newer_gpu_is_fine(tmp_path: Path) -> None:
     path = _write(
-        tmp_path, _with({"precision": "bf16", "resources": {"gpus": 1, "gpuProduct": "NVIDIA-A100-SXM4-80GB"}})
+        tmp_path, tiny_with({"precision": "bf16", "resources": {"gpus": 1, "gpuProduct": "NVIDIA-A100-SXM4-80GB"}})
     )
     assert main(["validate", str(path)]) == 0
 
 
 def test_every_problem_is_reported_not_just_the_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _write(tmp_path, _with({"lora": {"r": 0, "alpha": -1}, "checkpoints": {"keep": 0}}))
+    path = _write(tmp_path, tiny_with({"lora": {"r": 0, "alpha": -1}, "checkpoints": {"keep": 0}}))
     assert main(["validate", str(path)]) == 1
     out = capsys.readouterr().out
     for field in ("spec.lora.r", "spec.lora.alpha", "spec.checkpoints.keep"):
@@ -147,7 +92,7 @@ def test_every_problem_is_reported_not_just_the_first(tmp_path: Path, capsys: py
 
 def test_mixed_files_report_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = _write(tmp_path, TINY, "good.yaml")
-    bad = _write(tmp_path, _with({"lora": {"r": 0}}), "bad.yaml")
+    bad = _write(tmp_path, tiny_with({"lora": {"r": 0}}), "bad.yaml")
     assert main(["validate", str(good), str(bad)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert f"{good}: valid" in out

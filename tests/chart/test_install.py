@@ -19,9 +19,8 @@ import pytest
 import yaml
 
 from tests.fixtures.cluster import Cluster
-from tests.operator.harness import free_ports
-
-from .helm import ALL_ON_VALUES, CHART, REPO, helm, render
+from tests.support.harness import free_ports
+from tests.support.helm import ALL_ON_VALUES, CHART, REPO, helm, render
 
 pytestmark = pytest.mark.cluster
 

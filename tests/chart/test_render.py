@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from finetune_api.constants import DEFAULT_IMAGE, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
-
-from .helm import ALL_ON_VALUES, CHART, by_kind, env_of, helm, one, operator_rules, render, template_args
+from tests.support.helm import ALL_ON_VALUES, CHART, by_kind, env_of, helm, one, operator_rules, render, template_args
 
 DEFAULT_KINDS = {
     "ServiceAccount",
@@ -55,8 +54,10 @@ def test_all_on_renders_every_optional_part() -> None:
         ("finetune-system", "ft-finetune-operator-operator"),
         ("team-a", "ft-finetune-operator-trainer"),
         ("team-a", "ft-finetune-operator-trainer-hub"),
+        ("team-a", "ft-finetune-operator-trainer-multinode"),
         ("team-b", "ft-finetune-operator-trainer"),
         ("team-b", "ft-finetune-operator-trainer-hub"),
+        ("team-b", "ft-finetune-operator-trainer-multinode"),
     ]
     one(objects, "ServiceMonitor")
     deployment = one(objects, "Deployment")
@@ -276,6 +277,57 @@ def test_hub_jobs_alone_get_https_egress_and_never_to_private_ranges() -> None:
         assert hub_labels.get(key) == value, f"the Hub policy selects {key}={value}, the pod has {hub_labels.get(key)}"
 
 
+def test_multinode_policy_is_off_by_default() -> None:
+    assert not [o for o in render() if o["metadata"]["name"].endswith("-multinode")]
+    off_with_trainer_policy = render(
+        sets=["trainer.networkPolicy.enabled=false", "trainer.networkPolicy.multiNode.enabled=true"]
+    )
+    assert not [o for o in off_with_trainer_policy if o["metadata"]["name"].endswith("-multinode")]
+
+
+def test_multinode_policy_lets_a_jobs_pods_reach_each_other_on_its_ports_and_nothing_else_new() -> None:
+    from finetune_api import multinode
+    from finetune_api.spec import FineTuneJobSpec
+    from finetune_operator.builders import job as job_builder
+    from finetune_operator.builders.multinode import indexed_job, service
+    from finetune_operator.children import Owner
+    from finetune_operator.settings import Settings
+
+    objects = render(sets=["trainer.networkPolicy.multiNode.enabled=true"])
+    policy = _named(objects, "NetworkPolicy", "-trainer-multinode")["spec"]
+    owner = Owner(name="j", namespace="team-a", uid="u")
+    base = {
+        "model": {"source": {"pvc": {"claimName": "models", "path": "m"}}},
+        "dataset": {"source": {"pvc": {"claimName": "data", "path": "d.jsonl"}}, "format": "alpaca"},
+        "output": {"pvc": {"claimName": "out"}},
+    }
+    two = FineTuneJobSpec.model_validate({**base, "resources": {"gpus": 4, "nodes": 2}})
+    one = FineTuneJobSpec.model_validate(base)
+    two_labels = indexed_job(owner, two, Settings())["spec"]["template"]["metadata"]["labels"]
+    one_labels = job_builder.job(owner, one, Settings())["spec"]["template"]["metadata"]["labels"]
+    selected = policy["podSelector"]["matchLabels"]
+    # The pods of a multi-node job, and not those of a job of one pod.
+    assert selected.items() <= two_labels.items()
+    assert not selected.items() <= one_labels.items()
+    assert selected[multinode.MULTINODE_LABEL] == "true"
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    expected_ports = [
+        {"protocol": "TCP", "port": multinode.RDZV_PORT},
+        {"protocol": "TCP", "port": multinode.COLLECTIVE_PORTS[0], "endPort": multinode.COLLECTIVE_PORTS[1]},
+    ]
+    (ingress,) = policy["ingress"]
+    (egress,) = policy["egress"]
+    # From and to those pods only, on the rendezvous and collective ports only.
+    assert ingress["from"] == egress["to"] == [{"podSelector": {"matchLabels": selected}}]
+    assert ingress["ports"] == egress["ports"] == expected_ports
+    # The Service names the rendezvous port the policy opens.
+    assert [p["port"] for p in service(owner, two)["spec"]["ports"]] == [multinode.RDZV_PORT]
+    # The other policies are what they were without it.
+    without = render()
+    for suffix in ("-trainer", "-trainer-hub", "-operator"):
+        assert _named(objects, "NetworkPolicy", suffix) == _named(without, "NetworkPolicy", suffix)
+
+
 def test_operator_pod_admits_only_its_ports_from_the_named_namespaces() -> None:
     objects = render(sets=["networkPolicy.ingressNamespaces={monitoring}"])
     deployment = one(objects, "Deployment")
@@ -390,7 +442,7 @@ def test_template_is_deterministic() -> None:
 
 
 def test_trainer_status_policy_is_the_files_rule_named_after_the_release() -> None:
-    from tests.operator.harness import trainer_status_policy
+    from tests.support.harness import trainer_status_policy
 
     objects = render()
     policy = _named(objects, "ValidatingAdmissionPolicy", "-trainer-status")
@@ -408,7 +460,7 @@ def test_trainer_status_policy_is_the_files_rule_named_after_the_release() -> No
 def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) -> None:
     """The chart's fence equals the file's policies (what the tests apply) with this release's
     operator user and allow-list filled in, each policy with its Deny binding."""
-    from tests.operator.harness import operator_fence_policies
+    from tests.support.harness import operator_fence_policies
 
     objects = render(values)
     chart_values = yaml.safe_load((CHART / "values.yaml").read_text())

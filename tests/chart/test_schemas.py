@@ -21,11 +21,10 @@ import yaml
 from finetune_api.spec import FineTuneJobSpec
 from finetune_operator.builders import rbac
 from finetune_operator.children import Owner
-from finetune_operator.reconcile import desired_children
+from finetune_operator.decide import desired_children
 from finetune_operator.settings import Settings
 from hack.cluster.binaries import K8S_VERSION
-
-from .helm import ALL_ON_VALUES, CHART, REPO, render
+from tests.support.helm import ALL_ON_VALUES, CHART, REPO, render
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 # Kinds of other projects' CRDs: no Kubernetes schema describes them (Kueue's objects are checked

@@ -10,8 +10,7 @@ import yaml
 from finetune_api import parse_file
 from finetune_trainer.planning import GIB, choose, lookup
 from tests.planning.models import LLAMA_3_8B, LLAMA_33_70B
-
-from .cli import REPO, assert_one_line_error, ftjob
+from tests.support.cli import REPO, assert_one_line_error, ftjob
 
 EXAMPLE_70B = str(REPO / "examples" / "llama-3.3-70b-4xp40.yaml")
 EXAMPLE_TINY = str(REPO / "examples" / "tiny-job.yaml")

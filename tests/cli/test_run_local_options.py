@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from finetune_cli.main import main
-
-from .cli import REPO, assert_one_line_error, ftjob
+from tests.support.cli import REPO, assert_one_line_error, ftjob
 
 TINY = str(REPO / "examples" / "tiny-job.yaml")
 

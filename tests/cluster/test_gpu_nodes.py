@@ -7,39 +7,9 @@ from kubernetes import client
 
 from hack.cluster.nodes import GPU_RESOURCE
 from tests.fixtures.cluster import pod_of_job, pods_of_job, wait_for, wait_job_condition, wait_pod_phase
+from tests.support.specs import gpu_job
 
 pytestmark = pytest.mark.cluster
-
-GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-
-
-def gpu_job(
-    name: str, gpus: int, product: str = "Tesla-P40", annotations: dict[str, str] | None = None
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": annotations or {}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "nodeSelector": {"nvidia.com/gpu.product": product},
-                    "tolerations": [GPU_TOLERATION],
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": "trainer:test",
-                            "command": ["python", "-m", "finetune_trainer"],
-                            "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
 
 
 def test_nodes_look_like_gfd_labelled_gpu_pools(core: client.CoreV1Api) -> None:

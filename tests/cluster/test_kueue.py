@@ -10,8 +10,7 @@ from kubernetes import client
 
 from hack.cluster import kueue as local_kueue
 from tests.fixtures.cluster import wait_for
-
-from .test_gpu_nodes import gpu_job
+from tests.support.specs import gpu_job
 
 pytestmark = pytest.mark.cluster
 

@@ -1,5 +1,7 @@
 """Pods on `local-0` really run: as local processes with the pod's volumes, env and ServiceAccount."""
 
+import ipaddress
+import json
 import textwrap
 import time
 from typing import Any
@@ -300,3 +302,88 @@ def test_a_pod_without_command_fails_with_a_clear_message(core: client.CoreV1Api
     terminated = pod.status.container_statuses[0].state.terminated
     assert terminated.reason == "StartError"
     assert "must set `command`" in terminated.message
+
+
+# Runs in both pods of an Indexed Job: pod 0 listens, pod 1 finds it by name and says who it is.
+PAIR = textwrap.dedent(
+    """
+    import json, os, socket, time
+    port, index = int(os.environ["PORT"]), int(os.environ["JOB_COMPLETION_INDEX"])
+    me = socket.gethostbyname(os.environ["HOSTNAME"] + ".pair")
+    if index == 0:
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("0.0.0.0", port))
+        server.listen(1)
+        server.settimeout(90)
+        said = server.accept()[0].recv(200).decode()
+    else:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                peer = socket.create_connection(("pair-0.pair", port), timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        peer.sendall(f"{os.environ['HOSTNAME']} {me}".encode())
+        said = ""
+    result = {"me": me, "podIP": os.environ["POD_IP"], "said": said}
+    open("/dev/termination-log", "w").write(json.dumps(result))
+    """
+)
+
+
+def test_pods_of_two_nodes_have_their_own_addresses_and_find_each_other_by_name(
+    core: client.CoreV1Api, batch: client.BatchV1Api, namespace: str
+) -> None:
+    core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": "pair"},
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {"app": "pair"},
+                "ports": [{"name": "talk", "port": 29555}],
+            },
+        },
+    )
+    job = cpu_job(
+        "pair",
+        ["python", "-c", PAIR],
+        subdomain="pair",
+        tolerations=[{"key": "finetune.dev/local-node", "operator": "Exists", "effect": "NoSchedule"}],
+        affinity={
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"app": "pair"}}, "topologyKey": "kubernetes.io/hostname"}
+                ]
+            }
+        },
+        nodeSelector={"finetune.dev/node-agent": "true"},
+        container={
+            "env": [
+                {"name": "PORT", "value": "29555"},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            ]
+        },
+    )
+    job["spec"].update(completionMode="Indexed", completions=2, parallelism=2)
+    job["spec"]["template"]["metadata"] = {"labels": {"app": "pair"}}
+    batch.create_namespaced_job(namespace, job)
+    wait_job_condition(batch, namespace, "pair", "Complete", timeout=120)
+    pods = sorted(
+        core.list_namespaced_pod(namespace, label_selector="job-name=pair").items,
+        key=lambda p: p.metadata.annotations["batch.kubernetes.io/job-completion-index"],
+    )
+    assert {p.spec.node_name for p in pods} == {"local-0", "local-1"}
+    results = [json.loads(p.status.container_statuses[0].state.terminated.message) for p in pods]
+    addresses = [p.status.pod_ip for p in pods]
+    assert len(set(addresses)) == 2
+    assert all(ipaddress.ip_address(a) in ipaddress.ip_network("127.0.0.0/8") for a in addresses)
+    # Each resolves its own name to its own address, and that address is what status.podIP says.
+    assert [r["me"] for r in results] == [r["podIP"] for r in results] == addresses
+    # Pod 0 heard from pod 1, which found it as pair-0.pair.
+    assert results[0]["said"] == f"pair-1 {addresses[1]}"

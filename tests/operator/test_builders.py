@@ -1,19 +1,21 @@
 """The pure builders: what each child looks like for a given spec and operator settings."""
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 from finetune_api.constants import GROUP, LABEL_JOB, PLURAL
 from finetune_api.reasons import NON_RETRYABLE, ExitReason
 from finetune_api.trainer_config import TrainerConfig
 from finetune_operator.builders import config, job, pvc, rbac
 from finetune_operator.children import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL
-from finetune_operator.reconcile import desired_children, job_patch, output_status
+from finetune_operator.decide import desired_children, job_patch, output_status
 from finetune_operator.settings import Settings
 from finetune_trainer.planning import grace
-
-from .specs import OWNER, spec
-
-SETTINGS = Settings(trainer_image="registry.example/trainer:1", default_cpu="2", default_memory="8Gi")
+from tests.support.harness import REPO
+from tests.support.specs import OWNER, SETTINGS, spec
 
 
 def pod_spec(s=None, settings=SETTINGS):
@@ -254,9 +256,25 @@ def test_job_patch_follows_suspend_and_leaves_queued_jobs_to_kueue():
     assert job_patch(live, spec(activeDeadlineSeconds=30)) == {"activeDeadlineSeconds": 30}
 
 
+BUILD = (
+    "import json; from finetune_operator.decide import desired_children; "
+    "from finetune_operator.settings import Settings; from tests.support.specs import OWNER, spec; "
+    "print(json.dumps(desired_children(OWNER, spec(), Settings())))"
+)
+
+
 def test_builders_are_deterministic():
-    first = json.dumps(desired_children(OWNER, spec(), SETTINGS), sort_keys=True)
-    assert first == json.dumps(desired_children(OWNER, spec(), SETTINGS), sort_keys=True)
+    """Two interpreters, a second apart, with other hash seeds (so other set and str-hash orders),
+    build the same children, key order included: a timestamp, a random name or an order taken
+    from a set would show."""
+    outputs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        command = [sys.executable, "-c", BUILD]
+        outputs.append(subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout)
+        time.sleep(1.0)
+    assert outputs[0] == outputs[1]
+    assert json.loads(outputs[0]) == desired_children(OWNER, spec(), Settings())
 
 
 def test_tmp_is_capped_and_the_pod_asks_for_the_disk_it_may_use():

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from finetune_operator.cache import WatchCache
+from finetune_operator.runtime.cache import WatchCache
 
 
 def obj(name: str, version: str, uid: str = "u1", annotations: dict[str, str] | None = None, **extra: Any) -> dict:
@@ -86,3 +86,11 @@ def test_a_fresh_list_forgets_what_was_deleted_while_the_watch_was_away_but_not_
     assert sorted(touched) == [("ns", "solo"), ("ns", "train")]
     assert [p["metadata"]["name"] for p in cache.pods("ns", "train")] == ["train-aaaaa"]
     assert cache.pods("ns", "solo") == [] and cache.sizes()["pods"] == 1
+
+
+def test_versions_that_are_not_plain_decimals_are_not_ordered() -> None:
+    cache = WatchCache()
+    cache.put_job(obj("a", "12", status={"active": 1}))
+    cache.put_job(obj("a", "011", status={"succeeded": 1}))  # a leading zero: not an etcd revision
+    held = cache.job("ns", "a")
+    assert held is not None and held["status"] == {"succeeded": 1}

@@ -20,12 +20,10 @@ from kubernetes.client.rest import ApiException
 from finetune_cli.jobs import describe
 from hack.cluster import binaries
 from tests.fixtures.kueue import KueueObjects
-
-from ..chart.helm import render
-from .harness import REPO, Jobs, OperatorProcess, wait_for
-from .specs import body
-from .test_e2e_placement import gpu_spec
-from .test_e2e_training import (
+from tests.support.harness import REPO, Jobs, OperatorProcess, wait_for
+from tests.support.helm import render
+from tests.support.specs import body, gpu_spec
+from tests.support.training import (
     ADAPTER_TOLERANCE,
     CHECKPOINTS,
     RUN_TIMEOUT,

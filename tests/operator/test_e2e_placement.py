@@ -10,24 +10,12 @@ from kubernetes.client.exceptions import ApiException
 
 from finetune_api.constants import GROUP, LABEL_JOB, PLURAL, VERSION
 from finetune_operator.crash_hook import CRASH_EXIT_CODE
-
-from .harness import Jobs, OperatorProcess, trainer_identity_of, wait_for
-from .specs import body
+from tests.support.harness import Jobs, OperatorProcess, trainer_identity_of, wait_for
+from tests.support.specs import gpu_spec
 
 pytestmark = pytest.mark.cluster
 
 HUB_TOKEN = "hf_NeverShowThisValue0123456789"
-
-
-def gpu_spec(gpus: int = 4, product: str = "Tesla-P40", **extra: object) -> dict:
-    """A job KWOK runs: Hub sources (nothing to mount) and an output claim the operator makes."""
-    return body(
-        model={"source": {"hub": {"id": "org/tiny"}}},
-        dataset={"source": {"hub": {"id": "org/data"}}, "format": "alpaca"},
-        output={"pvc": None, "storage": {"size": "1Gi"}},
-        resources={"gpus": gpus, "gpuProduct": product, "cpu": "2", "memory": "8Gi"},
-        **extra,
-    )
 
 
 def the_pod(jobs: Jobs, name: str) -> dict:

@@ -8,65 +8,32 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.cli import ftjob
-
-from .harness import Jobs, OperatorProcess, wait_for
-from .specs import body
+from tests.support.cli import ftjob
+from tests.support.harness import Jobs, OperatorProcess, wait_for
+from tests.support.processes import trainer_pid, worker_pid
+from tests.support.specs import body
+from tests.support.training import (
+    ADAPTER_TOLERANCE,
+    CHECKPOINTS,
+    RUN_TIMEOUT,
+    adapter_tensors,
+    host_path,
+    max_difference,
+    running_pod,
+    summary,
+    trainer_event,
+    watch_until_done,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 
 # Small enough for 2 busy cores, long enough to see progress move and to act between checkpoints
 # (a tiny step takes about 0.1 s on the CPU, so the first checkpoint comes a second or more in).
 TRAINING = {"maxSteps": 32, "batchSize": 2, "gradientAccumulation": 1, "maxLength": 64, "learningRate": 3e-3}
-CHECKPOINTS = {"everySteps": 8, "keep": 2}
-RUN_TIMEOUT = 420
 
 
 def cpu_spec(**extra: object) -> dict:
     return body(training=TRAINING, checkpoints=CHECKPOINTS, **extra)
-
-
-def host_path(folders: dict[str, Path], pod_path: str) -> Path:
-    """Where a path inside the pod's /mnt/output lies in the outputs PVC folder."""
-    relative = Path(pod_path).relative_to("/mnt/output")
-    return folders["outputs"] / relative
-
-
-def watch_until_done(jobs: Jobs, name: str, timeout: float = RUN_TIMEOUT) -> tuple[list[str], list[int], dict]:
-    """Phases and progress steps seen, in order, until the job is Succeeded or Failed."""
-    phases: list[str] = []
-    steps: list[int] = []
-
-    def done() -> dict | None:
-        status = jobs.status(name)
-        phase = status.get("phase")
-        if phase and (not phases or phases[-1] != phase):
-            phases.append(phase)
-        step = (status.get("progress") or {}).get("step")
-        if step is not None and (not steps or steps[-1] != step):
-            steps.append(step)
-        return status if phase in ("Succeeded", "Failed") else None
-
-    final = wait_for(done, timeout, f"{name} to finish", interval=0.5)
-    return phases, steps, final
-
-
-def summary(folders: dict[str, Path], name: str) -> dict:
-    return json.loads((folders["outputs"] / name / "summary.json").read_text())
-
-
-def trainer_pid(cluster, namespace: str, pod_name: str) -> int:
-    folders = list(Path(cluster.layout.pods).glob(f"{namespace}_{pod_name}_*"))
-    record = wait_for(
-        lambda: next((f / "trainer.pid.json" for f in folders if (f / "trainer.pid.json").exists()), None),
-        30,
-        "the trainer's pid file",
-    )
-    return int(json.loads(record.read_text())["pid"])
-
-
-def running_pod(jobs: Jobs, name: str) -> dict | None:
-    return next((p for p in jobs.pods(name) if p["status"].get("phase") == "Running"), None)
 
 
 def checkpointed(jobs: Jobs, name: str) -> dict | None:
@@ -134,38 +101,6 @@ def test_a_retryable_failure_restarts_and_resumes_from_the_checkpoint(
 
 # Two CPU processes (gloo) in one pod, each with one micro-batch of 2 per step.
 TWO_PROCESSES = {"gpus": 0, "cpu": "2", "memory": "4Gi", "processes": 2}
-# Equal adapters from the same math (see tests/trainer/test_parallel.py for the tolerance).
-ADAPTER_TOLERANCE = 1e-5
-
-
-def worker_pid(launcher: int, rank: int) -> int | None:
-    """The pid of the trainer process of `rank` that the pod's launcher started."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            # The launcher starts each worker in a session of its own: find them by parent.
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if parent != launcher:
-                continue
-            command = (proc / "cmdline").read_bytes().split(b"\0")
-            environment = (proc / "environ").read_bytes().split(b"\0")
-        except (OSError, ProcessLookupError):
-            continue
-        if b"--worker" in command and f"RANK={rank}".encode() in environment:
-            return int(proc.name)
-    return None
-
-
-def adapter_tensors(folders: dict[str, Path], status: dict) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(host_path(folders, status["output"]["adapterPath"]) / "adapter_model.safetensors"))
-
-
-def max_difference(a: dict, b: dict) -> float:
-    assert sorted(a) == sorted(b)
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 def test_two_process_pods_train_in_each_mode_and_a_killed_rank_retries_to_the_same_adapter(
@@ -202,16 +137,6 @@ def test_two_process_pods_train_in_each_mode_and_a_killed_rank_retries_to_the_sa
 
 
 # --- SIGTERM: suspend keeps every micro-batch -------------------------------------------
-
-
-def trainer_event(cluster, namespace: str, pod_name: str, kind: str) -> dict | None:
-    """The trainer's last `kind` event in a (possibly deleted) pod's log on the node agent."""
-    found = None
-    for log in Path(cluster.layout.pods).glob(f"{namespace}_{pod_name}_*/*.log"):
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith(f'{{"event":"{kind}"'):
-                found = json.loads(line)
-    return found
 
 
 # Two processes, four micro-batches of one sample each per step: most SIGTERMs land inside a step.

@@ -4,7 +4,7 @@ import threading
 import time
 from collections.abc import Hashable
 
-from finetune_operator.pacing import WritePacer
+from finetune_operator.runtime.pacing import WritePacer
 
 
 class Released:
@@ -27,7 +27,7 @@ class Released:
 
 def test_nothing_is_paced_while_no_job_is_being_created() -> None:
     released = Released()
-    pacer = WritePacer(released, busy_writes_per_s=1, quiet_s=1)
+    pacer = WritePacer(released, busy_writes_per_s=1, quiet_s=1).start()
     assert all(pacer.may_write(f"job-{i}") for i in range(50))
     assert pacer.parked() == 0 and released.keys == []
     assert not pacer.creating()
@@ -37,7 +37,7 @@ def test_nothing_is_paced_while_no_job_is_being_created() -> None:
 
 def test_while_jobs_are_created_one_write_goes_per_slot_in_the_order_asked() -> None:
     released = Released()
-    pacer = WritePacer(released, busy_writes_per_s=5, quiet_s=10)
+    pacer = WritePacer(released, busy_writes_per_s=5, quiet_s=10).start()
     pacer.created()
     assert pacer.may_write("a")  # the first write of a burst goes at once
     assert not pacer.may_write("b")
@@ -54,7 +54,7 @@ def test_while_jobs_are_created_one_write_goes_per_slot_in_the_order_asked() -> 
 
 def test_when_creations_stop_every_parked_write_goes_at_once() -> None:
     released = Released()
-    pacer = WritePacer(released, busy_writes_per_s=0.5, quiet_s=0.3)  # one slot per 2 s
+    pacer = WritePacer(released, busy_writes_per_s=0.5, quiet_s=0.3).start()  # one slot per 2 s
     pacer.created()
     assert pacer.may_write("first")
     started = time.monotonic()
@@ -68,7 +68,7 @@ def test_when_creations_stop_every_parked_write_goes_at_once() -> None:
 
 def test_a_forgotten_job_is_never_released() -> None:
     released = Released()
-    pacer = WritePacer(released, busy_writes_per_s=100, quiet_s=0.2)
+    pacer = WritePacer(released, busy_writes_per_s=100, quiet_s=0.2).start()
     pacer.created()
     pacer.may_write("a")
     assert not pacer.may_write("deleted")

@@ -10,8 +10,13 @@ import yaml
 from finetune_api.constants import GROUP, MAX_NAME_LENGTH, PLURAL, TRAINER_SERVICE_ACCOUNT
 from finetune_operator.builders import rbac
 from finetune_operator.images import DEFAULT_ALLOWED_IMAGES
-
-from .harness import FENCE_POLICY_FILE, OPERATOR_USER, operator_fence_policies, operator_rules, trainer_status_policy
+from tests.support.harness import (
+    FENCE_POLICY_FILE,
+    OPERATOR_USER,
+    operator_fence_policies,
+    operator_rules,
+    trainer_status_policy,
+)
 
 WRITES = {"create", "patch", "update", "delete", "deletecollection"}
 
@@ -48,6 +53,7 @@ def test_children_it_creates_are_creatable():
     for group, resource in [
         ("", "serviceaccounts"),
         ("", "persistentvolumeclaims"),
+        ("", "services"),
         ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io", "rolebindings"),
         ("batch", "jobs"),
@@ -78,10 +84,14 @@ def test_the_trainer_status_policy_names_what_the_operator_builds():
     assert f"':{TRAINER_SERVICE_ACCOUNT}'" in spec["matchConditions"][0]["expression"]
     assert rbac.service_account("ns")["metadata"]["name"] == TRAINER_SERVICE_ACCOUNT
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
-    # The policy reads the job from the pod's name "<job>-<5 characters>": the API server
-    # truncates a generateName prefix past 58 characters, which job names never reach.
-    assert MAX_NAME_LENGTH + 1 <= 58
-    assert "size(object.metadata.name) + 6" in spec["validations"][0]["expression"]
+    # The policy reads the job from the pod's name "<job>-<5 characters>", or for a job of
+    # several nodes "<job>-<index>-<5 characters>" (index < 64): the API server truncates a
+    # generateName prefix past 58 characters, which neither form reaches.
+    assert MAX_NAME_LENGTH + len("-63-") <= 58
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "object.metadata.name + '-'" in variables["tail"]
+    assert "variables.nodes > 1" in variables["ofIndex"] and "< variables.nodes" in variables["ofIndex"]
+    assert spec["validations"][0]["expression"].strip() == "size(variables.tail) == 5 || variables.ofIndex"
 
 
 def _fence() -> dict[str, dict[str, Any]]:

@@ -15,9 +15,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from finetune_operator.kube import Kube
-from finetune_operator.streams import Source, Stream, sources
-
-from .harness import wait_for
+from finetune_operator.runtime.streams import Source, Stream, sources
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.cluster
 

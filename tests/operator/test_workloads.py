@@ -3,8 +3,7 @@ on the local control plane (pending for quota, admitted, preempted, admitted aga
 
 from finetune_operator import workloads
 from finetune_operator.status import NO_WORKLOAD, Observation, compute
-
-from .test_status import NOW, job, pod
+from tests.support.bodies import NOW, job, pod
 
 PREEMPTED = (
     "Preempted to accommodate a workload (UID: wl-high, JobUID: job-high) due to prioritization in the "

@@ -4,7 +4,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 
-from finetune_operator.workqueue import NEW, UPDATE, WorkQueue
+from finetune_operator.runtime.workqueue import NEW, UPDATE, WorkQueue
 
 
 def wait(condition: Callable[[], bool], timeout: float = 5) -> None:
@@ -24,7 +24,7 @@ def test_adds_during_a_run_collapse_into_one_more_run() -> None:
             started.set()
             release.wait(5)
 
-    queue = WorkQueue(work, workers=4)
+    queue = WorkQueue(work, workers=4).start()
     queue.add("job")
     assert started.wait(5)
     for _ in range(5):  # while the first run is busy: no second thread takes the same job
@@ -46,7 +46,7 @@ def test_new_jobs_go_before_status_work() -> None:
             gate.wait(5)
         order.append(key)
 
-    queue = WorkQueue(work, workers=1)
+    queue = WorkQueue(work, workers=1).start()
     queue.add("blocker")
     wait(lambda: queue.depth() == 0)
     queue.add("running-1", UPDATE)
@@ -67,7 +67,7 @@ def test_a_failing_run_leaves_neither_the_job_nor_the_worker_stuck() -> None:
         if len(ran) == 1:
             raise RuntimeError("boom")
 
-    queue = WorkQueue(work, workers=1)
+    queue = WorkQueue(work, workers=1).start()
     queue.add("job")
     wait(lambda: len(ran) == 1)
     queue.add("job")
@@ -83,7 +83,7 @@ def test_different_jobs_do_not_wait_for_each_other() -> None:
             release.wait(5)
         done.append(key)
 
-    queue = WorkQueue(work, workers=2)
+    queue = WorkQueue(work, workers=2).start()
     queue.add("slow")
     queue.add("quick")
     wait(lambda: done == ["quick"])
@@ -93,7 +93,7 @@ def test_different_jobs_do_not_wait_for_each_other() -> None:
 
 def test_a_key_added_for_later_runs_when_due_and_holds_no_worker_meanwhile() -> None:
     runs: list[tuple[Hashable, float]] = []
-    queue = WorkQueue(lambda key: runs.append((key, time.monotonic())), workers=1)
+    queue = WorkQueue(lambda key: runs.append((key, time.monotonic())), workers=1).start()
     started = time.monotonic()
     queue.add_after("later", 0.3)
     queue.add("now")
@@ -101,3 +101,16 @@ def test_a_key_added_for_later_runs_when_due_and_holds_no_worker_meanwhile() -> 
     assert [key for key, _ in runs] == ["now", "later"]
     assert runs[0][1] - started < 0.2  # the waiting key did not block the worker
     assert runs[1][1] - started >= 0.3
+
+
+def test_retries_back_off_doubling_until_forgotten() -> None:
+    runs: list[float] = []
+    queue = WorkQueue(lambda key: runs.append(time.monotonic()), workers=1, retry_first_s=0.1, retry_max_s=0.4)
+    assert [queue.add_rate_limited("job")[1] for _ in range(4)] == [0.1, 0.2, 0.4, 0.4]
+    assert runs == []  # not started: building a queue runs nothing
+    queue.start()
+    wait(lambda: len(runs) == 1)
+    time.sleep(0.3)
+    assert len(runs) == 1  # the failures in a row came while one retry waited: still one retry
+    queue.forget("job")
+    assert queue.add_rate_limited("job") == (1, 0.1)

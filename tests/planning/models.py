@@ -1,5 +1,6 @@
 """Public config.json values of the models the acceptance criteria name."""
 
+from pathlib import Path
 from typing import Any
 
 LLAMA_33_70B: dict[str, Any] = {
@@ -25,3 +26,6 @@ LLAMA_3_8B: dict[str, Any] = {
     "vocab_size": 128256,
     "tie_word_embeddings": False,
 }
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-3.3-70b-4xp40.yaml"

@@ -20,9 +20,9 @@ from finetune_trainer.planning import (
 )
 from finetune_trainer.planning.plan import fsdp_layout
 from finetune_trainer.planning.preflight import recipe_from_spec
+from tests.planning.models import EXAMPLE
 
 from .models import LLAMA_3_8B, LLAMA_33_70B
-from .test_preflight import EXAMPLE
 
 P40_BYTES = int(22.4 * GIB)
 # The "larger than one card" slice: 70B-shaped layers, 40 of them.

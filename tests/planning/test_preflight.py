@@ -1,7 +1,6 @@
 """The trainer's pre-flight call: WontFit with the numbers before any weight loads, else the
 budget the trainer loads with."""
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,9 +11,7 @@ from finetune_api.trainer_config import RuntimePaths, TrainerConfig
 from finetune_trainer.failures import TrainerFailure
 from finetune_trainer.planning import GIB, trainer_preflight
 
-from .models import LLAMA_3_8B, LLAMA_33_70B
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-3.3-70b-4xp40.yaml"
+from .models import EXAMPLE, LLAMA_3_8B, LLAMA_33_70B
 
 
 def config() -> TrainerConfig:

@@ -17,7 +17,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from hack.cluster.nodes import TESLA_P40, gpu_node
-from tests.operator.harness import (
+from tests.support.harness import (
     OperatorProcess,
     free_port,
     healthz_ok,
@@ -399,3 +399,13 @@ def children_of(api: client.ApiClient, namespace: str) -> dict[str, dict[str, in
 def trainer_identities(api: client.ApiClient, namespace: str) -> dict[str, int]:
     """How many of each part of the namespace's shared trainer identity exist (1 each is right)."""
     return {kind: len(names) for kind, names in trainer_identity_of(api, namespace).items()}
+
+
+LOAD_SPEC: dict[str, Any] = {
+    "model": {"source": {"pvc": {"claimName": "models", "path": "tiny"}}},
+    "dataset": {"source": {"pvc": {"claimName": "datasets", "path": "a.jsonl"}}, "format": "alpaca"},
+    "output": {"pvc": {"claimName": "outputs"}},
+    "training": {"maxSteps": 10},
+    "resources": {"gpus": 4, "gpuProduct": "Tesla-P40"},
+    "backoffLimit": 0,
+}

@@ -27,10 +27,10 @@ from hack.cluster import processes
 from hack.cluster.control_plane import ClusterState, admin_ssl_context, http_ok
 from hack.cluster.layout import REPO_ROOT, STATE_DIR_ENV, Layout
 from hack.cluster.pki import Pki
-from tests.operator.harness import Jobs, OperatorProcess, wait_for
+from tests.reliability.cluster_kit import LOAD_SPEC
+from tests.support.harness import Jobs, OperatorProcess, wait_for
 
 from .cluster_kit import add_gpu_nodes, has_default_sa, load_pvcs, our_identity
-from .test_load import LOAD_SPEC
 
 pytestmark = pytest.mark.cluster
 

@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from finetune_api.constants import GROUP, PLURAL, VERSION
 from finetune_api.manifest import parse_document
 from tests.fixtures.cluster import Cluster
-from tests.operator.harness import OperatorProcess
+from tests.support.harness import OperatorProcess
 
 from .cluster_kit import our_identity
 from .spec_strategies import SpecCase, manifest, spec_cases

@@ -19,9 +19,10 @@ import pytest
 from kubernetes import client
 
 from tests.fixtures.cluster import Cluster
-from tests.operator.harness import Jobs, OperatorProcess, wait_for
+from tests.support.harness import Jobs, OperatorProcess, wait_for
 
 from .cluster_kit import (
+    LOAD_SPEC,
     FloorOperator,
     JobWatch,
     add_gpu_nodes,
@@ -41,15 +42,6 @@ from .cluster_kit import (
 pytestmark = pytest.mark.cluster
 
 RESULTS = Path(__file__).resolve().parents[2] / ".cache" / "reliability"
-
-LOAD_SPEC: dict[str, Any] = {
-    "model": {"source": {"pvc": {"claimName": "models", "path": "tiny"}}},
-    "dataset": {"source": {"pvc": {"claimName": "datasets", "path": "a.jsonl"}}, "format": "alpaca"},
-    "output": {"pvc": {"claimName": "outputs"}},
-    "training": {"maxSteps": 10},
-    "resources": {"gpus": 4, "gpuProduct": "Tesla-P40"},
-    "backoffLimit": 0,
-}
 
 
 @dataclass

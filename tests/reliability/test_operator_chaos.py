@@ -20,7 +20,8 @@ import pytest
 from kubernetes import client
 
 from tests.fixtures.cluster import Cluster
-from tests.operator.harness import Jobs, OperatorProcess, wait_for
+from tests.reliability.cluster_kit import LOAD_SPEC
+from tests.support.harness import Jobs, OperatorProcess, wait_for
 
 from .cluster_kit import (
     JobWatch,
@@ -33,7 +34,6 @@ from .cluster_kit import (
     remove_nodes,
     trainer_identities,
 )
-from .test_load import LOAD_SPEC
 
 pytestmark = pytest.mark.cluster
 

@@ -33,7 +33,7 @@ from kubernetes import client
 
 from finetune_api.reasons import ExitReason
 from tests.fixtures.cluster import Cluster
-from tests.operator.harness import Jobs, OperatorProcess, wait_for
+from tests.support.harness import Jobs, OperatorProcess, wait_for
 
 from .cluster_kit import our_identity
 

@@ -3,7 +3,7 @@
 import pytest
 from kubernetes import client
 
-from tests.operator.conftest import finetune_crd_install
+from tests.support.install import finetune_crd_install
 
 
 @pytest.fixture(scope="session", autouse=True)

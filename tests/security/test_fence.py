@@ -33,8 +33,7 @@ from finetune_operator.builders import rbac as rbac_builder
 from finetune_operator.children import Owner
 from finetune_operator.settings import Settings
 from tests.fixtures.cluster import Cluster, token_client
-from tests.operator.conftest import admission_policies_install
-from tests.operator.harness import (
+from tests.support.harness import (
     OPERATOR_SA,
     SYSTEM_NAMESPACE,
     Jobs,
@@ -43,8 +42,9 @@ from tests.operator.harness import (
     operator_identity,
     wait_for,
 )
-from tests.operator.specs import body as spec_body
-from tests.operator.test_images import CASES, PATTERNS
+from tests.support.images import CASES, PATTERNS
+from tests.support.install import admission_policies_install
+from tests.support.specs import body as spec_body
 
 pytestmark = pytest.mark.cluster
 

@@ -26,9 +26,9 @@ from kubernetes.client.exceptions import ApiException
 from finetune_api.constants import TRAINER_SERVICE_ACCOUNT
 from hack.cluster import binaries
 from hack.cluster.binaries import K8S_VERSION
-from tests.chart.helm import helm, template_args
 from tests.fixtures.cluster import Cluster
-from tests.operator.harness import Jobs, OperatorProcess, operator_identity, wait_for
+from tests.support.harness import Jobs, OperatorProcess, operator_identity, wait_for
+from tests.support.helm import helm, template_args
 
 pytestmark = pytest.mark.cluster
 
@@ -46,6 +46,8 @@ OPERATOR_CAN: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {
     ("pods", ()): frozenset({"get", "list", "watch"}),
     ("serviceaccounts", ()): frozenset({"get", "create"}),
     ("persistentvolumeclaims", ()): frozenset({"get", "create"}),
+    # The headless Service of a job of several nodes.
+    ("services", ()): frozenset({"get", "create"}),
     ("roles.rbac.authorization.k8s.io", ()): frozenset({"get", "create"}),
     ("rolebindings.rbac.authorization.k8s.io", ()): frozenset({"get", "create"}),
     ("events", ()): frozenset({"create"}),

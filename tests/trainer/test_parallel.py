@@ -8,17 +8,23 @@ the same micro-batches with the same dropout seeds; only the order of the gradie
 differs (a two-way all-reduce against a local accumulation), so they agree to float32 rounding.
 Measured on this recipe: 0.0 (the sums happen to round alike), so 1e-5 leaves room for other
 CPUs without hiding a wrong sample or a missing micro-batch (those move weights by 1e-3 or more).
+The same tolerance holds two launchers of one process each (two nodes, a c10d rendezvous on
+127.0.0.1) to one launcher of two: the same world, the same ranks, the same sums. Measured: 0.0.
 """
 
 import json
+import socket
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from finetune_api.reasons import ExitReason
+from finetune_api import multinode
+from finetune_api.reasons import NON_RETRYABLE, ExitReason
 
 from .conftest import JobDir, Run, make_job_dir
 
@@ -262,3 +268,105 @@ def test_sigterm_twice_during_a_checkpoint_write_leaves_that_checkpoint_whole(
     assert resumed.code == 0, resumed.stderr[-3000:]
     assert resumed.of("start")[0]["resumeFrom"]["step"] == 8
     assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
+
+
+# --- several nodes: one launcher per pod, a c10d rendezvous on pod 0 ------------------------
+
+# One process in each of two pods: the world of TWO, split over two launchers. Each launcher has
+# a workdir of its own, so node 1 never sees node 0's output volume (as on another machine).
+TWO_NODES = with_changes(TWO, resources={"processes": 1, "nodes": 2})
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def node_env(index: int, port: int, nodes: int = 2, timeout_s: int = 120, **extra: str) -> dict[str, str]:
+    """What the Indexed Job sets on the pod of `index` (and the address that pod has)."""
+    return {
+        multinode.NNODES_ENV: str(nodes),
+        multinode.NODE_RANK_ENV: str(index),
+        multinode.RDZV_ENDPOINT_ENV: f"127.0.0.1:{port}",
+        multinode.NODE_ADDR_ENV: f"127.0.0.{index + 1}",
+        multinode.RDZV_TIMEOUT_ENV: str(timeout_s),
+        **extra,
+    }
+
+
+def run_nodes(jobs: list[JobDir], env: dict[str, str] | None = None) -> list[Run]:
+    """Every node's launcher at once, to the end of each."""
+    port = _free_port()
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(job.run, env=node_env(i, port, len(jobs), **(env or {}))) for i, job in enumerate(jobs)]
+        return [f.result() for f in futures]
+
+
+def two_node_jobs(root: Path, tiny_assets: Path) -> list[JobDir]:
+    jobs = []
+    for index in range(2):
+        (root / f"node-{index}").mkdir()
+        job = make_job_dir(root / f"node-{index}", tiny_assets)
+        job.spec_changes = TWO_NODES
+        jobs.append(job)
+    return jobs
+
+
+def test_two_nodes_of_one_process_train_the_adapter_of_one_pod_with_two(
+    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+) -> None:
+    two, run = two_process_run
+    jobs = two_node_jobs(tmp_path, tiny_assets)
+    first, second = run_nodes(jobs)
+    assert first.code == 0, first.stderr[-3000:]
+    assert second.code == 0, second.stderr[-3000:]
+    assert summary(jobs[0])["worldSize"] == 2
+    assert summary(jobs[0])["ranksInStep"] is True
+    difference = max_difference(adapter(jobs[0]), adapter(two))
+    print(f"two nodes against one pod of two processes: max abs difference {difference}")
+    assert difference <= ADAPTER_TOLERANCE
+    assert first.losses == pytest.approx(run.losses, abs=1e-4)
+    # Global rank 0 is in the pod of index 0, and it alone writes and reports.
+    assert len(first.of("start")) == 1 and not second.of("start")
+    assert not jobs[1].output.exists(), "node 1 wrote into its output volume"
+
+
+def test_a_killed_rank_on_the_second_node_and_the_whole_gang_resumes_from_rank_0s_checkpoint(
+    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+) -> None:
+    """Node 1 has no checkpoint of its own (another machine): rank 0 sends it the one it resumes."""
+    two, _ = two_process_run
+    jobs = two_node_jobs(tmp_path, tiny_assets)
+    killed = run_nodes(jobs, env={"FINETUNE_TEST_KILL_RANK_AT": "1@6"})
+    assert killed[1].code == ExitReason.TrainerError, killed[1].stderr[-3000:]
+    assert killed[1].termination.startswith("TrainerError: rank 1 was killed by SIGKILL"), killed[1].termination
+    assert killed[0].code != 0
+    assert (jobs[0].checkpoints / "checkpoint-4").is_dir()
+    resumed = run_nodes(jobs)
+    assert resumed[0].code == 0, resumed[0].stderr[-3000:]
+    assert resumed[1].code == 0, resumed[1].stderr[-3000:]
+    assert resumed[0].of("start")[0]["resumeFrom"]["step"] == 4
+    assert sorted(resumed[0].losses) == list(range(5, STEPS + 1))
+    assert max_difference(adapter(jobs[0]), adapter(two)) <= ADAPTER_TOLERANCE
+    assert not jobs[1].output.exists(), "node 1 saw or wrote a checkpoint"
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["pod-0-without-its-peer", "pod-1-without-pod-0"])
+def test_a_node_whose_peer_never_comes_exits_rendezvous_timeout_within_the_bound(
+    tmp_path: Path, tiny_assets: Path, index: int
+) -> None:
+    """Pod 0 serves the rendezvous and waits for pod 1 (the join timeout); pod 1 waits for pod 0's
+    store to listen, then to join it: at most twice the bound. Both end, with a retryable reason."""
+    job = make_job_dir(tmp_path, tiny_assets)
+    job.spec_changes = TWO_NODES
+    bound = 5
+    started = time.monotonic()
+    run = job.run(env=node_env(index, _free_port(), timeout_s=bound), timeout=300)
+    elapsed = time.monotonic() - started
+    assert run.code == ExitReason.RendezvousTimeout, run.stderr[-3000:]
+    assert run.termination.startswith(f"RendezvousTimeout: node {index} of 2 did not meet every node"), run.termination
+    assert ExitReason.RendezvousTimeout not in NON_RETRYABLE
+    # The launcher's own start (imports, the plan) comes on top of the bound.
+    assert elapsed < 2 * bound + 60, elapsed
+    assert len(run.of("failed")) == 1

@@ -8,9 +8,24 @@ from pathlib import Path
 import pytest
 import torch
 
+from finetune_api import multinode
+from finetune_api.multinode import DEFAULT_RDZV_TIMEOUT_S
 from finetune_api.reasons import ExitReason
 from finetune_trainer.data.batches import IGNORE, Schedule, eval_slots, make_rows
-from finetune_trainer.distributed.launch import VANISHED_AFTER_S, RankFailure, Watchdog, read_reasons, root_cause
+from finetune_trainer.distributed.launch import (
+    VANISHED_AFTER_S,
+    Nodes,
+    RankFailure,
+    Watchdog,
+    check_placement,
+    launch_config,
+    nodes_from_env,
+    pod_ranks,
+    read_reasons,
+    root_cause,
+    unfinished,
+)
+from finetune_trainer.failures import TrainerFailure
 from finetune_trainer.loss_head import LossHead
 
 
@@ -143,3 +158,78 @@ def test_the_loss_in_chunks_equals_the_loss_whole_and_so_do_its_gradients(chunk:
     assert torch.allclose(whole, chunked, rtol=1e-5)
     for a, b in zip(whole_grads, chunked_grads, strict=True):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+# --- several nodes: the launcher's settings from the Indexed Job's environment ---------------
+
+NODE_1 = {
+    multinode.NNODES_ENV: "2",
+    multinode.NODE_RANK_ENV: "1",
+    multinode.RDZV_ENDPOINT_ENV: "tiny-0.tiny:29400",
+    multinode.NODE_DOMAIN_ENV: "tiny",
+    "HOSTNAME": "tiny-1",
+}
+
+
+def test_a_pod_without_the_multinode_environment_launches_standalone_as_before() -> None:
+    assert nodes_from_env({}) is None
+    assert nodes_from_env({multinode.NNODES_ENV: "1"}) is None
+    settings = launch_config(2, None)
+    assert (settings["min_nodes"], settings["max_nodes"], settings["rdzv_endpoint"]) == (1, 1, "localhost:0")
+    assert "rdzv_configs" not in settings and "local_addr" not in settings
+
+
+def test_the_pod_of_index_1_joins_pod_0s_rendezvous_by_its_own_name() -> None:
+    nodes = nodes_from_env(NODE_1)
+    assert nodes == Nodes(
+        count=2, rank=1, endpoint="tiny-0.tiny:29400", local_addr="tiny-1.tiny", timeout_s=DEFAULT_RDZV_TIMEOUT_S
+    )
+    settings = launch_config(4, nodes)
+    assert (settings["min_nodes"], settings["max_nodes"], settings["nproc_per_node"]) == (2, 2, 4)
+    assert settings["rdzv_backend"] == "c10d" and settings["max_restarts"] == 0
+    assert settings["rdzv_configs"]["is_host"] is False
+    assert settings["rdzv_configs"]["join_timeout"] == settings["rdzv_configs"]["read_timeout"] == 900
+    host = launch_config(4, nodes_from_env(NODE_1 | {multinode.NODE_RANK_ENV: "0", "HOSTNAME": "tiny-0"}))
+    assert host["rdzv_configs"]["is_host"] is True and host["local_addr"] == "tiny-0.tiny"
+
+
+def test_the_pod_of_index_0_sorts_first_whatever_the_node_count() -> None:
+    """c10d numbers nodes in the order of their addresses: pod 0 must be node 0, global rank 0."""
+    names = [f"{multinode.pod_hostname('tiny', i)}.tiny" for i in range(64)]
+    assert sorted(names)[0] == "tiny-0.tiny"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({multinode.NODE_RANK_ENV: None}, multinode.NODE_RANK_ENV),
+        ({multinode.NODE_RANK_ENV: "2"}, "outside 0..1"),
+        ({multinode.RDZV_ENDPOINT_ENV: "tiny-0.tiny"}, multinode.RDZV_ENDPOINT_ENV),
+        ({multinode.NNODES_ENV: "two"}, multinode.NNODES_ENV),
+        ({multinode.RDZV_TIMEOUT_ENV: "0"}, multinode.RDZV_TIMEOUT_ENV),
+    ],
+    ids=["no index", "index past the nodes", "endpoint without a port", "nodes not a number", "no time to wait"],
+)
+def test_a_wrong_launch_environment_is_an_invalid_config_naming_the_variable(
+    change: dict[str, str | None], named: str
+) -> None:
+    env = {k: v for k, v in (NODE_1 | change).items() if v is not None}
+    with pytest.raises(TrainerFailure) as failure:
+        nodes_from_env(env)
+    assert failure.value.reason == ExitReason.InvalidConfig and named in failure.value.message
+
+
+def test_rank_0_outside_the_pod_of_index_0_is_refused() -> None:
+    check_placement(NODE_1 | {"RANK": "1", "GROUP_RANK": "1"})
+    check_placement(NODE_1 | {multinode.NODE_RANK_ENV: "0", "RANK": "0", "GROUP_RANK": "0"})
+    with pytest.raises(TrainerFailure) as failure:
+        check_placement(NODE_1 | {"RANK": "0", "GROUP_RANK": "0"})
+    assert failure.value.reason == ExitReason.TrainerError
+
+
+def test_a_pods_ranks_are_those_of_its_node(tmp_path: Path) -> None:
+    for rank in (6, 7):
+        (tmp_path / f"rank-{rank}.pid").write_text("1")
+    assert pod_ranks(tmp_path, 4) == range(4, 8)
+    (tmp_path / f"rank-{6}.done").write_text("")
+    assert unfinished(tmp_path, 4) == [4, 5, 7]

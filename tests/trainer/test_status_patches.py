@@ -12,8 +12,8 @@ from kubernetes import client
 
 from finetune_api.constants import GROUP, PLURAL, TRAINER_SERVICE_ACCOUNT, VERSION
 from finetune_operator.builders import rbac as trainer_rbac
-from tests.operator.conftest import finetune_crd_install
-from tests.operator.harness import kubeconfig_for_token, service_account_token
+from tests.support.harness import kubeconfig_for_token, service_account_token
+from tests.support.install import finetune_crd_install
 
 from .conftest import BASE_JOB, JobDir
 

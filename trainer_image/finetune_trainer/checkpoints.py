@@ -17,10 +17,11 @@ import logging
 import os
 import re
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from finetune_api.contract import now
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ class CheckpointStore:
         staging = self._staging(step, micro)
         written = staging / name
         sizes = _fsync_tree(written)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        stamp = now()
         marker = written / MARKER
         record = {"step": step, "micro": micro, "time": stamp, "files": sizes}
         marker.write_text(json.dumps(record, indent=1), encoding="utf-8")

@@ -165,17 +165,20 @@ def _run(args: argparse.Namespace) -> None:
     from .stopping import StopRequest
 
     if args.worker:
-        from .distributed.launch import die_with_launcher, record_done, register_worker
+        from .distributed.launch import check_placement, die_with_launcher, record_done, register_worker
         from .distributed.topology import from_env
 
         stop = StopRequest().install()
         die_with_launcher()
         register_worker()
+        check_placement()
         train(config, from_env(), stop)
         record_done()
         return
     processes = _processes(config, args.nproc)
-    if processes == 1:
+    from .distributed.launch import nodes_from_env
+
+    if processes == 1 and nodes_from_env() is None:
         train(config, stop=StopRequest().install())
         return
     from .distributed.launch import launch

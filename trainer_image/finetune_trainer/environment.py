@@ -6,21 +6,22 @@ the allocator setting fights fragmentation on long runs with varying sequence le
 
 import os
 
+from finetune_api import contract
 from finetune_api.trainer_config import TrainerConfig
 
 
 def uses_hub(config: TrainerConfig) -> bool:
-    return config.spec.model.source.hub is not None or config.spec.dataset.source.hub is not None
+    return contract.uses_hub(config.spec)
 
 
 def prepare_process_environment(config: TrainerConfig) -> None:
     """Set library switches before the first import of torch / transformers / datasets."""
     if not uses_hub(config):
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        os.environ["HF_DATASETS_OFFLINE"] = "1"
+        os.environ.update(contract.OFFLINE)
     if config.paths.cache:
         os.environ.setdefault("HF_HOME", config.paths.cache)
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    for key, value in contract.ALLOCATOR.items():
+        os.environ.setdefault(key, value)
     # Tokenizers' thread pool and the data loader's fork do not mix; the loader runs in-process.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Never phone home for telemetry from a training pod.

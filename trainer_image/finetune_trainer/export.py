@@ -8,12 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from finetune_api.contract import ADAPTER_DIR, MERGED_DIR
 from finetune_api.trainer_config import TrainerConfig
 
 log = logging.getLogger(__name__)
 
-ADAPTER_DIR = "adapter"
-MERGED_DIR = "merged"
 SUMMARY_FILE = "summary.json"
 
 

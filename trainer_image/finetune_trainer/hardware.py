@@ -12,6 +12,7 @@ from typing import Literal
 
 import torch
 
+from finetune_api import contract
 from finetune_api.reasons import ExitReason
 from finetune_api.spec import FineTuneJobSpec
 
@@ -129,7 +130,7 @@ def disable_compiler_if_unsupported(hardware: Hardware) -> bool:
     low = hardware.min_capability
     if low is not None and low >= MIN_COMPILER_CAPABILITY:
         return False
-    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    os.environ.update(contract.COMPILER_OFF)
     import torch._dynamo
 
     torch._dynamo.config.disable = True

@@ -46,7 +46,9 @@ def decide(config: TrainerConfig, hardware: Hardware, model_config: Any, attenti
 
 
 def check_world(launch: LaunchPlan, world_size: int) -> None:
-    """The launcher started as many processes as the plan asks for (a local `--nproc` may differ on the CPU)."""
+    """The launcher started as many processes as the plan asks for (a local `--nproc` may differ on the CPU).
+
+    `world_size` is the pod's (the local world): a job of several nodes runs the plan in each pod."""
     if launch.plan is not None and world_size != launch.processes:
         raise TrainerFailure(
             ExitReason.InvalidConfig,

@@ -2,8 +2,8 @@
 
 The order is the point: everything that can fail cheaply (config, hardware, data, memory plan)
 fails before a single weight is loaded, and nothing is trained before the precision guard has
-passed. Every rank runs the checks; rank 0 alone writes checkpoints, progress, status,
-TensorBoard, the adapter and the summary.
+passed. Every rank runs the checks; rank 0 alone (global rank 0, in the pod of index 0 of a job
+of several nodes) writes checkpoints, progress, status, TensorBoard, the adapter and the summary.
 """
 
 import logging
@@ -22,6 +22,7 @@ from .data.batches import Row, Schedule, make_rows
 from .data.loading import check_dataset, split
 from .distributed import fsdp, topology
 from .distributed.gradsync import all_equal, sum_figures
+from .distributed.resume import resume_point
 from .distributed.topology import Topology
 from .export import save_adapter, save_merged, write_summary
 from .failures import TrainerFailure
@@ -144,7 +145,7 @@ def train(
     data = check_dataset(config, tokenizer, model_config)
     attention = choose_attention(hardware, _head_dim(model_config), DTYPES[precision])
     launch = decide(config, hardware, model_config, attention)
-    check_world(launch, ranks.world_size)
+    check_world(launch, ranks.local_world_size)
     plan: MemoryPlan = memory_plan(launch, hardware)
     on_gpu = hardware.on_gpu
     device = ranks.device(on_gpu)
@@ -200,11 +201,14 @@ def train(
             log.warning("removed incomplete checkpoint %s", removed)
             emit("checkpointDiscarded", name=removed)
     topology.barrier(ranks)
-    resume = store.latest()
     step, tokens_before = 0, 0
     partial: Partial | None = None
+    saved: dict[str, Any] = {}
+    # Ranks in other pods restore from rank 0's copy: they may not see this volume.
+    with resume_point(store, ranks) as resume:
+        if resume is not None:
+            step, tokens_before, saved, partial = load_state(resume.path, adapter, optimizer, scheduler)
     if resume is not None:
-        step, tokens_before, saved, partial = load_state(resume.path, adapter, optimizer, scheduler)
         log.info(
             "resuming from %s (%s), written by %s process(es) in %s",
             resume.name,

@@ -14,16 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from finetune_api.constants import GROUP, PLURAL, VERSION
+from finetune_api.contract import now
 
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT_S = 10
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _api() -> Any:
@@ -89,7 +86,7 @@ class StatusReporter:
 
     def progress(self, progress: dict[str, Any]) -> None:
         with self._wake:
-            self._pending["progress"] = {**progress, "updatedAt": _now()}
+            self._pending["progress"] = {**progress, "updatedAt": now()}
             self._wake.notify()
 
     def checkpoint(self, step: int, path: str, when: str) -> None:

@@ -1,6 +1,6 @@
-"""The node agent: test support that stands in for the kubelet on node `local-0` (not product code).
+"""The node agent: test support that stands in for the kubelet on nodes `local-0`, `local-1` (not product code).
 
-There is no container runtime here, so for each pod the scheduler binds to `local-0` the agent
+There is no container runtime here, so for each pod the scheduler binds to one of them the agent
 runs every container's command/args as a local root process inside a private mount namespace
 (`unshare -m`), with the pod's volumes bind-mounted at the real in-pod paths:
 
@@ -27,6 +27,9 @@ Decisions a kubelet would make differently, on purpose:
   know an image's entrypoint).
 - Mount points missing on the host (e.g. /mnt/model, /etc/finetune) are created there as empty
   folders or files; the mounts themselves stay private to the pod's namespace.
+- Each pod has an address of its own in 127.0.0.0/8 (status.podIP) and, with a `subdomain`, an
+  /etc/hosts that names its peers in place of cluster DNS (see network.py); the pods still share
+  the host's network namespace.
 - Probes are not run; a running container is Ready.
 - Logs go to `.cache/cluster/pods/<namespace>_<pod>_<uid>/<container>.log`; the agent serves
   them as the kubelet's containerLogs endpoint, so `kubectl logs` works.

@@ -80,6 +80,15 @@ def mounts_for(
     return tuple(sorted(mounts, key=lambda mount: len(PurePosixPath(mount.target).parts)))
 
 
+HOSTS_PATH = "/etc/hosts"
+
+
+def with_hosts_file(mounts: tuple[Mount, ...], hosts: Path) -> tuple[Mount, ...]:
+    """The pod's own /etc/hosts (the agent's stand-in for cluster DNS, see network.py), read-only."""
+    extra = Mount(hosts, HOSTS_PATH, True, True)
+    return tuple(sorted([*mounts, extra], key=lambda mount: len(PurePosixPath(mount.target).parts)))
+
+
 def token_mount(container: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[str, str] | None:
     """(volume name, in-pod folder) of the service-account token this container mounts, if any."""
     token_volumes = {

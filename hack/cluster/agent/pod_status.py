@@ -117,6 +117,7 @@ def pod_status(
     message: str = "",
     reason: str = "",
     restarts: Mapping[str, tuple[int, Terminated]] | None = None,
+    pod_ip: str = HOST_IP,
 ) -> dict[str, Any]:
     """The whole status, for a merge patch: conditions keep what others set (PodScheduled, DisruptionTarget)."""
     spec = pod["spec"]
@@ -139,8 +140,8 @@ def pod_status(
         "conditions": conditions,
         "hostIP": HOST_IP,
         "hostIPs": [{"ip": HOST_IP}],
-        "podIP": HOST_IP,
-        "podIPs": [{"ip": HOST_IP}],
+        "podIP": pod_ip,
+        "podIPs": [{"ip": pod_ip}],
         "startTime": start_time,
         "qosClass": (pod.get("status") or {}).get("qosClass", "BestEffort"),
         "containerStatuses": [

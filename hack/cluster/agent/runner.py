@@ -27,8 +27,10 @@ from .pod_plan import (
     launch_script,
     mounts_for,
     token_mount,
+    with_hosts_file,
 )
 from .pod_status import (
+    HOST_IP,
     ContainerState,
     Running,
     Terminated,
@@ -74,7 +76,9 @@ def process_start_time(pid: int) -> int | None:
 
 
 class PodRun(threading.Thread):
-    def __init__(self, ctx: NodeContext, pod: Mapping[str, Any]) -> None:
+    def __init__(
+        self, ctx: NodeContext, pod: Mapping[str, Any], address: str = HOST_IP, hosts: Path | None = None
+    ) -> None:
         meta = pod["metadata"]
         super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
         self.ctx = ctx
@@ -89,6 +93,11 @@ class PodRun(threading.Thread):
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.killed_by_us: set[str] = set()
         self.restarts: dict[str, tuple[int, Terminated]] = {}
+        # The pod's own address (status.podIP) and, for a pod with a subdomain, the hosts file
+        # the agent keeps for it (network.py): mounted as its /etc/hosts.
+        self.address = address
+        self.hosts = hosts
+        self.node: str = pod["spec"].get("nodeName") or ctx.node
 
     def request_stop(self, grace: float | None) -> None:
         if grace is not None:
@@ -114,6 +123,7 @@ class PodRun(threading.Thread):
             message=message,
             reason=reason,
             restarts=self.restarts,
+            pod_ip=self.address,
         )
         self.ctx.kube.patch_pod_status(self.namespace, self.name, status)
 
@@ -124,7 +134,7 @@ class PodRun(threading.Thread):
         self._report(
             "Failed", [failed] * len(spec.get("initContainers") or []), [failed] * len(spec["containers"]), message
         )
-        self.ctx.kube.event(self.pod, "Warning", "Failed", message, self.ctx.node)
+        self.ctx.kube.event(self.pod, "Warning", "Failed", message, self.node)
 
     # -- setup -----------------------------------------------------------------------
 
@@ -172,18 +182,23 @@ class PodRun(threading.Thread):
 
     def _plan(self, container: Mapping[str, Any], volumes: Mapping[str, LocalVolume]) -> ContainerPlan:
         name = container["name"]
+        # fieldRef status.podIP reads the address this pod is given (the kubelet's view, not yet the API's).
+        pod = {**self.pod, "status": {**(self.pod.get("status") or {}), "podIP": self.address}}
         env = container_env(
-            self.pod, container, self.ctx.kube.lookup, self._base_env(container, volumes), self.ctx.allocatable
+            pod, container, self.ctx.kube.lookup, self._base_env(container, volumes), self.ctx.allocatable
         )
         termination_log = self.dir / f"{name}.termination-log"
         termination_log.write_text("")
         termination_log.chmod(0o666)
+        mounts = mounts_for(container, volumes, termination_log, env)
+        if self.hosts is not None:
+            mounts = with_hosts_file(mounts, self.hosts)
         return ContainerPlan(
             name=name,
             argv=argv_for(container, env),
             env=env,
             workdir=container.get("workingDir") or "/",
-            mounts=mounts_for(container, volumes, termination_log, env),
+            mounts=mounts,
             termination_log=termination_log,
             setup_error=self.dir / f"{name}.setup-error",
             log=self.dir / f"{name}.log",
@@ -208,7 +223,7 @@ class PodRun(threading.Thread):
                     waiting = Waiting("CreateContainerConfigError", last_message)
                     init_count = len(spec.get("initContainers") or [])
                     self._report("Pending", [waiting] * init_count, [waiting] * len(spec["containers"]))
-                    self.ctx.kube.event(self.pod, "Warning", "Failed", f"Error: {last_message}", self.ctx.node)
+                    self.ctx.kube.event(self.pod, "Warning", "Failed", f"Error: {last_message}", self.node)
                 self.stop_requested.wait(CONFIG_RETRY_SECONDS)
             except (UnsupportedVolume, StartError, ValueError) as err:
                 self._fail_to_start(str(err))
@@ -233,7 +248,7 @@ class PodRun(threading.Thread):
         record = {"pid": proc.pid, "starttime": process_start_time(proc.pid)}
         (self.dir / f"{plan.name}.pid.json").write_text(json.dumps(record))
         self.processes[plan.name] = proc
-        self.ctx.kube.event(self.pod, "Normal", "Started", f"Started container {plan.name}", self.ctx.node)
+        self.ctx.kube.event(self.pod, "Normal", "Started", f"Started container {plan.name}", self.node)
         return proc
 
     def _terminate(self) -> None:
@@ -319,7 +334,7 @@ class PodRun(threading.Thread):
         for result, plan in zip(results, main_plans, strict=True):
             kind = "Normal" if result.exit_code == 0 else "Warning"
             message = f"container {plan.name} exited with {result.exit_code} ({result.reason})"
-            self.ctx.kube.event(self.pod, kind, "Terminated", message, self.ctx.node)
+            self.ctx.kube.event(self.pod, kind, "Terminated", message, self.node)
 
     def _run_containers(self, plans: list[ContainerPlan], init_states: list[ContainerState]) -> list[Terminated]:
         """Run the app containers until each is done, restarting as restartPolicy says (with back-off)."""

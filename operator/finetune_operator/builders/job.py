@@ -3,6 +3,21 @@
 from typing import Any, Final
 
 from finetune_api.constants import TRAINER_SERVICE_ACCOUNT
+from finetune_api.contract import (
+    CONFIG_ANNOTATION,
+    CONFIG_DIR,
+    CONFIG_KEY,
+    CONFIG_PATH,
+    CONTAINER,
+    DATASET_MOUNT,
+    HUB_CACHE,
+    MODEL_MOUNT,
+    OUTPUT_MOUNT,
+    SHM_MOUNT,
+    TMP_MOUNT,
+    library_environment,
+    uses_hub,
+)
 from finetune_api.gpus import is_pascal
 from finetune_api.reasons import NON_RETRYABLE, TERMINATION_LOG, UNCOUNTED
 from finetune_api.spec import FineTuneJobSpec
@@ -12,31 +27,14 @@ from .. import quantities
 from ..children import HUB_EGRESS_LABEL, KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, Owner, job_name, labels, metadata
 from ..settings import Settings
 from .config import config_json
-from .paths import (
-    CONFIG_ANNOTATION,
-    CONFIG_DIR,
-    CONFIG_KEY,
-    CONFIG_PATH,
-    DATASET_MOUNT,
-    HUB_CACHE,
-    MODEL_MOUNT,
-    OUTPUT_MOUNT,
-    SHM_MOUNT,
-    TMP_MOUNT,
-)
 from .pvc import output_claim_name
 
-CONTAINER: Final = "trainer"
 COMMAND: Final = ("python", "-m", "finetune_trainer", "--config", CONFIG_PATH)
 HUB_TOKEN_ENV: Final = "HF_TOKEN"
 DATASET_HUB_TOKEN_ENV: Final = "HF_DATASET_TOKEN"
 HUB_TOKEN_KEY: Final = "token"
 # Room for the container's logs in its ephemeral-storage limit, on top of /tmp.
 LOG_ALLOWANCE: Final = "1Gi"
-
-
-def uses_hub(spec: FineTuneJobSpec) -> bool:
-    return spec.model.source.hub is not None or spec.dataset.source.hub is not None
 
 
 def pod_failure_policy() -> dict[str, Any]:
@@ -79,17 +77,12 @@ def environment(spec: FineTuneJobSpec) -> list[dict[str, Any]]:
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         # The root filesystem is read-only; libraries that write under $HOME get the tmp volume.
         {"name": "HOME", "value": TMP_MOUNT},
-        {"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
-    if not uses_hub(spec):
-        # Nothing to download: a pod must never hang on the network.
-        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
-    else:
+    pascal = spec.resources.gpus > 0 and is_pascal(spec.resources.gpu_product)
+    env += [{"name": k, "value": v} for k, v in library_environment(hub=uses_hub(spec), compiler=not pascal).items()]
+    if uses_hub(spec):
         env.append({"name": "HF_HOME", "value": HUB_CACHE})
-    if spec.resources.gpus > 0 and is_pascal(spec.resources.gpu_product):
-        # torch.compile / Triton need compute capability 7.0; Pascal is 6.1.
-        env.append({"name": "TORCHDYNAMO_DISABLE", "value": "1"})
     model_secret = model_hub.token_secret if model_hub else None
     data_secret = data_hub.token_secret if data_hub else None
     if model_secret:

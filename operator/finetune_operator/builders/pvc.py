@@ -2,15 +2,14 @@
 
 from typing import Any
 
+from finetune_api import contract
 from finetune_api.spec import FineTuneJobSpec
 
-from ..children import COMPONENT_OUTPUT, Owner, metadata, output_pvc_name
+from ..children import Owner, metadata
 
 
 def output_claim_name(owner: Owner, spec: FineTuneJobSpec) -> str:
-    if spec.output.pvc is not None:
-        return spec.output.pvc.claim_name
-    return output_pvc_name(owner.name)
+    return contract.output_claim_name(owner.name, spec)
 
 
 def output_pvc(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any] | None:
@@ -18,8 +17,10 @@ def output_pvc(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any] | None:
     storage = spec.output.storage
     if storage is None:
         return None
+    name = output_claim_name(owner, spec)
     claim_spec: dict[str, Any] = {
-        "accessModes": ["ReadWriteOnce"],
+        # Every pod of a job of several nodes mounts it (one pod template), on other machines.
+        "accessModes": ["ReadWriteMany" if spec.resources.nodes > 1 else "ReadWriteOnce"],
         "resources": {"requests": {"storage": storage.size}},
     }
     if storage.storage_class_name:
@@ -27,6 +28,6 @@ def output_pvc(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any] | None:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": metadata(owner, output_pvc_name(owner.name), COMPONENT_OUTPUT, owned=storage.delete_with_job),
+        "metadata": metadata(owner, name, contract.COMPONENT_OUTPUT, owned=storage.delete_with_job),
         "spec": claim_spec,
     }

@@ -10,8 +10,7 @@ job (charts/finetune-operator/files/trainer-status-policy.yaml).
 from typing import Any
 
 from finetune_api.constants import GROUP, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, TRAINER_SERVICE_ACCOUNT
-
-from ..children import COMPONENT_TRAINER
+from finetune_api.contract import COMPONENT_TRAINER
 
 # A merge patch of status: the trainer never reads (progress and checkpoints only go out).
 TRAINER_VERBS = ("patch",)

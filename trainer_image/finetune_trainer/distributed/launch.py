@@ -11,6 +11,12 @@ can name writes it to a file in a folder the launcher gives it (`REASON_DIR_ENV`
 exits with the reason of the rank that failed first, and writes its `Reason: message`. A rank
 killed by a signal, which writes nothing, is named in a retryable TrainerError.
 
+A job of several nodes (`resources.nodes` > 1: one pod per node, an Indexed Job) runs one such
+launcher per pod, settings from the environment the Job sets (`finetune_api.multinode`): they meet
+at a c10d rendezvous served by the launcher of the pod of index 0, which is global rank 0 (the
+one that writes). A launcher that does not meet every node within the bound exits
+RendezvousTimeout instead of waiting forever.
+
 Every worker also registers its pid there and marks a finished run. The agent learns a worker's
 end from its exit status alone, and an exit status can be lost (a child reaped by someone else
 reads as 0 to `subprocess`): the agent would then wait on the other ranks, which wait on the
@@ -31,10 +37,15 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from finetune_api import multinode
 from finetune_api.reasons import ExitReason
+
+from ..failures import TrainerFailure
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +65,91 @@ class RankFailure:
     message: str
     time: float
     vanished: bool = False  # recorded by the watchdog, not by the rank itself
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """This pod's place in a job of several nodes, from the environment the Indexed Job sets."""
+
+    count: int
+    rank: int
+    endpoint: str
+    local_addr: str | None
+    timeout_s: int
+
+    @property
+    def hosts_rendezvous(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(values: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = values.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise TrainerFailure(ExitReason.InvalidConfig, f"{name} is not set (a pod of a multi-node job needs it)")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise TrainerFailure(ExitReason.InvalidConfig, f"{name}: expected an integer, got {raw!r}") from None
+
+
+def nodes_from_env(env: Mapping[str, str] | None = None) -> Nodes | None:
+    """The multi-node settings, or None for a job of one node (no FINETUNE_NNODES, or 1)."""
+    values = os.environ if env is None else env
+    count = _env_int(values, multinode.NNODES_ENV, 1)
+    if count == 1:
+        return None
+    rank = _env_int(values, multinode.NODE_RANK_ENV)
+    if count < 1 or not 0 <= rank < count:
+        raise TrainerFailure(
+            ExitReason.InvalidConfig,
+            f"node rank {rank} ({multinode.NODE_RANK_ENV}) is outside 0..{count - 1} ({multinode.NNODES_ENV})",
+        )
+    endpoint = values.get(multinode.RDZV_ENDPOINT_ENV, "")
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise TrainerFailure(
+            ExitReason.InvalidConfig, f"{multinode.RDZV_ENDPOINT_ENV}: expected host:port, got {endpoint!r}"
+        )
+    timeout_s = _env_int(values, multinode.RDZV_TIMEOUT_ENV, multinode.DEFAULT_RDZV_TIMEOUT_S)
+    if timeout_s < 1:
+        raise TrainerFailure(ExitReason.InvalidConfig, f"{multinode.RDZV_TIMEOUT_ENV}: expected 1 or more seconds")
+    return Nodes(count, rank, endpoint, _local_addr(values), timeout_s)
+
+
+def _local_addr(values: Mapping[str, str]) -> str | None:
+    """How the other nodes reach this one: `<hostname>.<subdomain>` in a pod.
+
+    c10d numbers the nodes in the order of these addresses, so they also decide the node ranks:
+    every pod's is `<job>-<index>.<subdomain>`, and `<job>-0.` sorts before `<job>-<1..9>...`,
+    which makes the pod of index 0 (the Job's success, through its successPolicy) global rank 0.
+    """
+    explicit = values.get(multinode.NODE_ADDR_ENV)
+    if explicit:
+        return explicit
+    domain = values.get(multinode.NODE_DOMAIN_ENV)
+    if not domain:
+        return None
+    import socket
+
+    # A container's HOSTNAME is its pod's hostname; the local node agent sets it the same way.
+    return f"{values.get('HOSTNAME') or socket.gethostname()}.{domain}"
+
+
+def check_placement(env: Mapping[str, str] | None = None) -> None:
+    """In a worker: global rank 0 runs in the pod of index 0, whose success ends the Job."""
+    values = os.environ if env is None else env
+    nodes = nodes_from_env(values)
+    if nodes is None:
+        return
+    group = int(values.get("GROUP_RANK", "-1"))
+    if (int(values.get("RANK", "0")) == 0) != (nodes.rank == 0):
+        raise TrainerFailure(
+            ExitReason.TrainerError,
+            f"the rendezvous made node {group} of the pod of index {nodes.rank} hold rank 0; only the pod "
+            "of index 0 may (its success completes the Job)",
+        )
 
 
 def die_with_launcher() -> None:
@@ -233,13 +329,56 @@ class Watchdog:
             told.add(rank)
 
 
+def pod_ranks(folder: Path, processes: int) -> range:
+    """The global ranks of this pod's workers: a node's ranks are consecutive, node by node."""
+    registered = []
+    for path in folder.glob("rank-*.pid"):
+        with contextlib.suppress(ValueError):
+            registered.append(int(path.stem.removeprefix("rank-")))
+    first = min(registered) // processes * processes if registered else 0
+    return range(first, first + processes)
+
+
 def unfinished(folder: Path, processes: int) -> list[int]:
     """Ranks with no finish mark: after a run the agent called a success, there must be none."""
-    return [rank for rank in range(processes) if not (folder / f"rank-{rank}.done").exists()]
+    return [rank for rank in pod_ranks(folder, processes) if not (folder / f"rank-{rank}.done").exists()]
+
+
+def launch_config(processes: int, nodes: Nodes | None) -> dict[str, Any]:
+    """The elastic agent's settings: `--standalone` for one node, else the job's c10d rendezvous."""
+    common: dict[str, Any] = {
+        "nproc_per_node": processes,
+        "rdzv_backend": "c10d",
+        "max_restarts": 0,  # a failed attempt is the Job's to retry, from the last checkpoint
+        "monitor_interval": MONITOR_INTERVAL_S,
+    }
+    if nodes is None:
+        # `--standalone`: a store on a free local port.
+        return common | {"min_nodes": 1, "max_nodes": 1, "run_id": str(uuid.uuid4()), "rdzv_endpoint": "localhost:0"}
+    return common | {
+        "min_nodes": nodes.count,
+        "max_nodes": nodes.count,
+        # One rendezvous per attempt: its store lives in the launcher of the pod of index 0.
+        "run_id": "finetune",
+        "rdzv_endpoint": nodes.endpoint,
+        "local_addr": nodes.local_addr,
+        "rdzv_configs": {
+            # Only the pod of index 0 serves the store; the others wait for it to listen. The
+            # bound: pod 0 waits `timeout_s` for every node to join; another pod waits up to
+            # `timeout_s` for pod 0's store to listen, then up to `timeout_s` to join (2x at most).
+            "is_host": nodes.hosts_rendezvous,
+            "join_timeout": nodes.timeout_s,
+            "read_timeout": nodes.timeout_s,
+            "last_call_timeout": 1,
+        },
+    }
 
 
 def launch(config_path: str, processes: int) -> tuple[ExitReason | None, str]:
     """Run `processes` workers to their end; (None, "") on success, else the pod's reason and message.
+
+    With several nodes (`finetune_api.multinode`'s environment), the workers of every pod form
+    one world of nodes x processes ranks.
 
     The agent runs in a thread of its own, because from the main thread torch installs signal
     handlers that turn SIGTERM into an exception and kill every worker 30 s later, whatever the
@@ -249,18 +388,19 @@ def launch(config_path: str, processes: int) -> tuple[ExitReason | None, str]:
     """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    nodes = nodes_from_env()
     with tempfile.TemporaryDirectory(prefix="finetune-ranks-") as folder:
         os.environ[REASON_DIR_ENV] = folder
-        settings = LaunchConfig(
-            min_nodes=1,
-            max_nodes=1,
-            nproc_per_node=processes,
-            run_id=str(uuid.uuid4()),
-            rdzv_backend="c10d",
-            rdzv_endpoint="localhost:0",  # `--standalone`: a store on a free local port
-            max_restarts=0,  # a failed attempt is the Job's to retry, from the last checkpoint
-            monitor_interval=MONITOR_INTERVAL_S,
-        )
+        settings = LaunchConfig(**launch_config(processes, nodes))
+        if nodes is not None:
+            log.info(
+                "node %d of %d: rendezvous at %s as %s, %d s at most",
+                nodes.rank,
+                nodes.count,
+                nodes.endpoint,
+                nodes.local_addr or "this host",
+                nodes.timeout_s,
+            )
         ended: list[BaseException] = []
 
         def run_agent() -> None:
@@ -293,13 +433,22 @@ def launch(config_path: str, processes: int) -> tuple[ExitReason | None, str]:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        return _verdict(Path(folder), processes, ended[0] if ended else None)
+        return _verdict(Path(folder), processes, ended[0] if ended else None, nodes)
     return None, ""
 
 
-def _verdict(folder: Path, processes: int, error: BaseException | None) -> tuple[ExitReason | None, str]:
+def _verdict(
+    folder: Path, processes: int, error: BaseException | None, nodes: Nodes | None = None
+) -> tuple[ExitReason | None, str]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
 
+    if isinstance(error, (RendezvousTimeoutError, RendezvousConnectionError)) and nodes is not None:
+        first = " ".join(str(error).split())[:300]
+        return ExitReason.RendezvousTimeout, (
+            f"node {nodes.rank} of {nodes.count} did not meet every node at {nodes.endpoint} within "
+            f"{nodes.timeout_s} s ({type(error).__name__}: {first}); the job retries from its last checkpoint"
+        )
     if error is not None and not isinstance(error, ChildFailedError):
         raise error
     codes = {rank: failure.exitcode for rank, failure in error.failures.items()} if error is not None else {}

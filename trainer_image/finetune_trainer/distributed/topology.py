@@ -21,6 +21,11 @@ class Topology:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def spans_pods(self) -> bool:
+        """Ranks in other pods (a multi-node job): they may not see this pod's volumes."""
+        return self.world_size > self.local_world_size
+
     def device(self, on_gpu: bool) -> torch.device:
         return torch.device("cuda", self.local_rank) if on_gpu else torch.device("cpu")
 

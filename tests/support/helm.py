@@ -17,7 +17,7 @@ from hack.cluster.binaries import K8S_VERSION
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "finetune-operator"
 RULES_FILE = CHART / "files" / "operator-rbac.yaml"
-ALL_ON_VALUES = Path(__file__).with_name("values-all-on.yaml")
+ALL_ON_VALUES = REPO / "tests" / "chart" / "values-all-on.yaml"
 RELEASE = "ft"
 
 

@@ -10,8 +10,17 @@ pattern other controllers use.
 Freshness: a handler stores a body before it triggers the reconcile, so a reconcile never
 sees less than the event that caused it. Writes the operator makes itself (a created Job, a
 status patch) are stored from the API server's reply, and an older body arriving later on a
-watch never replaces a newer one (resourceVersions compared as numbers; etcd issues them in
-order). A miss (the watch has not caught up yet) falls back to the API server.
+watch never replaces a newer one. A miss (the watch has not caught up yet) falls back to the
+API server.
+
+Ordering resourceVersions: the API conventions long called them opaque, with equality the only
+comparison. KEP-5504 (stable in Kubernetes 1.35, with a helper in client-go and a conformance
+test) makes versions of one resource type comparable, and states what kube-apiserver has
+always done: a version is an etcd revision, a decimal integer without leading zeros that grows
+with every write. This cache compares only versions of the same kind (one store per kind) and
+only when both are well formed in that sense (`_as_int`, the KEP's check); any other version
+(an aggregated API's, a server that does not promise order) is not ordered, and the body that
+arrived last wins, as with equality alone.
 
 Bodies are trimmed to what the status logic reads (no managedFields, no pod template, no pod
 spec but its node) and held as compact JSON text, not as trees of dicts: a parsed body costs
@@ -26,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .builders.paths import CONFIG_ANNOTATION
+from finetune_api.contract import CONFIG_ANNOTATION
 
 Body = dict[str, Any]
 Key = tuple[str, str]
@@ -37,10 +46,10 @@ BULKY_ANNOTATIONS = frozenset({LAST_APPLIED, CONFIG_ANNOTATION})
 
 
 def _as_int(version: str | None) -> int | None:
-    try:
-        return int(version or "")
-    except ValueError:
+    """The version as a number when it is one KEP-5504 orders: decimal digits, no leading zero."""
+    if not version or not version.isdecimal() or not version.isascii() or version[0] == "0":
         return None
+    return int(version)
 
 
 def _version(body: Body) -> int | None:
@@ -142,6 +151,10 @@ class WatchCache:
         with self._guard:
             held = self._finetunejobs.get((namespace, name))
         return held.body() if held is not None else None
+
+    def finetunejob_keys(self) -> list[Key]:
+        with self._guard:
+            return list(self._finetunejobs)
 
     def forget(self, namespace: str, name: str) -> None:
         """The FineTuneJob is gone; its children follow through the garbage collector."""

@@ -32,16 +32,19 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from . import workloads
-from .kube import Body, Kube, describe_error
+from .. import workloads
+from ..kube import Body, Kube, describe_error
 
 logger = logging.getLogger(__name__)
 
 # The server ends each watch after about this long; the client gives up on a silent one (no
-# events, no bookmarks) a little later.
+# events, no bookmarks) a little later. kopf's FineTuneJob watch gets the same (handlers.py).
 SERVER_TIMEOUT_S = 300
 CLIENT_TIMEOUT_S = 330
 CONNECT_TIMEOUT_S = 30
+# A watch that says nothing at all, not even a bookmark, for this long is restarted (kopf's).
+INACTIVITY_TIMEOUT_S = 600
+REQUEST_TIMEOUT_S = 60
 PAGE = 500
 BACKOFF_FIRST_S = 0.5
 # Short enough that a stream is back within seconds of an API server restart.
@@ -149,7 +152,8 @@ class Stream:
             kwargs: dict[str, Any] = {"label_selector": self._source.label_selector, "limit": PAGE}
             if token:
                 kwargs["_continue"] = token
-            raw = self._source.call(**kwargs, _preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, 60))
+            timeouts = (CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S)
+            raw = self._source.call(**kwargs, _preload_content=False, _request_timeout=timeouts)
             page = json.loads(raw.data)
             items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}

@@ -2,7 +2,7 @@
 
 Run against a running local control plane (`make cluster-up`):
 
-    .venv/bin/python -m tests.operator.latency_bench --jobs 200
+    .venv/bin/python -m bench.operator_latency --jobs 200
 
 It starts the operator under its own ServiceAccount (the chart's RBAC rules) watching a fresh
 namespace, creates N single-GPU FineTuneJobs on the KWOK P40 nodes as fast as the client can,
@@ -25,10 +25,9 @@ from kubernetes import client, config, watch
 
 from finetune_api.constants import LABEL_JOB
 from hack.cluster.layout import Layout
-
-from .conftest import finetune_crd_install, make_claim
-from .harness import Jobs, OperatorProcess, operator_identity, wait_for
-from .specs import body
+from tests.support.harness import Jobs, OperatorProcess, operator_identity, wait_for
+from tests.support.install import finetune_crd_install, make_claim
+from tests.support.specs import body
 
 
 def rss_mib(pid: int) -> float:
@@ -54,7 +53,7 @@ def spec() -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.operator.latency_bench")
+    parser = argparse.ArgumentParser(prog="python -m bench.operator_latency")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--settle", type=float, default=60, help="seconds to let jobs run before the last RSS reading")
     parser.add_argument("--keep", action="store_true", help="keep the namespace afterwards")

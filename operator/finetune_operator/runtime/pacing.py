@@ -10,7 +10,8 @@ wait (no polling); an event for one of them still reconciles it, and it stays pa
 as no Job has been created for QUIET_S, every parked job is released at once and nothing is
 paced until the next creation.
 
-Jobs never wait for this: creating a Job is not a paced write. Status lags only during a burst,
+Jobs never wait for this: creating a Job is not a paced write. Nothing is released before
+`start()`. Status lags only during a burst,
 and catches up at the workers' full speed when it ends.
 """
 
@@ -43,7 +44,10 @@ class WritePacer:
         self._parked: OrderedDict[Hashable, None] = OrderedDict()
         self._cleared: set[Hashable] = set()  # released: their next write goes unasked
         self._thread = threading.Thread(target=self._run, name="write-pacer", daemon=True)
+
+    def start(self) -> "WritePacer":
         self._thread.start()
+        return self
 
     def created(self) -> None:
         """A Job was just created: writes are paced for the next QUIET_S."""

@@ -6,8 +6,7 @@ import subprocess
 from pathlib import Path
 
 from hack.demo import loss_curve
-
-from .helm import REPO
+from tests.support.helm import REPO
 
 PROGRESS = [
     "2026-11-30 01:58:00,000 INFO finetune_trainer: starting",

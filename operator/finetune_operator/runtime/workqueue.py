@@ -9,8 +9,12 @@ Priorities: a job that has no Job yet (NEW) goes before status work on running j
 Under a burst of submissions the first cost users feel is the wait for their Job; progress
 and phase patches for jobs already placed can wait a moment.
 
-`add_after` holds a key back for a while (a write that pacing.py postponed, a retry after an
-API error): the workers move it into the queue when it is due, so a waiting key costs no thread.
+`add_after` holds a key back for a while (a write that pacing.py postponed): the workers move
+it into the queue when it is due, so a waiting key costs no thread. Retries are the queue's too,
+as client-go's rate-limited queue has them: `add_rate_limited` adds a key again after a delay
+that doubles with each failure in a row (RETRY_FIRST_S to RETRY_MAX_S), `forget` ends the row.
+
+Nothing runs until `start()`: building a queue starts no thread.
 """
 
 import heapq
@@ -24,11 +28,24 @@ logger = logging.getLogger(__name__)
 
 NEW = 0
 UPDATE = 1
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 30.0
 
 
 class WorkQueue:
-    def __init__(self, work: Callable[[Hashable], None], workers: int, name: str = "reconcile") -> None:
+    def __init__(
+        self,
+        work: Callable[[Hashable], None],
+        workers: int,
+        name: str = "reconcile",
+        retry_first_s: float = RETRY_FIRST_S,
+        retry_max_s: float = RETRY_MAX_S,
+    ) -> None:
         self._work = work
+        self._retry_first_s = retry_first_s
+        self._retry_max_s = retry_max_s
+        self._failures: dict[Hashable, int] = {}
+        self._retrying: set[Hashable] = set()  # a retry is waiting in _later
         self._cond = threading.Condition()
         self._heap: list[tuple[int, int, Hashable]] = []
         self._queued: dict[Hashable, int] = {}  # key -> priority it is queued at
@@ -37,8 +54,11 @@ class WorkQueue:
         self._later: list[tuple[float, int, Hashable, int]] = []  # (due, order, key, priority)
         self._order = itertools.count()
         self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(workers)]
+
+    def start(self) -> "WorkQueue":
         for thread in self._threads:
             thread.start()
+        return self
 
     def add(self, key: Hashable, priority: int = UPDATE) -> None:
         with self._cond:
@@ -52,6 +72,24 @@ class WorkQueue:
         with self._cond:
             heapq.heappush(self._later, (time.monotonic() + delay, next(self._order), key, priority))
             self._cond.notify()
+
+    def add_rate_limited(self, key: Hashable, priority: int = UPDATE) -> tuple[int, float]:
+        """Add the key again after its backoff; (failures in a row, delay). While one retry
+        waits, further failures only lengthen the row: the waiting retry is the next run."""
+        with self._cond:
+            failures = self._failures.get(key, 0) + 1
+            self._failures[key] = failures
+            delay = min(self._retry_max_s, self._retry_first_s * 2 ** (failures - 1))
+            if key not in self._retrying:
+                self._retrying.add(key)
+                heapq.heappush(self._later, (time.monotonic() + delay, next(self._order), key, priority))
+                self._cond.notify()
+        return failures, delay
+
+    def forget(self, key: Hashable) -> None:
+        """The key's work succeeded (or the key is gone): its next failure starts a new row."""
+        with self._cond:
+            self._failures.pop(key, None)
 
     def _push(self, key: Hashable, priority: int) -> None:
         held = self._queued.get(key)
@@ -77,6 +115,8 @@ class WorkQueue:
                 if self._queued.get(key) == priority:
                     del self._queued[key]
                     self._active.add(key)
+                    # Whatever retry was due, this run is it.
+                    self._retrying.discard(key)
                     return key
 
     def _move_due(self) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helm import CHART, REPO
+from tests.support.helm import CHART, REPO
 
 OPERATOR = REPO / "operator" / "Dockerfile"
 TRAINER = REPO / "trainer_image" / "Dockerfile"

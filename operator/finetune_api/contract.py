@@ -1,0 +1,111 @@
+"""What the operator, the trainer and the CLI must agree on, each fact written once.
+
+The operator builds the pod (builders/), the trainer runs inside it, and `ftjob run` plays the
+pod on a laptop: where things are mounted, what the output folders are called, how the claim
+the operator makes is named, which environment the libraries get, which phases are final and
+how a time is written. A change here changes all three together.
+"""
+
+import datetime
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from .spec import FineTuneJobSpec, HubSource
+    from .status import Phase
+
+# --- the pod's layout ------------------------------------------------------------------------
+
+CONTAINER: Final = "trainer"
+# Values of the finetune.dev/component label: the trainer's objects, and the output claim.
+COMPONENT_TRAINER: Final = "trainer"
+COMPONENT_OUTPUT: Final = "output"
+CONFIG_DIR: Final = "/etc/finetune"
+CONFIG_KEY: Final = "config.json"
+CONFIG_PATH: Final = f"{CONFIG_DIR}/{CONFIG_KEY}"
+# The pod template annotation that holds the config; a downwardAPI volume makes it CONFIG_PATH.
+CONFIG_ANNOTATION: Final = "finetune.dev/trainer-config"
+MODEL_MOUNT: Final = "/mnt/model"
+DATASET_MOUNT: Final = "/mnt/dataset"
+OUTPUT_MOUNT: Final = "/mnt/output"
+SHM_MOUNT: Final = "/dev/shm"
+TMP_MOUNT: Final = "/tmp"
+# Hub downloads are cached on the output claim, so a retry does not download the model again.
+HUB_CACHE_DIR: Final = ".hf-cache"
+HUB_CACHE: Final = f"{OUTPUT_MOUNT}/{HUB_CACHE_DIR}"
+
+# --- what the trainer writes inside its output folder (status.output points here) -------------
+
+ADAPTER_DIR: Final = "adapter"
+MERGED_DIR: Final = "merged"
+
+# --- claims ----------------------------------------------------------------------------------
+
+# The claim the operator makes for `output.storage` (and `ftjob run`'s folder for it).
+OUTPUT_CLAIM_SUFFIX: Final = "-output"
+
+
+def output_claim_name(job: str, spec: "FineTuneJobSpec") -> str:
+    """The claim the job's output lands on: the user's own, or the one the operator makes."""
+    if spec.output.pvc is not None:
+        return spec.output.pvc.claim_name
+    return f"{job}{OUTPUT_CLAIM_SUFFIX}"
+
+
+def _join(root: str, relative: str) -> str:
+    return f"{root}/{relative}" if relative else root
+
+
+def _hub_id(hub: "HubSource | None") -> str:
+    return hub.id if hub is not None else ""
+
+
+def uses_hub(spec: "FineTuneJobSpec") -> bool:
+    return spec.model.source.hub is not None or spec.dataset.source.hub is not None
+
+
+def trainer_paths(
+    job: str, spec: "FineTuneJobSpec", mount: Callable[[str, str], str], hub_cache: str
+) -> dict[str, str | None]:
+    """The trainer's paths (the fields of trainer_config.RuntimePaths), given where each claim is
+    mounted: `mount(role, claimName)` with role model, dataset or output (the pod: a fixed folder
+    per role; `ftjob run`: DIR/<claimName>)."""
+    model, data, out = spec.model.source, spec.dataset.source, spec.output
+    relative = out.pvc.path if out.pvc is not None and out.pvc.path else job
+    return {
+        "model": _join(mount("model", model.pvc.claim_name), model.pvc.path) if model.pvc else _hub_id(model.hub),
+        "dataset": _join(mount("dataset", data.pvc.claim_name), data.pvc.path) if data.pvc else _hub_id(data.hub),
+        "output": _join(mount("output", output_claim_name(job, spec)), relative),
+        "cache": hub_cache if uses_hub(spec) else None,
+    }
+
+
+# --- the environment the libraries read at import ----------------------------------------------
+
+# Nothing to download: a pod must never hang on the network.
+OFFLINE: Final = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# The allocator setting fights fragmentation on long runs with varying sequence lengths.
+ALLOCATOR: Final = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+# torch.compile / Triton need compute capability 7.0 (Pascal is 6.1), and on the CPU a compiler.
+COMPILER_OFF: Final = {"TORCHDYNAMO_DISABLE": "1"}
+
+
+def library_environment(*, hub: bool, compiler: bool) -> dict[str, str]:
+    """The variables the pod starts with: the trainer sets the same ones for `ftjob run`."""
+    return {**ALLOCATOR, **({} if hub else OFFLINE), **({} if compiler else COMPILER_OFF)}
+
+
+# --- status and names ------------------------------------------------------------------------
+
+TERMINAL_PHASES: Final[tuple["Phase", ...]] = ("Succeeded", "Failed")
+
+# A Kubernetes label key: an optional DNS-subdomain prefix and a name of at most 63 characters.
+LABEL_KEY_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+def now() -> str:
+    """The current time as status, Events and checkpoints write it: RFC 3339, UTC, seconds."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

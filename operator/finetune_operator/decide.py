@@ -1,0 +1,228 @@
+"""What one reconcile of one FineTuneJob should do, decided from what it saw: no I/O, no clock.
+
+The applier (reconcile.py) gathers an `Observed` (the job, its Job and pods, Kueue's Workloads,
+the time), calls `decide`, and carries out the `Actions`. An action that changes what `decide`
+would see (a create that met a Job already there, a child the API server refused, a Job
+patched) is followed by another `decide` on the new facts, in the same reconcile.
+
+Level-based: the answer depends on the cluster as it is, never on what changed, so deciding
+again after a missed event, a crash or a restart converges to the same place.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from finetune_api.contract import TERMINAL_PHASES
+from finetune_api.problems import problems_from
+from finetune_api.spec import FineTuneJobSpec
+
+from . import images, workloads
+from .builders import job as job_builder
+from .builders import multinode, paths
+from .builders import pvc as pvc_builder
+from .children import Owner
+from .settings import Settings
+from .status import IMAGE_NOT_ALLOWED, INVALID, Observation, Transition, compute, needs_patch, status_patch
+
+Body = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One job as a reconcile found it, as plain API dicts (camelCase, as on the wire)."""
+
+    namespace: str
+    name: str
+    settings: Settings
+    now: str
+    body: Body | None  # the FineTuneJob; None: it is gone
+    job: Body | None = None  # the Job of the job's name, whoever owns it
+    pods: Sequence[Body] = ()  # the pods labelled with the job's name
+    workloads: Sequence[Body] = ()  # Kueue's Workloads of Jobs of that name
+    # The "namespace/name" of our FineTuneJob behind each Job UID a Workload names as preemptor.
+    preemptors: Mapping[str, str] = field(default_factory=dict)
+    # This process created the Job and has not said so in an Event yet.
+    unannounced: bool = False
+    # The API server refused a child just now, saying this.
+    rejected: str | None = None
+
+
+@dataclass(frozen=True)
+class Actions:
+    """What to do, in this order: forget, create, patch the Job; else write status and Events."""
+
+    forget: bool = False  # the FineTuneJob is gone
+    create: tuple[Body, ...] = ()  # children in creation order, the Job last
+    job_patch: Body | None = None  # fields of the live Job to change
+    status_patch: Body | None = None  # a merge patch of the operator's status fields
+    announcement: Transition | None = None  # JobCreated, before the status patch
+    events: tuple[Transition, ...] = ()  # after the status patch
+    announced: bool = False  # the JobCreated question is settled: clear the mark
+    phase: str | None = None
+
+    @property
+    def writes(self) -> bool:
+        """Whether carrying these out writes status or Events (paced during a burst)."""
+        return self.status_patch is not None or self.announced
+
+
+def parse_spec(body: Body) -> tuple[FineTuneJobSpec | None, str | None]:
+    try:
+        return FineTuneJobSpec.model_validate(body.get("spec") or {}), None
+    except ValidationError as exc:
+        return None, "; ".join(str(p) for p in problems_from(exc, FineTuneJobSpec, prefix="spec"))
+
+
+def image_refusal(spec: FineTuneJobSpec, settings: Settings) -> str | None:
+    """Why the job's trainer image may not run here, or None when the allow-list permits it."""
+    image = spec.image or settings.trainer_image
+    if images.allowed(image, settings.allowed_images):
+        return None
+    return images.refusal(image, settings.allowed_images)
+
+
+def desired_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> list[Body]:
+    """A job's own children in creation order: the Job last, so it never exists without its claim
+    (and, for several nodes, without the headless Service its pods find each other through).
+
+    The trainer's config rides in the Job's pod template and its identity is the namespace's
+    (identity.py): a job whose output claim the user brings costs one create, its Job.
+    """
+    claim = pvc_builder.output_pvc(owner, spec)
+    service = multinode.service(owner, spec) if multinode.is_multinode(spec) else None
+    return [
+        *([claim] if claim is not None else []),
+        *([service] if service is not None else []),
+        multinode.indexed_job(owner, spec, settings),
+    ]
+
+
+def output_status(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "claimName": pvc_builder.output_claim_name(owner, spec),
+        "adapterPath": paths.adapter_path(owner.name, spec),
+    }
+    merged = paths.merged_path(owner.name, spec)
+    if merged:
+        out["mergedPath"] = merged
+    return out
+
+
+def job_patch(job: Body, spec: FineTuneJobSpec) -> Body:
+    """Fields of the live Job that differ from what the FineTuneJob asks for now."""
+    live = job.get("spec") or {}
+    patch: Body = {}
+    if spec.suspend and not live.get("suspend"):
+        patch["suspend"] = True
+    # A queued Job is unsuspended by Kueue, not by us.
+    if not spec.suspend and live.get("suspend") and spec.placement.queue_name is None:
+        patch["suspend"] = False
+    for key, value in job_builder.mutable_fields(spec).items():
+        if live.get(key) != value:
+            patch[key] = value
+    return patch
+
+
+def owned_by(child: Body, uid: str | None) -> bool:
+    refs = (child.get("metadata") or {}).get("ownerReferences") or []
+    return uid is not None and any(r.get("uid") == uid for r in refs)
+
+
+def _image_refused(spec: FineTuneJobSpec, current: Body, settings: Settings) -> str | None:
+    """The allow-list's verdict for a job that has no Job: before its first one, and again for as
+    long as the job stays Failed for it (a job that ran is never failed by a narrower list)."""
+    conditions = current.get("conditions") or []
+    failed_for_image = any(c.get("type") == "Failed" and c.get("reason") == IMAGE_NOT_ALLOWED for c in conditions)
+    if current.get("phase") in TERMINAL_PHASES and not failed_for_image:
+        return None
+    return image_refusal(spec, settings)
+
+
+def _admission(
+    seen: Observed, spec: FineTuneJobSpec | None, job: Body | None
+) -> tuple[workloads.Admission | None, str | None]:
+    """Kueue's verdict on the Job's Workload, and the preempting FineTuneJob when it is ours."""
+    if spec is None or not spec.placement.queue_name or job is None:
+        return None, None
+    workload = workloads.of_job(seen.workloads, job)
+    if workload is None:
+        return None, None
+    admission = workloads.read(workload)
+    uid = admission.preemption.preemptor_job_uid if admission.preemption else None
+    return admission, seen.preemptors.get(uid) if uid else None
+
+
+def decide(seen: Observed) -> Actions:
+    body = seen.body
+    if body is None:
+        return Actions(forget=True)
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return Actions()  # the garbage collector deletes the children (owner references)
+    current: Body = body.get("status") or {}
+    owner = Owner(name=seen.name, namespace=seen.namespace, uid=meta["uid"])
+    spec, invalid = parse_spec(body)
+    invalid_reason = INVALID
+    job: Body | None = None
+    pods: list[Body] = []
+    if spec is not None:
+        # A Job that another owner holds is a deleted FineTuneJob's of the same name, still
+        # being collected: not ours, and nothing is created until the name is free.
+        job = seen.job if seen.job is not None and owned_by(seen.job, owner.uid) else None
+        if seen.rejected is not None:
+            # Admission let the spec through but refused a child (e.g. a malformed affinity): a
+            # spec problem, reported once as Failed, not a retry loop.
+            invalid = seen.rejected
+        elif seen.job is None and (refused := _image_refused(spec, current, seen.settings)) is not None:
+            # Decided before any child exists: the job ends Failed and no Job is ever made.
+            invalid, invalid_reason = refused, IMAGE_NOT_ALLOWED
+        elif seen.job is None and current.get("phase") not in TERMINAL_PHASES:
+            # The pass that creates a Job writes nothing else: its status and Event follow in
+            # the next pass, paced while Jobs are being created (runtime/pacing.py).
+            return Actions(create=tuple(desired_children(owner, spec, seen.settings)), phase=current.get("phase"))
+        if job is not None:
+            patch = job_patch(job, spec)
+            if patch:
+                return Actions(job_patch=patch, phase=current.get("phase"))
+            uid = (job.get("metadata") or {}).get("uid")
+            pods = [p for p in seen.pods if owned_by(p, uid)]
+    admission, preemptor = _admission(seen, spec, job)
+    outcome = compute(
+        Observation(
+            generation=int(meta.get("generation") or 0),
+            now=seen.now,
+            current=current,
+            invalid=invalid,
+            invalid_reason=invalid_reason,
+            job=job,
+            pods=pods,
+            output=output_status(owner, spec) if spec is not None else None,
+            suspend_requested=bool(spec and spec.suspend),
+            queued=bool(spec and spec.placement.queue_name),
+            queue_name=spec.placement.queue_name if spec is not None else None,
+            admission=admission,
+            preemptor=preemptor,
+            nodes=spec.resources.nodes if spec is not None else 1,
+        )
+    )
+    announcement = None
+    if seen.unannounced and job is not None:
+        announcement = Transition("Normal", "JobCreated", f"created Job {job['metadata']['name']}")
+    if not needs_patch(current, outcome.status):
+        return Actions(announcement=announcement, announced=seen.unannounced, phase=outcome.phase)
+    events = tuple(
+        t
+        for t in outcome.transitions
+        # "JobCreated" has said it: one Event per job is enough.
+        if not (seen.unannounced and t.reason == "Pending" and not current.get("phase"))
+    )
+    return Actions(
+        status_patch=status_patch(current, outcome.status),
+        announcement=announcement,
+        events=events,
+        announced=seen.unannounced,
+        phase=outcome.phase,
+    )

@@ -1,0 +1,13 @@
+"""The machinery that keeps a burst of jobs fast, in the shape client-go gives a Go controller.
+
+| module | what it holds |
+| --- | --- |
+| `streams.py` | list-and-watch of Jobs, pods and Kueue Workloads, resumed from the last version |
+| `cache.py` | the newest body of every watched object, trimmed, read instead of the API server |
+| `workqueue.py` | each job once, never twice at a time, the urgent first; retries with backoff |
+| `pacing.py` | status and Event writes yield to Job creation during a burst |
+| `resync.py` | every cached job queued again now and then |
+
+kopf watches the FineTuneJobs and starts the operator (handlers.py); everything here is built
+without starting a thread, and started by handlers.py's `Operator.start()`.
+"""

@@ -1,0 +1,199 @@
+"""What a reconcile decides, from what it saw: every path the cluster tests prove end to end
+(create, refused child, ownership, the JobCreated Event once, suspend, deletion), here with no
+threads and no API server."""
+
+from typing import Any
+
+from finetune_operator.decide import Actions, Observed, decide
+from finetune_operator.settings import Settings
+from tests.support import bodies
+from tests.support.specs import OWNER, body
+
+NOW = "2026-01-01T00:00:10Z"
+SETTINGS = Settings()
+
+
+def finetunejob(status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    meta = {"name": OWNER.name, "namespace": OWNER.namespace, "uid": OWNER.uid, "generation": 1}
+    return {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": meta, "spec": body(**spec)} | (
+        {"status": status} if status else {}
+    )
+
+
+def batch_job(owner_uid: str = OWNER.uid, **spec: Any) -> dict[str, Any]:
+    meta = {"name": OWNER.name, "namespace": OWNER.namespace, "uid": "job-uid"}
+    meta["ownerReferences"] = [{"kind": "FineTuneJob", "name": OWNER.name, "uid": owner_uid, "controller": True}]
+    return {"metadata": meta, "spec": {"suspend": False, **spec}, "status": {}}
+
+
+def seen(job_body: dict[str, Any] | None, **kwargs: Any) -> Observed:
+    return Observed(namespace=OWNER.namespace, name=OWNER.name, settings=SETTINGS, now=NOW, body=job_body, **kwargs)
+
+
+PENDING = {"phase": "Pending", "observedGeneration": 1}
+
+
+def test_a_new_job_gets_its_children_and_nothing_else_in_that_pass() -> None:
+    actions = decide(seen(finetunejob(output={"pvc": None, "storage": {"size": "1Gi"}})))
+    assert [c["kind"] for c in actions.create] == ["PersistentVolumeClaim", "Job"]  # the Job last
+    assert actions.create[-1]["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    assert actions.status_patch is None and actions.announcement is None and not actions.writes
+
+
+def test_a_refused_child_fails_the_job_once_instead_of_creating_again() -> None:
+    refusal = "the API server rejected Job tiny: spec.template.spec.affinity: Invalid value"
+    actions = decide(seen(finetunejob(), rejected=refusal))
+    assert not actions.create
+    assert actions.phase == "Failed" and actions.status_patch is not None
+    failed = next(c for c in actions.status_patch["conditions"] if c["type"] == "Failed")
+    assert (failed["reason"], failed["message"]) == ("Invalid", refusal)
+    assert [(e.reason, e.message) for e in actions.events] == [("Invalid", refusal)]
+    # The next pass, with the verdict written and no Job: nothing is created again.
+    written = finetunejob(status=actions.status_patch)
+    assert not decide(seen(written)).create
+
+
+def test_a_job_of_another_owner_is_neither_used_nor_replaced() -> None:
+    # The Job of a deleted FineTuneJob of the same name, not collected yet.
+    actions = decide(seen(finetunejob(), job=batch_job(owner_uid="old-uid"), pods=[]))
+    assert not actions.create and actions.job_patch is None
+    assert actions.phase == "Pending"
+    assert actions.status_patch is not None and "restarts" not in actions.status_patch
+
+
+def test_job_created_is_said_once_and_replaces_the_pending_event() -> None:
+    first = decide(seen(finetunejob(), job=batch_job(), unannounced=True))
+    assert first.announcement is not None and first.announcement.reason == "JobCreated"
+    assert first.announcement.message == "created Job tiny"
+    assert first.announced and first.writes
+    assert [e.reason for e in first.events] == []  # no "Pending" Event beside it
+    assert first.status_patch is not None and first.status_patch["phase"] == "Pending"
+    # The mark cleared, the same job again: no second JobCreated, nothing to write.
+    again = decide(seen(finetunejob(status=first.status_patch), job=batch_job()))
+    assert again.announcement is None and not again.writes
+    # Without the mark (another process created the Job) the first pass says Pending instead.
+    unmarked = decide(seen(finetunejob(), job=batch_job()))
+    assert unmarked.announcement is None and [e.reason for e in unmarked.events] == ["Pending"]
+
+
+def test_suspend_and_resume_patch_the_job_before_any_status() -> None:
+    actions = decide(seen(finetunejob(status=PENDING, suspend=True), job=batch_job()))
+    assert actions.job_patch == {"suspend": True} and actions.status_patch is None
+    resumed = decide(seen(finetunejob(status=PENDING), job=batch_job(suspend=True)))
+    assert resumed.job_patch == {"suspend": False}
+    # A queued Job is Kueue's to unsuspend.
+    queued = finetunejob(status=PENDING, placement={"queueName": "team-a"})
+    assert decide(seen(queued, job=batch_job(suspend=True))).job_patch is None
+    # Suspended as asked: the status says so.
+    suspended = decide(seen(finetunejob(status=PENDING, suspend=True), job=batch_job(suspend=True)))
+    assert suspended.job_patch is None and suspended.phase == "Suspended"
+
+
+def test_a_deleted_job_is_forgotten_and_a_deleting_one_left_to_the_garbage_collector() -> None:
+    assert decide(seen(None)).forget
+    deleting = finetunejob()
+    deleting["metadata"]["deletionTimestamp"] = NOW
+    assert decide(seen(deleting, job=batch_job())) == Actions()
+
+
+def test_an_image_outside_the_allow_list_fails_the_job_and_creates_nothing() -> None:
+    actions = decide(seen(finetunejob(image="evil.example.com/miner:1")))
+    assert not actions.create and actions.phase == "Failed"
+    assert actions.status_patch is not None and "allow-list" in actions.status_patch["message"]
+    # A job that got its Job under a wider list is never failed by a narrower one.
+    running = finetunejob(status={"phase": "Running"}, image="evil.example.com/miner:1")
+    assert decide(seen(running, job=batch_job())).phase != "Failed"
+
+
+def test_a_terminal_job_whose_job_is_gone_keeps_its_verdict_and_gets_no_new_job() -> None:
+    done = {"phase": "Succeeded", "observedGeneration": 1, "completionTime": NOW}
+    actions = decide(seen(finetunejob(status=done)))
+    assert not actions.create and actions.phase == "Succeeded"
+
+
+# --- a job of several nodes: one gang of pods ---------------------------------------------
+
+TWO_NODES = {"gpus": 0, "cpu": "1", "memory": "2Gi", "processes": 1, "nodes": 2}
+
+
+def gang_pod(index: int, phase: str, **kwargs: Any) -> dict[str, Any]:
+    made = bodies.pod(f"{OWNER.name}-{index}-abcde", phase, **kwargs)
+    made["metadata"]["ownerReferences"] = [{"kind": "Job", "name": OWNER.name, "uid": "job-uid", "controller": True}]
+    return made
+
+
+def test_a_job_of_two_nodes_gets_its_headless_service_then_its_indexed_job() -> None:
+    output = {"pvc": None, "storage": {"size": "1Gi"}}
+    actions = decide(seen(finetunejob(resources=TWO_NODES, output=output, backoffLimit=3)))
+    assert [c["kind"] for c in actions.create] == ["PersistentVolumeClaim", "Service", "Job"]
+    claim, service, job = actions.create
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # every pod mounts the output
+    assert service["metadata"]["name"] == OWNER.name
+    assert service["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    assert (service["spec"]["clusterIP"], service["spec"]["publishNotReadyAddresses"]) == ("None", True)
+    assert [p["port"] for p in service["spec"]["ports"]] == [29400]
+    assert job["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 2, 2)
+    assert spec["template"]["spec"]["subdomain"] == OWNER.name
+    assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0", "succeededCount": 1}]}
+    # A gang attempt costs up to one failed pod per node: the spec's limit counts attempts.
+    assert spec["backoffLimit"] == 2 * 3
+    assert actions.status_patch is None and not actions.writes
+
+
+def test_a_job_of_one_node_gets_no_service() -> None:
+    actions = decide(seen(finetunejob(resources={**TWO_NODES, "nodes": 1})))
+    assert [c["kind"] for c in actions.create] == ["Job"]
+    assert "completionMode" not in actions.create[0]["spec"]
+
+
+def test_a_gang_with_a_pod_the_scheduler_cannot_place_says_what_is_missing_and_is_not_running() -> None:
+    refusal = "0/5 nodes are available: 4 Insufficient nvidia.com/gpu, 1 node(s) didn't match pod anti-affinity."
+    pods = [
+        gang_pod(0, "Running", node="local-0", scheduled=(True, "", "")),
+        gang_pod(1, "Pending", scheduled=(False, "Unschedulable", refusal)),
+    ]
+    actions = decide(seen(finetunejob(status=PENDING, resources=TWO_NODES), job=batch_job(), pods=pods))
+    patch = actions.status_patch
+    assert patch is not None and actions.phase == "Pending"
+    assert patch["message"] == f"Unschedulable: 1 of 2 pods pending: {refusal}"
+    assert patch["nodes"] == {"ready": 1, "total": 2}
+    running = next(c for c in patch["conditions"] if c["type"] == "Running")
+    assert running["status"] == "False"
+    scheduled = next(c for c in patch["conditions"] if c["type"] == "Scheduled")
+    assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
+    assert [(e.type, e.reason) for e in actions.events] == [("Warning", "Unschedulable")]
+
+
+def test_a_gang_is_running_only_when_every_pod_runs() -> None:
+    one = [gang_pod(0, "Running", node="local-0"), gang_pod(1, "Pending", node="local-1")]
+    waiting = decide(seen(finetunejob(status=PENDING, resources=TWO_NODES), job=batch_job(), pods=one))
+    assert waiting.phase == "Pending"
+    assert waiting.status_patch is not None and "message" not in waiting.status_patch
+    running = next(c for c in waiting.status_patch["conditions"] if c["type"] == "Running")
+    assert (running["status"], running["reason"]) == ("False", "WaitingForNodes")
+    assert running["message"].startswith("1 of 2 pods running")
+
+    both = [gang_pod(0, "Running", node="local-0"), gang_pod(1, "Running", node="local-1")]
+    whole = decide(seen(finetunejob(status=PENDING, resources=TWO_NODES), job=batch_job(), pods=both))
+    assert whole.phase == "Running"
+    assert whole.status_patch is not None and whole.status_patch["nodes"] == {"ready": 2, "total": 2}
+    scheduled = next(c for c in whole.status_patch["conditions"] if c["type"] == "Scheduled")
+    assert scheduled["status"] == "True" and scheduled["message"] == "2 of 2 pods are on nodes local-0, local-1"
+
+
+def test_a_gang_that_failed_together_counts_one_restart() -> None:
+    pods = [
+        gang_pod(0, "Failed", exit_code=1, created="2026-01-01T00:00:01Z"),
+        gang_pod(1, "Failed", exit_code=137, created="2026-01-01T00:00:01Z"),
+        gang_pod(0, "Running", node="local-0", created="2026-01-01T00:00:05Z"),
+        gang_pod(1, "Running", node="local-1", created="2026-01-01T00:00:05Z"),
+    ]
+    job = batch_job()
+    job["status"] = {"failed": 2, "startTime": "2026-01-01T00:00:00Z"}
+    actions = decide(seen(finetunejob(status=PENDING, resources=TWO_NODES), job=job, pods=pods))
+    assert actions.phase == "Running"
+    assert actions.status_patch is not None and actions.status_patch["restarts"] == 1
+    assert actions.status_patch["nodes"] == {"ready": 2, "total": 2}
+    assert "Restarted" in [e.reason for e in actions.events]

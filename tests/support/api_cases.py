@@ -1,0 +1,87 @@
+"""The tiny example, varied, and the wrong specs both `ftjob validate` and the API server refuse."""
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY = yaml.safe_load((ROOT / "examples" / "tiny-job.yaml").read_text())
+
+
+def tiny_with(change: dict[str, Any]) -> dict[str, Any]:
+    """The tiny example with `change` merged into its spec (None deletes a key)."""
+    body = copy.deepcopy(TINY)
+
+    def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+        for key, value in patch.items():
+            if value is None:
+                target.pop(key, None)
+            elif isinstance(value, dict) and isinstance(target.get(key), dict):
+                merge(target[key], value)
+            else:
+                target[key] = value
+
+    merge(body["spec"], change)
+    return body
+
+
+WRONG_SPECS = [
+    ("zero rank", {"lora": {"r": 0}}, "spec.lora.r:"),
+    ("rank too big", {"lora": {"r": 257}}, "spec.lora.r:"),
+    ("negative learning rate", {"training": {"learningRate": -1e-4}}, "spec.training.learningRate:"),
+    ("zero learning rate", {"training": {"learningRate": 0}}, "spec.training.learningRate:"),
+    ("negative gpus", {"resources": {"gpus": -1}}, "spec.resources.gpus:"),
+    ("zero batch", {"training": {"batchSize": 0}}, "spec.training.batchSize:"),
+    ("dropout over one", {"lora": {"dropout": 1.5}}, "spec.lora.dropout:"),
+    (
+        "both model sources",
+        {"model": {"source": {"hub": {"id": "meta-llama/Llama-3.3-70B-Instruct"}}}},
+        "spec.model.source: exactly one of pvc or hub",
+    ),
+    ("no model source", {"model": {"source": {"pvc": None}}}, "spec.model.source: exactly one of pvc or hub"),
+    (
+        "bf16 on P40",
+        {"precision": "bf16", "resources": {"gpus": 4, "gpuProduct": "Tesla-P40"}},
+        "precision bf16 is not supported on Tesla-P40",
+    ),
+    (
+        "fp16 on P100",
+        {"precision": "fp16", "resources": {"gpus": 1, "gpuProduct": "Tesla-P100-PCIE-16GB"}},
+        "precision fp16 is not supported",
+    ),
+    ("unknown field", {"lora": {"rank": 16}}, "spec.lora.rank: unknown field (did you mean 'r'?)"),
+    ("empty targetModules", {"lora": {"targetModules": []}}, "spec.lora.targetModules:"),
+    ("keep below two", {"checkpoints": {"keep": 1}}, "spec.checkpoints.keep:"),
+    ("bad format", {"dataset": {"format": "csv"}}, "spec.dataset.format:"),
+    ("bad quantization", {"quantization": {"type": "int3"}}, "spec.quantization.type:"),
+    ("epochs and maxSteps", {"training": {"epochs": 1}}, "set either epochs or maxSteps"),
+    ("no output", {"output": None}, "spec.output: required field is missing"),
+    ("unknown parallelism", {"training": {"parallelism": "pipeline"}}, "spec.training.parallelism:"),
+    ("zero processes", {"resources": {"processes": 0}}, "spec.resources.processes:"),
+    ("too many processes", {"resources": {"processes": 65}}, "spec.resources.processes:"),
+    (
+        "processes on GPUs",
+        {"resources": {"gpus": 2, "processes": 2}},
+        "spec.resources.processes: processes is for CPU pods (gpus: 0)",
+    ),
+    (
+        "deviceMap with processes",
+        {"training": {"parallelism": "deviceMap"}, "resources": {"processes": 2}},
+        "resources.processes must be 1 with training.parallelism deviceMap",
+    ),
+    ("zero nodes", {"resources": {"nodes": 0}}, "spec.resources.nodes:"),
+    ("too many nodes", {"resources": {"nodes": 65}}, "spec.resources.nodes:"),
+    (
+        "deviceMap on two nodes",
+        {"training": {"parallelism": "deviceMap"}, "resources": {"nodes": 2}},
+        "resources.nodes must be 1 with training.parallelism deviceMap",
+    ),
+    (
+        "priority without a queue",
+        {"placement": {"workloadPriorityClassName": "high"}},
+        "workloadPriorityClassName needs queueName",
+    ),
+]

@@ -1,0 +1,91 @@
+"""What the operator's tests install on the control plane: the CRD as the models generate it, the
+chart's admission policies, claims."""
+
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from finetune_api import crd as crd_model
+from finetune_api.constants import CRD_NAME
+from tests.support.harness import operator_fence_policies, trainer_status_policy, wait_for
+
+
+def admission_policies_install(kube: client.ApiClient, objects: list[dict[str, Any]]) -> None:
+    """Create or update ValidatingAdmissionPolicies and their bindings, in the order given."""
+    admission = client.AdmissionregistrationV1Api(kube)
+    calls = {
+        "ValidatingAdmissionPolicy": (
+            admission.create_validating_admission_policy,
+            admission.read_validating_admission_policy,
+            admission.replace_validating_admission_policy,
+        ),
+        "ValidatingAdmissionPolicyBinding": (
+            admission.create_validating_admission_policy_binding,
+            admission.read_validating_admission_policy_binding,
+            admission.replace_validating_admission_policy_binding,
+        ),
+    }
+    for body in objects:
+        create, read, replace = calls[body["kind"]]
+        try:
+            create(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            name = body["metadata"]["name"]
+            version = read(name).metadata.resource_version
+            replace(name, {**body, "metadata": {**body["metadata"], "resourceVersion": version}})
+
+
+def trainer_status_policy_install(kube: client.ApiClient) -> None:
+    """The chart's admission policy that keeps each trainer to its own job."""
+    admission_policies_install(kube, trainer_status_policy())
+
+
+def operator_fence_install(kube: client.ApiClient) -> None:
+    """The chart's fence around the operator's own token, for the tests' operator account: every
+    test that runs the operator runs it inside the fence, as the chart installs it."""
+    admission_policies_install(kube, operator_fence_policies())
+
+
+def finetune_crd_install(kube: client.ApiClient) -> str:
+    """Create or update the CRD as the models generate it, and the admission policies that come
+    with it in the chart; wait until the CRD is Established."""
+    trainer_status_policy_install(kube)
+    operator_fence_install(kube)
+    api = client.ApiextensionsV1Api(kube)
+    body = crd_model.crd()
+    try:
+        api.create_custom_resource_definition(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        current = api.read_custom_resource_definition(CRD_NAME)
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        api.replace_custom_resource_definition(CRD_NAME, body)
+
+    def established() -> bool:
+        found = api.read_custom_resource_definition(CRD_NAME)
+        return any(c.type == "Established" and c.status == "True" for c in found.status.conditions or [])
+
+    wait_for(established, 30, "the FineTuneJob CRD to be Established")
+    return CRD_NAME
+
+
+def make_claim(core: client.CoreV1Api, namespace: str, name: str, size: str = "1Gi") -> None:
+    core.create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}},
+        },
+    )
+
+
+def wait_bound(core: client.CoreV1Api, namespace: str, name: str) -> None:
+    wait_for(
+        lambda: core.read_namespaced_persistent_volume_claim(name, namespace).status.phase == "Bound",
+        60,
+        f"PVC {namespace}/{name} to be Bound",
+    )

@@ -1,0 +1,70 @@
+"""What a trained job left behind, read from the node agent's folders: summaries, adapters, the
+trainer's events; and waiting for a job to finish."""
+
+import json
+from pathlib import Path
+
+from tests.support.harness import Jobs, wait_for
+
+CHECKPOINTS = {"everySteps": 8, "keep": 2}
+
+
+RUN_TIMEOUT = 420
+
+
+def host_path(folders: dict[str, Path], pod_path: str) -> Path:
+    """Where a path inside the pod's /mnt/output lies in the outputs PVC folder."""
+    relative = Path(pod_path).relative_to("/mnt/output")
+    return folders["outputs"] / relative
+
+
+def watch_until_done(jobs: Jobs, name: str, timeout: float = RUN_TIMEOUT) -> tuple[list[str], list[int], dict]:
+    """Phases and progress steps seen, in order, until the job is Succeeded or Failed."""
+    phases: list[str] = []
+    steps: list[int] = []
+
+    def done() -> dict | None:
+        status = jobs.status(name)
+        phase = status.get("phase")
+        if phase and (not phases or phases[-1] != phase):
+            phases.append(phase)
+        step = (status.get("progress") or {}).get("step")
+        if step is not None and (not steps or steps[-1] != step):
+            steps.append(step)
+        return status if phase in ("Succeeded", "Failed") else None
+
+    final = wait_for(done, timeout, f"{name} to finish", interval=0.5)
+    return phases, steps, final
+
+
+def summary(folders: dict[str, Path], name: str) -> dict:
+    return json.loads((folders["outputs"] / name / "summary.json").read_text())
+
+
+def running_pod(jobs: Jobs, name: str) -> dict | None:
+    return next((p for p in jobs.pods(name) if p["status"].get("phase") == "Running"), None)
+
+
+# Equal adapters from the same math (see tests/trainer/test_parallel.py for the tolerance).
+ADAPTER_TOLERANCE = 1e-5
+
+
+def adapter_tensors(folders: dict[str, Path], status: dict) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(host_path(folders, status["output"]["adapterPath"]) / "adapter_model.safetensors"))
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b)
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def trainer_event(cluster, namespace: str, pod_name: str, kind: str) -> dict | None:
+    """The trainer's last `kind` event in a (possibly deleted) pod's log on the node agent."""
+    found = None
+    for log in Path(cluster.layout.pods).glob(f"{namespace}_{pod_name}_*/*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(f'{{"event":"{kind}"'):
+                found = json.loads(line)
+    return found
