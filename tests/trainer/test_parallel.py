@@ -370,3 +370,41 @@ def test_a_node_whose_peer_never_comes_exits_rendezvous_timeout_within_the_bound
     # The launcher's own start (imports, the plan) comes on top of the bound.
     assert elapsed < 2 * bound + 60, elapsed
     assert len(run.of("failed")) == 1
+
+
+def test_a_node_waiting_at_the_rendezvous_stops_at_once_on_sigterm(tmp_path: Path, tiny_assets: Path) -> None:
+    """A gang being deleted (deadline, suspend, FineTuneJob deleted) sends SIGTERM to pods whose
+    launcher waits for peers that will not come: it leaves at once, Interrupted, not at the bound."""
+    import os
+    import signal
+
+    job = make_job_dir(tmp_path, tiny_assets)
+    job.spec_changes = TWO_NODES
+    termination = tmp_path / "termination-log"
+    command = [sys.executable, "-m", "finetune_trainer", "--config", str(job.config_path())]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **node_env(0, _free_port(), timeout_s=600)}
+    process = subprocess.Popen(
+        [*command, "--termination-log", str(termination)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert process.stderr is not None
+    try:
+        for line in process.stderr:
+            if "node 0 of 2: rendezvous at" in line:
+                break
+        time.sleep(2)  # well inside the wait
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    elapsed = time.monotonic() - sent
+    assert process.returncode == ExitReason.Interrupted, process.returncode
+    assert termination.read_text(encoding="utf-8").startswith("Interrupted: SIGTERM before any rank started"), (
+        termination.read_text(encoding="utf-8")
+    )
+    assert elapsed < 10, elapsed

@@ -276,6 +276,15 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def child_processes() -> list[int]:
+    """The pids of this process's children (the agent's workers, once it starts them)."""
+    found: list[int] = []
+    for task in Path("/proc/self/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            found.extend(int(pid) for pid in task.read_text(encoding="utf-8").split())
+    return found
+
+
 class Watchdog:
     """Beside the agent: finds a worker that ended with no finish mark and no reason, records
     it as a retryable failure, and kills the other workers so that the agent ends the run."""
@@ -421,7 +430,8 @@ def launch(config_path: str, processes: int) -> tuple[ExitReason | None, str]:
         # An inherited "ignore SIGCHLD" makes the kernel reap workers, and every exit read as 0.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        agent = threading.Thread(target=run_agent, name="elastic-agent")
+        # A daemon: a launcher stopped at the rendezvous leaves without it (above).
+        agent = threading.Thread(target=run_agent, name="elastic-agent", daemon=True)
         try:
             agent.start()
             while agent.is_alive():
@@ -429,6 +439,13 @@ def launch(config_path: str, processes: int) -> tuple[ExitReason | None, str]:
                 if signals:
                     # Workers that register later (still starting) are told as they appear.
                     watchdog.forward(signal.SIGTERM, told)
+                    if not watchdog.workers() and not child_processes():
+                        # No worker was ever started: the agent is still at (or before) the
+                        # rendezvous, where it may wait out the whole bound for peers that will
+                        # not come (a gang being deleted). Nothing has trained, so nothing is
+                        # lost: leave now, retryably, without waiting for that thread.
+                        stopped = signal.Signals(signals[0]).name
+                        return ExitReason.Interrupted, f"{stopped} before any rank started training; nothing to save"
                 watchdog.check(time.monotonic())
         finally:
             for sig, handler in previous.items():
