@@ -85,6 +85,8 @@ def test_crd_names_and_columns() -> None:
         "Step",
         "Loss",
         "GPUs",
+        "Nodes",
+        "Ready",
         "Queue",
         "Admission",
         "Preemptions",
