@@ -47,6 +47,19 @@ def loss_sum(model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor]) -
     return total
 
 
+@contextmanager
+def dropout_off(model: nn.Module) -> Iterator[None]:
+    """Dropout modules in eval mode, the rest of the model as it is (training, checkpointed)."""
+    dropouts = [m for m in model.modules() if isinstance(m, nn.Dropout) and m.training]
+    for module in dropouts:
+        module.eval()
+    try:
+        yield
+    finally:
+        for module in dropouts:
+            module.train()
+
+
 @dataclass
 class StepFigures:
     loss: float
@@ -152,24 +165,30 @@ class Loop:
         return StepFigures(loss=loss, tokens=int(tokens), lr=lr)
 
     def evaluate(self) -> float | None:
-        """Token-weighted eval loss over the held-out rows, split over the ranks."""
+        """Token-weighted eval loss over the held-out rows, split over the ranks.
+
+        Each eval micro-batch runs as a training micro-batch does (gradients on, checkpointing on,
+        so no more memory than a step), with dropout off, and a zero backward; the gradients are
+        dropped after. A no-grad forward of the FSDP-sharded model gave a wrong loss and left the
+        next steps off the one-process run (FSDP1 keeps the root's gathered parameters for a
+        backward that never comes); every mode takes the one path so that they stay comparable.
+        """
         if not self.eval_rows:
             return None
-        self.model.eval()
         total, targets = 0.0, 0
         try:
-            with torch.no_grad():
+            with dropout_off(self.model), torch.enable_grad():
                 for ids in eval_slots(
                     len(self.eval_rows), self.eval_batch_size, self.topology.rank, self.topology.world_size
                 ):
                     if not ids and not self.sharded:
                         continue
                     rows = [self.eval_rows[i] for i in ids] or self._padding(self.eval_rows)
-                    total += float(
-                        loss_sum(self.model, self.head, collate(rows, self.pad_id, self.device, self.packed))
-                    )
+                    value = loss_sum(self.model, self.head, collate(rows, self.pad_id, self.device, self.packed))
+                    (value * 0.0).backward()  # type: ignore[no-untyped-call]
+                    total += float(value.detach())
                     targets += sum(r.targets for r in rows)
         finally:
-            self.model.train()
+            self.optimizer.zero_grad(set_to_none=True)
         total, count = sum_figures([total, float(targets)], self.topology.world_size, self.device)
         return total / max(count, 1.0)
