@@ -177,7 +177,7 @@ class Loop:
             return None
         total, targets = 0.0, 0
         try:
-            with dropout_off(self.model), torch.enable_grad():
+            with dropout_off(self.model), torch.enable_grad():  # type: ignore[no-untyped-call]
                 for ids in eval_slots(
                     len(self.eval_rows), self.eval_batch_size, self.topology.rank, self.topology.world_size
                 ):
