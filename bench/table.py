@@ -32,6 +32,10 @@ def row(record: dict[str, Any]) -> str | None:
     mode = ours.get("parallelism") or record.get("mode") or "-"
     if "nop2p" in str(record.get("mode", "")):
         mode += " (NCCL_P2P_DISABLE=1)"
+    nodes = record.get("nodes")
+    if nodes:
+        # A job of several pods: one launcher per pod, rendezvous and NCCL over TCP.
+        mode = f"{nodes} nodes x {record['gpus'] // nodes} GPU, {mode}, NCCL over TCP"
     ref_gpus = ref.get("gpus", 1)
     against = (
         f"{ref_gpus} GPU" + (", layers split" if ref.get("split") else "")

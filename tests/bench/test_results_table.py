@@ -54,3 +54,10 @@ def test_a_failed_run_is_left_out_of_the_table(tmp_path: Path) -> None:
 def test_gpu_slug() -> None:
     assert gpu_slug([{"gpu": "NVIDIA H200"}]) == "h200"
     assert gpu_slug([{"gpu": "Tesla P40"}]) == "p40"
+
+
+def test_a_job_of_several_nodes_says_so(tmp_path: Path) -> None:
+    ours = {**OURS, "parallelism": "dataParallel"}
+    (tmp_path / "2026-12-01-h200-2node.json").write_text(json.dumps(record(mode="2 nodes", nodes=2, ours=ours)))
+    (rows,) = render(tmp_path).splitlines()[2:]
+    assert "| 2 | 2 nodes x 1 GPU, dataParallel, NCCL over TCP | 1 GPU |" in rows
