@@ -56,7 +56,8 @@ def adapter_tensors(folders: dict[str, Path], status: dict) -> dict:
 
 
 def max_difference(a: dict, b: dict) -> float:
-    assert sorted(a) == sorted(b)
+    """The largest absolute difference between two adapters' tensors of the same names."""
+    assert sorted(a) == sorted(b), "the adapters hold different tensors"
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 

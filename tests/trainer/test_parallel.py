@@ -25,12 +25,12 @@ from safetensors.torch import load_file
 
 from finetune_api import multinode
 from finetune_api.reasons import NON_RETRYABLE, ExitReason
+from tests.support.training import ADAPTER_TOLERANCE, max_difference
 
 from .conftest import JobDir, Run, make_job_dir
 
 pytestmark = pytest.mark.trainer
 
-ADAPTER_TOLERANCE = 1e-5
 STEPS = 12
 # Two processes each run one micro-batch of 2 samples per step; one process runs both.
 TWO = {
@@ -54,11 +54,6 @@ def with_changes(base: dict, **sections: dict) -> dict:
 
 def adapter(job: JobDir) -> dict:
     return load_file(str(job.output / "adapter" / "adapter_model.safetensors"))
-
-
-def max_difference(a: dict, b: dict) -> float:
-    assert sorted(a) == sorted(b), "the adapters hold different tensors"
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 def summary(job: JobDir) -> dict:
