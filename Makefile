@@ -35,7 +35,7 @@ test-fast: $(STAMP) ## tests that need neither the control plane nor the trainer
 lint: $(STAMP) ## ruff + mypy --strict
 	$(VENV)/bin/ruff check operator trainer_image tests hack bench
 	$(VENV)/bin/ruff format --check operator trainer_image tests hack bench
-	$(VENV)/bin/mypy --strict operator/finetune_api operator/finetune_operator operator/finetune_cli
+	$(VENV)/bin/mypy --strict operator/finetune_api operator/finetune_plan operator/finetune_operator operator/finetune_cli
 
 crds: $(STAMP) ## regenerate crds/ and the chart's copy from the API models
 	$(PY) -m finetune_api.generate

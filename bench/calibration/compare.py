@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_trainer.planning import GIB, Hardware, Recipe, lookup, shape_from_config
-from finetune_trainer.planning import calibration as cal
-from finetune_trainer.planning.gpu_products import GpuProduct
-from finetune_trainer.planning.placement import Placement
-from finetune_trainer.planning.plan import device_map_layout
-from finetune_trainer.planning.speed import estimate, flops_per_token, memory_traffic_bytes
+from finetune_plan import GIB, Hardware, Recipe, lookup, shape_from_config
+from finetune_plan import calibration as cal
+from finetune_plan.gpu_products import GpuProduct
+from finetune_plan.placement import Placement
+from finetune_plan.plan import device_map_layout
+from finetune_plan.speed import estimate, flops_per_token, memory_traffic_bytes
 
 MEASUREMENTS = Path(__file__).with_name("measurements.json")
 MEMORY_TOLERANCE = 0.15

@@ -95,7 +95,7 @@ def planned_device_map(arch: dict[str, Any], gpus: int) -> tuple[Any, list[int]]
     """Layers split evenly, embeddings on the first GPU and the head on the last, named the way
     the planner's `Placement.device_map()` names them (an even split puts layers and the edge
     modules on every GPU, which tests the per-GPU model harder than the planner's own choice)."""
-    from finetune_trainer.planning.placement import Placement
+    from finetune_plan.placement import Placement
 
     if gpus == 1:
         return {"": 0 if torch.cuda.is_available() else "cpu"}, [arch["layers"]]

@@ -1,11 +1,15 @@
 """Shared pieces of the API models: the base class and the Kubernetes-shaped field types."""
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
-from .contract import LABEL_KEY_PATTERN
+# A Kubernetes label key: an optional DNS-subdomain prefix and a name of at most 63 characters.
+LABEL_KEY_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 
 
 class ApiModel(BaseModel):

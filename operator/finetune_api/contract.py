@@ -99,12 +99,6 @@ def library_environment(*, hub: bool, compiler: bool) -> dict[str, str]:
 
 TERMINAL_PHASES: Final[tuple["Phase", ...]] = ("Succeeded", "Failed")
 
-# A Kubernetes label key: an optional DNS-subdomain prefix and a name of at most 63 characters.
-LABEL_KEY_PATTERN: Final = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
-
 
 def now() -> str:
     """The current time as status, Events and checkpoints write it: RFC 3339, UTC, seconds."""

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from .errors import CliError
+from .trainer_seam import trainer
 
 FORMATS = ("alpaca", "sharegpt", "messages", "text", "completion")
 
@@ -47,20 +48,18 @@ def _load_tokenizer(path: str) -> tuple[object, object | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from finetune_trainer.data.checks import check_records
-    from finetune_trainer.data.records import DataSourceError, read_records
-
+    seam = trainer("ftjob check-data")
     tokenizer, model_config = _load_tokenizer(args.tokenizer) if args.tokenizer else (None, None)
     try:
-        report = check_records(
-            read_records(Path(args.file)),
+        report = seam.check_records(
+            seam.read_records(Path(args.file)),
             args.format,
             tokenizer=tokenizer,
             model_config=model_config,
             max_length=args.max_length if tokenizer is not None else None,
             packing=args.packing,
         )
-    except DataSourceError as exc:
+    except seam.DataSourceError as exc:
         raise CliError(str(exc)) from None
     for problem in report.problems:
         print(f"{args.file}: {problem}")

@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 
 from .errors import CliError
+from .trainer_seam import trainer
 
 
 def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -28,12 +29,11 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--hidden {args.hidden}: must be a multiple of 16 (4 heads of a 4-bit block)")
     if args.vocab < 300:
         raise CliError(f"--vocab {args.vocab}: at least 300 (256 byte tokens plus merges)")
-    from finetune_trainer.tiny_model import make_tiny_model, write_alpaca
-
-    folder = make_tiny_model(
+    seam = trainer("ftjob make-tiny-model")
+    folder = seam.make_tiny_model(
         Path(args.dir), hidden=args.hidden, layers=args.layers, vocab_size=args.vocab, seed=args.seed
     )
     print(f"model: {folder}")
     if args.dataset:
-        print(f"dataset: {write_alpaca(Path(args.dataset), args.samples, args.seed)}")
+        print(f"dataset: {seam.write_alpaca(Path(args.dataset), args.samples, args.seed)}")
     return 0

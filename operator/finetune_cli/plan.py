@@ -1,6 +1,6 @@
 """`ftjob plan FILE`: will the job fit its GPUs, in which mode, and how long will an epoch take.
 
-The mode and the number of processes come from `finetune_trainer.planning.choose`, the call the
+The mode and the number of processes come from `finetune_plan.choose`, the call the
 trainer makes in the pod, so what this prints is what the trainer will run on that hardware.
 The model's config.json comes from `--model-config`, or from the job's model source when it is
 on disk here (a PVC folder under `--volumes`, $FTJOB_VOLUMES or the current folder), or from
@@ -20,12 +20,12 @@ from typing import Any
 from finetune_api import FineTuneJob, ManifestError, parse_file
 from finetune_api.problems import format_problems
 from finetune_api.spec import FineTuneJobSpec
-from finetune_trainer.planning import GIB, LaunchPlan, ModelConfigError, choose, known_model, lookup
-from finetune_trainer.planning.gpu_products import known_names
-from finetune_trainer.planning.grace import clock_steps, grace_of
-from finetune_trainer.planning.plan import Plan
-from finetune_trainer.planning.preflight import product_for
-from finetune_trainer.planning.report import render
+from finetune_plan import GIB, LaunchPlan, ModelConfigError, choose, known_model, lookup
+from finetune_plan.gpu_products import known_names
+from finetune_plan.grace import clock_steps, grace_of
+from finetune_plan.inputs import product_for
+from finetune_plan.plan import Plan
+from finetune_plan.report import render
 
 from .errors import CliError
 

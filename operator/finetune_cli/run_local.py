@@ -14,6 +14,7 @@ from finetune_api.spec import FineTuneJobSpec
 from finetune_api.trainer_config import RuntimePaths, TrainerConfig
 
 from .errors import CliError
+from .trainer_seam import trainer
 
 
 def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -76,10 +77,8 @@ def run(args: argparse.Namespace) -> int:
     state.mkdir(parents=True, exist_ok=True)
     config_path = state / "config.json"
     config_path.write_text(json.dumps(config.model_dump(by_alias=True, exclude_none=True), indent=2), encoding="utf-8")
-    # Imported here: `ftjob validate` must not pay for torch.
-    from finetune_trainer.entry import main as trainer_main
-
-    code = trainer_main(trainer_args(config_path, state, args.nproc))
+    # Loaded here: `ftjob validate` must not pay for torch.
+    code: int = trainer("ftjob run").run_trainer(trainer_args(config_path, state, args.nproc))
     if code == 0:
         print(f"done: outputs in {config.paths.output}")
     else:

@@ -12,9 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from finetune_api.base import QUANTITY_PATTERN
+from finetune_api.base import LABEL_KEY_PATTERN, QUANTITY_PATTERN
 from finetune_api.constants import DEFAULT_IMAGE
-from finetune_api.contract import LABEL_KEY_PATTERN
 
 from . import images
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from finetune_api import parse_file
-from finetune_trainer.planning import GIB, choose, lookup
+from finetune_plan import GIB, choose, lookup
 from tests.planning.models import LLAMA_3_8B, LLAMA_33_70B
 from tests.support.cli import REPO, assert_one_line_error, ftjob
 

@@ -22,9 +22,10 @@ def trainer_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         calls.append(list(argv))
         return 0
 
-    entry = types.ModuleType("finetune_trainer.entry")
-    entry.main = record  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "finetune_trainer.entry", entry)
+    # The CLI reaches the trainer only through its seam module, loaded by name.
+    seam = types.ModuleType("finetune_trainer.seam")
+    seam.run_trainer = record  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "finetune_trainer.seam", seam)
     return calls
 
 

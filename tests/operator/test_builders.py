@@ -13,7 +13,7 @@ from finetune_operator.builders import config, job, pvc, rbac
 from finetune_operator.children import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL
 from finetune_operator.decide import desired_children, job_patch, output_status
 from finetune_operator.settings import Settings
-from finetune_trainer.planning import grace
+from finetune_plan import grace
 from tests.support.harness import REPO
 from tests.support.specs import OWNER, SETTINGS, spec
 

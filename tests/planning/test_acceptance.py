@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from finetune_trainer.planning import GIB, Hardware, Recipe, lookup, make_plan, shape_from_config
+from finetune_plan import GIB, Hardware, Recipe, lookup, make_plan, shape_from_config
 
 from .models import LLAMA_3_8B, LLAMA_33_70B
 

@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from finetune_trainer.planning import GIB, Hardware, Recipe, lookup, make_plan, shape_from_config
-from finetune_trainer.planning import memory as mem
-from finetune_trainer.planning.model_shape import ModelConfigError
+from finetune_plan import GIB, Hardware, Recipe, lookup, make_plan, shape_from_config
+from finetune_plan import memory as mem
+from finetune_plan.model_shape import ModelConfigError
 
 from .models import LLAMA_3_8B, LLAMA_33_70B
 

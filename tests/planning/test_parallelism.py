@@ -7,7 +7,7 @@ import pytest
 
 from finetune_api import parse_file
 from finetune_api.spec import FineTuneJobSpec
-from finetune_trainer.planning import (
+from finetune_plan import (
     GIB,
     TRAINER_LOSS_CHUNKS,
     Hardware,
@@ -18,8 +18,8 @@ from finetune_trainer.planning import (
     lookup,
     shape_from_config,
 )
-from finetune_trainer.planning.plan import fsdp_layout
-from finetune_trainer.planning.preflight import recipe_from_spec
+from finetune_plan.inputs import recipe_from_spec
+from finetune_plan.plan import fsdp_layout
 from tests.planning.models import EXAMPLE
 
 from .models import LLAMA_3_8B, LLAMA_33_70B

@@ -113,7 +113,7 @@ def _processes(config: TrainerConfig, nproc: int | None) -> int:
         if nproc < 1:
             raise TrainerFailure(ExitReason.InvalidConfig, f"--nproc: expected 1 or more, got {nproc}")
         return nproc
-    from .planning.parallelism import cpu_launch
+    from finetune_plan.parallelism import cpu_launch
 
     if config.spec.resources.gpus == 0:
         return cpu_launch(config.spec).processes

@@ -11,12 +11,12 @@ from typing import Any
 
 from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
+from finetune_plan.inputs import as_mapping
+from finetune_plan.model_shape import ModelConfigError
+from finetune_plan.parallelism import LaunchPlan, choose
 
 from .failures import TrainerFailure
 from .hardware import Attention, Hardware
-from .planning.model_shape import ModelConfigError
-from .planning.parallelism import LaunchPlan, choose
-from .planning.preflight import _as_mapping
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def decide(config: TrainerConfig, hardware: Hardware, model_config: Any, attenti
     try:
         launch = choose(
             config.spec,
-            _as_mapping(model_config) if gpus else None,
+            as_mapping(model_config) if gpus else None,
             len(gpus),
             gpu_memory_bytes=min(g.total_bytes for g in gpus) if gpus else None,
             gpu_name=gpus[0].name if gpus else None,

@@ -1,14 +1,15 @@
 """What model loading needs from the plan: where the layers go and how much each GPU may hold.
 
-The memory arithmetic lives in `finetune_trainer.planning` (the planner); `launch_plan.decide`
+The memory arithmetic lives in `finetune_plan` (the planner); `launch_plan.decide`
 has already refused a job that cannot fit, before any weight is loaded.
 """
 
 from dataclasses import dataclass
 from typing import Any
 
+from finetune_plan.parallelism import LaunchPlan
+
 from .hardware import Hardware
-from .planning.parallelism import LaunchPlan
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from finetune_api.contract import (
 from finetune_api.gpus import is_pascal
 from finetune_api.reasons import NON_RETRYABLE, TERMINATION_LOG, UNCOUNTED
 from finetune_api.spec import FineTuneJobSpec
-from finetune_trainer.planning.grace import grace_for
+from finetune_plan.grace import grace_for
 
 from .. import quantities
 from ..children import HUB_EGRESS_LABEL, KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, Owner, job_name, labels, metadata

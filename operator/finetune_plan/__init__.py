@@ -1,7 +1,8 @@
-"""Pre-flight planning: will a job fit its GPUs, in which mode, and how fast will it train.
+"""The planner: will a job fit its GPUs, in which mode, and how fast will it train.
 
-Pure Python on purpose (no torch): `ftjob plan` runs it on a laptop, and the trainer runs it
-before loading any weights so a job that cannot fit fails in seconds with the numbers.
+A layer of its own beside `finetune_api`, pure Python on purpose (no torch): the operator (the
+pod's grace period), `ftjob plan` on a laptop, the trainer before it loads any weight, and the
+benchmarks all import it, and it imports nothing of theirs (only `finetune_api`).
 """
 
 from .gpu_products import GpuProduct, lookup
@@ -9,7 +10,6 @@ from .memory import GIB, GpuMemory, Recipe
 from .model_shape import ModelConfigError, ModelShape, known_model, shape_from_config
 from .parallelism import TRAINER_LOSS_CHUNKS, LaunchPlan, Parallelism, choose, cpu_launch
 from .plan import Hardware, Layout, Plan, make_plan
-from .preflight import preflight, trainer_preflight
 from .speed import Speed
 
 __all__ = [
@@ -31,7 +31,5 @@ __all__ = [
     "known_model",
     "lookup",
     "make_plan",
-    "preflight",
     "shape_from_config",
-    "trainer_preflight",
 ]

@@ -15,10 +15,10 @@ from typing import Any, Final, Literal
 from finetune_api.spec import FineTuneJobSpec
 
 from .gpu_products import GpuProduct
+from .inputs import product_for, recipe_from_spec
 from .memory import GIB, Attention
 from .model_shape import ModelConfigError, shape_from_config
 from .plan import LOSS_CHUNK_TOKENS, Hardware, ModeChoice, Plan, make_plan
-from .preflight import product_for, recipe_from_spec
 from .speed import Mode
 
 Parallelism = Literal["dataParallel", "fsdp", "deviceMap"]

@@ -1,0 +1,62 @@
+"""What the planner reads from a spec: the recipe, the GPU product, a config as a plain mapping.
+
+The planner itself takes shapes and recipes; these are the translations from the API's words,
+shared by `choose()` (the trainer's launch and `ftjob plan`) and the operator's grace period.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from finetune_api.spec import FineTuneJobSpec
+
+from .gpu_products import DEFAULT_PRODUCT, GpuProduct, lookup
+from .memory import FP32, Attention, Recipe
+
+
+def compute_bytes(precision: str, product: GpuProduct) -> int:
+    if precision == "fp32" or (precision == "auto" and not product.bf16):
+        return FP32
+    return 2
+
+
+def recipe_from_spec(spec: FineTuneJobSpec, product: GpuProduct, attention: Attention = "materialised") -> Recipe:
+    training = spec.training
+    return Recipe(
+        max_length=training.max_length,
+        batch_size=training.batch_size,
+        lora_r=spec.lora.r,
+        lora_targets=tuple(spec.lora.target_modules),
+        lora_dropout=spec.lora.dropout > 0,
+        gradient_checkpointing=training.gradient_checkpointing,
+        quantization=spec.quantization.type,
+        double_quant=spec.quantization.double_quant,
+        optimizer=training.optimizer,
+        compute_bytes=compute_bytes(spec.precision, product),
+        attention=attention,
+    )
+
+
+def product_for(name: str | None, fallback: str) -> GpuProduct:
+    """The product by the name torch reports, else the spec's label, else a P40."""
+    for candidate in (name, fallback):
+        if candidate:
+            found = lookup(candidate)
+            if found is not None:
+                return found
+    found = lookup(DEFAULT_PRODUCT)
+    assert found is not None
+    return found
+
+
+def as_mapping(model_config: Any) -> Mapping[str, Any]:
+    """A transformers PretrainedConfig or a plain dict."""
+    if isinstance(model_config, Mapping):
+        return model_config
+    to_dict = getattr(model_config, "to_dict", None)
+    if callable(to_dict):
+        result = to_dict()
+        if isinstance(result, Mapping):
+            return result
+    return dict(vars(model_config))
