@@ -5,7 +5,8 @@ trainer makes in the pod, so what this prints is what the trainer will run on th
 The model's config.json comes from `--model-config`, or from the job's model source when it is
 on disk here (a PVC folder under `--volumes`, $FTJOB_VOLUMES or the current folder), or from
 the planner's table of well-known Hub models (also when a PVC folder is named after one).
-Exit status: 0 fits, 3 does not fit, 1 bad input.
+Exit status: 0 fits, 3 does not fit (the GPUs, or `resources.memory` below the pod's host figure),
+1 bad input.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from finetune_api.spec import FineTuneJobSpec
 from finetune_plan import GIB, LaunchPlan, ModelConfigError, choose, known_model, lookup
 from finetune_plan.gpu_products import known_names
 from finetune_plan.grace import clock_steps, grace_of
+from finetune_plan.host import host_need
 from finetune_plan.inputs import product_for
 from finetune_plan.plan import Plan
+from finetune_plan.pod import memory_refusal
 from finetune_plan.report import render
 
 from .errors import CliError
@@ -259,9 +262,15 @@ def run(args: argparse.Namespace) -> int:
             results.append({"name": name, "fits": True, **launched, "gpus": 0, "per_gpu": [], "message": line})
             texts.append(f"{source}: {name}: {line}")
             continue
-        all_fit = all_fit and plan.fits
-        results.append({"name": name, **plan.to_dict(), **launched, "tokens_source": token_origin or None})
-        text = render(plan, launch.processes) + "\n" + checkpoint_lines(plan, planned_spec(doc.job.spec, args))
+        spec = planned_spec(doc.job.spec, args)
+        host = host_need(plan, launch.processes)
+        short = memory_refusal(spec, host)
+        all_fit = all_fit and plan.fits and short is None
+        pod = {"memory": spec.resources.memory or host.quantity, "plannedMemory": host.quantity, "memoryShort": short}
+        results.append({"name": name, **plan.to_dict(), **launched, "pod": pod, "tokens_source": token_origin or None})
+        text = render(plan, launch.processes) + "\n" + checkpoint_lines(plan, spec)
+        if short is not None:
+            text += f"\nDOES NOT FIT: {short}"
         if token_origin and token_origin != "given":
             text += f"\n          (epoch tokens {token_origin}, ~{BYTES_PER_TOKEN} bytes per token)"
         texts.append(f"{source}: {name}\n{text}")

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from finetune_api.contract import TERMINAL_PHASES
 from finetune_api.problems import problems_from
 from finetune_api.spec import FineTuneJobSpec
+from finetune_plan.pod import memory_refusal, pod_plan
 
 from . import images, workloads
 from .builders import job as job_builder
@@ -25,7 +26,17 @@ from .builders import multinode, paths
 from .builders import pvc as pvc_builder
 from .children import Owner
 from .settings import Settings
-from .status import IMAGE_NOT_ALLOWED, INVALID, Observation, Transition, compute, needs_patch, status_patch
+from .status import (
+    IMAGE_NOT_ALLOWED,
+    INVALID,
+    REFUSALS,
+    WONT_FIT,
+    Observation,
+    Transition,
+    compute,
+    needs_patch,
+    status_patch,
+)
 
 Body = dict[str, Any]
 
@@ -131,14 +142,20 @@ def owned_by(child: Body, uid: str | None) -> bool:
     return uid is not None and any(r.get("uid") == uid for r in refs)
 
 
-def _image_refused(spec: FineTuneJobSpec, current: Body, settings: Settings) -> str | None:
-    """The allow-list's verdict for a job that has no Job: before its first one, and again for as
-    long as the job stays Failed for it (a job that ran is never failed by a narrower list)."""
+def _refused(spec: FineTuneJobSpec, current: Body, settings: Settings) -> tuple[str, str] | None:
+    """(message, reason) of a refusal decided before any Job exists: an image outside the
+    allow-list, or `resources.memory` below what the pod's plan needs. Checked before the first
+    Job, and again for as long as the job stays Failed for one of them (a job that ran is never
+    failed by a narrower list)."""
     conditions = current.get("conditions") or []
-    failed_for_image = any(c.get("type") == "Failed" and c.get("reason") == IMAGE_NOT_ALLOWED for c in conditions)
-    if current.get("phase") in TERMINAL_PHASES and not failed_for_image:
+    failed_for_it = any(c.get("type") == "Failed" and c.get("reason") in REFUSALS for c in conditions)
+    if current.get("phase") in TERMINAL_PHASES and not failed_for_it:
         return None
-    return image_refusal(spec, settings)
+    image = image_refusal(spec, settings)
+    if image is not None:
+        return image, IMAGE_NOT_ALLOWED
+    memory = memory_refusal(spec, pod_plan(spec).host)
+    return (memory, WONT_FIT) if memory is not None else None
 
 
 def _admission(
@@ -176,9 +193,9 @@ def decide(seen: Observed) -> Actions:
             # Admission let the spec through but refused a child (e.g. a malformed affinity): a
             # spec problem, reported once as Failed, not a retry loop.
             invalid = seen.rejected
-        elif seen.job is None and (refused := _image_refused(spec, current, seen.settings)) is not None:
+        elif seen.job is None and (refused := _refused(spec, current, seen.settings)) is not None:
             # Decided before any child exists: the job ends Failed and no Job is ever made.
-            invalid, invalid_reason = refused, IMAGE_NOT_ALLOWED
+            invalid, invalid_reason = refused
         elif seen.job is None and current.get("phase") not in TERMINAL_PHASES:
             # The pass that creates a Job writes nothing else: its status and Event follow in
             # the next pass, paced while Jobs are being created (runtime/pacing.py).

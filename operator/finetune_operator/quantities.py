@@ -1,21 +1,14 @@
 """Just enough Kubernetes quantity arithmetic to size a pod's volumes from its memory limit.
 
-Parsing is the kubernetes client's own (`parse_quantity`, which raises ValueError on a bad
-quantity); quantities reaching here have passed QUANTITY_PATTERN (settings, the API models).
+Parsing is the API's (`finetune_api.quantities`); quantities reaching here have passed
+QUANTITY_PATTERN (settings, the API models).
 """
 
-import math
-from decimal import Decimal
-
-from kubernetes.utils import parse_quantity
+from finetune_api.quantities import to_bytes
 
 MI = 2**20
 
-
-def to_bytes(quantity: str) -> int:
-    """Bytes in a memory or storage quantity, rounded up (a fractional byte is a whole one)."""
-    value: Decimal = parse_quantity(quantity.strip())  # type: ignore[no-untyped-call]
-    return math.ceil(value)
+__all__ = ["MI", "mebibytes", "to_bytes"]
 
 
 def mebibytes(count: int, *, round_up: bool) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from finetune_api.contract import CONTAINER, TERMINAL_PHASES
-from finetune_api.reasons import parse_termination_message, reason_for_exit_code
+from finetune_api.reasons import ExitReason, parse_termination_message, reason_for_exit_code
 from finetune_api.status import Condition, ConditionType, Phase
 
 from .workloads import Admission
@@ -48,6 +48,9 @@ OWNED_FIELDS = (
 # outside the platform's allow-list (images.py).
 INVALID = "Invalid"
 IMAGE_NOT_ALLOWED = "ImageNotAllowed"
+WONT_FIT = ExitReason.WontFit.name  # the trainer's reason, here decided before any pod: host memory
+# Failures decided before any Job exists.
+REFUSALS = frozenset({IMAGE_NOT_ALLOWED, WONT_FIT})
 # Conditions in the order the API lists their types.
 CONDITION_ORDER: tuple[str, ...] = get_args(ConditionType)
 # Before Kueue has made the job's Workload (or where Kueue does not run at all).

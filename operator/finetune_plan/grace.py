@@ -11,14 +11,9 @@ named after a known Hub model) gets the default.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from finetune_api.spec import FineTuneJobSpec
 
 from .memory import FP32, OPTIMIZER_BYTES
-from .model_shape import ModelConfigError, known_model
 from .plan import Plan
 
 # Stated write speed of the checkpoint volume: a network-attached PV's sustained write. A local
@@ -57,33 +52,6 @@ def grace_seconds(micro_batch_s: float, write_bytes: int) -> Grace:
     write_s = write_bytes / DISK_BYTES_PER_S
     seconds = max(FLOOR_S, math.ceil(MARGIN * (micro_batch_s + write_s) + FIXED_S))
     return Grace(seconds, micro_batch_s, write_bytes, write_s)
-
-
-def known_config(spec: FineTuneJobSpec) -> Mapping[str, Any] | None:
-    """The model's config.json when it is known without reading the model: a Hub id, or a PVC
-    folder named after one (`.../meta-llama/Llama-3.3-70B-Instruct`), in the planner's table."""
-    source = spec.model.source
-    if source.hub is not None:
-        return known_model(source.hub.id)
-    if source.pvc is not None:
-        parts = [p for p in source.pvc.path.split("/") if p]
-        if len(parts) >= 2:
-            return known_model("/".join(parts[-2:]))
-    return None
-
-
-def grace_for(spec: FineTuneJobSpec, model_config: Mapping[str, Any] | None = None) -> Grace:
-    """The pod's grace period for `spec` (`model_config` default: `known_config(spec)`)."""
-    from .parallelism import choose
-
-    config = model_config if model_config is not None else known_config(spec)
-    if spec.resources.gpus < 1 or config is None:
-        return Grace(DEFAULT_S, None, None, None)
-    try:
-        launch = choose(spec, config, spec.resources.gpus, attention="memory_efficient")
-    except ModelConfigError:
-        return Grace(DEFAULT_S, None, None, None)
-    return grace_of(launch.plan)
 
 
 def grace_of(plan: Plan | None) -> Grace:

@@ -108,6 +108,16 @@ def host_model_bytes(shape: ModelShape, recipe: Recipe) -> float:
     )
 
 
+def host_bytes_per_process(shape: ModelShape, recipe: Recipe, *, sharded: bool) -> float:
+    """One trainer process's host memory at its peak, the load. fsdp over several GPUs (`sharded`)
+    holds the whole packed model on each process's host until it is sharded; the other loaders
+    go to the GPUs a tensor at a time and stage at most the largest tensor in fp32."""
+    if sharded:
+        return host_model_bytes(shape, recipe) + PROCESS_HOST_BASE_BYTES
+    largest = max(shape.embedding_params, shape.head_params, shape.largest_linear_params)
+    return largest * FP32 + PROCESS_HOST_BASE_BYTES
+
+
 def norm_bytes_per_layer(shape: ModelShape) -> float:
     return 2 * shape.hidden * FP32
 

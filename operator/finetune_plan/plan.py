@@ -104,12 +104,12 @@ class Plan:
         return self.layout.per_gpu
 
     @property
-    def host_gib_per_process(self) -> float | None:
-        """fsdp holds the whole packed model on each process's host until it is sharded (the
-        other modes load straight onto the GPUs); None where the host figure is only the base."""
-        if self.mode != "fsdp" or self.hardware.gpus < 2:
-            return None
-        return (mem.host_model_bytes(self.shape, self.recipe) + mem.PROCESS_HOST_BASE_BYTES) / GIB
+    def host_gib_per_process(self) -> float:
+        """What one process holds on the host at its peak (the load), in GiB."""
+        return (
+            mem.host_bytes_per_process(self.shape, self.recipe, sharded=self.mode == "fsdp" and self.hardware.gpus > 1)
+            / GIB
+        )
 
     @property
     def shortfall_gib(self) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import calibration as cal
+from .host import host_need
 from .memory import GIB, GpuMemory
 from .plan import Plan
 
@@ -65,12 +66,8 @@ def render(plan: Plan, processes: int | None = None) -> str:
     lines.append("  (total = resident + the larger of the layer pass and the loss pass + context)")
     lines.append("")
     lines.append(("FITS: " if plan.fits else "DOES NOT FIT: ") + plan.message)
-    host = plan.host_gib_per_process
-    if host is not None:
-        lines.append(
-            f"host      {host:.1f} GiB of host memory per process, {host * hw.gpus:.1f} GiB for the pod's {hw.gpus}:"
-            " fsdp loads the packed model on each process's host, then shards it"
-        )
+    processes = processes if processes is not None else (1 if plan.mode == "device_map" else hw.gpus)
+    lines.append(f"host      {host_need(plan, processes).describe()}")
     if plan.speed is not None:
         speed = plan.speed
         lines.append(

@@ -123,7 +123,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_walk_sees_the_packages() -> None:
     """A walk that found nothing would pass everything: it must see the known arrows."""
     assert "finetune_api.spec" in GRAPH["finetune_plan.parallelism"]
-    assert "finetune_plan.grace" in GRAPH["finetune_operator.builders.job"]
+    assert "finetune_plan.pod" in GRAPH["finetune_operator.builders.job"]
     assert len(MODULES) > 100
 
 

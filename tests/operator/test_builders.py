@@ -14,6 +14,7 @@ from finetune_operator.children import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL
 from finetune_operator.decide import desired_children, job_patch, output_status
 from finetune_operator.settings import Settings
 from finetune_plan import grace
+from finetune_plan.pod import grace_for
 from tests.support.harness import REPO
 from tests.support.specs import OWNER, SETTINGS, spec
 
@@ -214,7 +215,7 @@ def test_the_grace_period_is_the_planners_sigterm_to_checkpoint_estimate():
         model={"source": {"hub": {"id": "meta-llama/Llama-3.3-70B-Instruct"}}},
         resources={"gpus": 4, "gpuProduct": "Tesla-P40"},
     )
-    planned = grace.grace_for(big)
+    planned = grace_for(big)
     assert planned.micro_batch_s is not None and planned.micro_batch_s > 10  # a 70B micro-batch on a P40
     pod = job.job(OWNER, big, SETTINGS)["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == planned.seconds
@@ -317,3 +318,21 @@ def test_only_hub_jobs_carry_the_hub_egress_label():
         assert template["metadata"]["labels"][HUB_EGRESS_LABEL] == "true"
         # ...and the Job's own labels stay as they were (the streams select on them).
         assert HUB_EGRESS_LABEL not in job.job(OWNER, s, SETTINGS)["metadata"]["labels"]
+
+
+def test_the_pods_memory_is_the_spec_s_else_the_plan_s_else_the_chart_default() -> None:
+    """Llama-3.1-8B on one P40 (dataParallel, one process): the largest tensor the loader stages is
+    the embedding, 128256 x 4096 fp32 = 1.957 GiB, plus the 1.5 GiB process base = 3.457 GiB;
+    the pod: 3.457 x 1.10 + 2 = 5.80 GiB, written as 6Gi (hand arithmetic, memory.py's constants)."""
+    known = {"source": {"hub": {"id": "meta-llama/Llama-3.1-8B"}}}
+
+    def limits(**resources: object) -> dict:
+        body = spec(model=known, resources={"gpus": 1, "gpuProduct": "Tesla-P40", **resources})
+        return job.job(OWNER, body, SETTINGS)["spec"]["template"]["spec"]["containers"][0]["resources"]
+
+    planned = limits(memory=None)
+    assert planned["limits"]["memory"] == planned["requests"]["memory"] == "6Gi"
+    assert limits(memory="40Gi")["limits"]["memory"] == "40Gi"
+    unknown = spec(model={"source": {"hub": {"id": "org/unknown"}}}, resources={"gpus": 1, "memory": None})
+    default = job.job(OWNER, unknown, SETTINGS)["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert default["limits"].get("memory") == SETTINGS.default_memory

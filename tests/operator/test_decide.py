@@ -197,3 +197,31 @@ def test_a_gang_that_failed_together_counts_one_restart() -> None:
     assert actions.status_patch is not None and actions.status_patch["restarts"] == 1
     assert actions.status_patch["nodes"] == {"ready": 2, "total": 2}
     assert "Restarted" in [e.reason for e in actions.events]
+
+
+# --- the pod's memory against its plan -------------------------------------------------------
+
+KNOWN_8B = {"source": {"hub": {"id": "meta-llama/Llama-3.1-8B"}}}
+
+
+def test_memory_below_the_plan_fails_the_job_wont_fit_and_creates_nothing() -> None:
+    short = finetunejob(model=KNOWN_8B, resources={"gpus": 1, "gpuProduct": "Tesla-P40", "memory": "2Gi"})
+    actions = decide(seen(short))
+    assert not actions.create and actions.phase == "Failed"
+    assert actions.status_patch is not None
+    message = actions.status_patch["message"]
+    assert "spec.resources.memory" in message and "Gi" in message
+    failed = next(c for c in actions.status_patch["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "WontFit"
+    # It stays refused: the next pass does not make the Job either.
+    again = decide(seen(finetunejob(status=actions.status_patch, model=KNOWN_8B, resources=short["spec"]["resources"])))
+    assert not again.create and again.phase == "Failed"
+
+
+def test_enough_memory_or_none_or_an_unknown_model_creates_the_job() -> None:
+    for resources, model in (
+        ({"gpus": 1, "gpuProduct": "Tesla-P40", "memory": "64Gi"}, KNOWN_8B),
+        ({"gpus": 1, "gpuProduct": "Tesla-P40", "memory": None}, KNOWN_8B),
+        ({"gpus": 1, "gpuProduct": "Tesla-P40", "memory": "2Gi"}, {"source": {"hub": {"id": "org/unknown"}}}),
+    ):
+        assert decide(seen(finetunejob(model=model, resources=resources))).create, resources

@@ -70,6 +70,27 @@ def test_more_gpus_than_any_node_has_stays_pending_with_the_schedulers_message(
     assert "Unschedulable" in {e["reason"] for e in jobs.events("huge")}
 
 
+def test_memory_below_the_pods_plan_fails_wont_fit_before_any_job(jobs: Jobs, operator: OperatorProcess) -> None:
+    """A model the planner knows by name (Llama-3.1-8B on one P40 plans a 6Gi pod) with 2Gi: Failed
+    WontFit naming spec.resources.memory, and no Job ever; the same spec without memory runs,
+    its pod sized from the plan."""
+    known = {"source": {"hub": {"id": "meta-llama/Llama-3.1-8B"}}}
+    short, sized = gpu_spec(gpus=1, model=known), gpu_spec(gpus=1, model=known)
+    short["resources"]["memory"] = "2Gi"
+    del sized["resources"]["memory"]
+    jobs.create("short", short)
+    jobs.create("sized", sized)
+    jobs.wait_phase("short", "Failed", 60)
+    failed = jobs.condition("short", "Failed")
+    assert failed["reason"] == "WontFit"
+    assert "spec.resources.memory 2.0 GiB is below the 6Gi of host memory" in failed["message"]
+    assert "WontFit" in {e["reason"] for e in jobs.events("short")}
+    pod = the_pod(jobs, "sized")
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["memory"] == "6Gi"
+    names = [j.metadata.name for j in jobs.batch.list_namespaced_job(jobs.namespace).items]
+    assert "short" not in names, names
+
+
 def children_of(kube: client.ApiClient, namespace: str, name: str) -> dict[str, list[str]]:
     """A job's own children: its Job and, when the operator makes one, its output claim."""
     selector = f"{LABEL_JOB}={name}"

@@ -21,7 +21,8 @@ from finetune_api.contract import (
 from finetune_api.gpus import is_pascal
 from finetune_api.reasons import NON_RETRYABLE, TERMINATION_LOG, UNCOUNTED
 from finetune_api.spec import FineTuneJobSpec
-from finetune_plan.grace import grace_for
+from finetune_plan.host import HostNeed
+from finetune_plan.pod import pod_plan
 
 from .. import quantities
 from ..children import HUB_EGRESS_LABEL, KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, Owner, job_name, labels, metadata
@@ -92,14 +93,18 @@ def environment(spec: FineTuneJobSpec) -> list[dict[str, Any]]:
     return env
 
 
-def memory_limit(spec: FineTuneJobSpec, settings: Settings) -> str | None:
-    return spec.resources.memory or settings.default_memory
+def memory_limit(spec: FineTuneJobSpec, settings: Settings, host: HostNeed | None) -> str | None:
+    """The spec's memory; unset, the planner's host figure for the pod (with its margin), where the
+    operator can plan the model; else the chart's default."""
+    if spec.resources.memory:
+        return spec.resources.memory
+    return host.quantity if host is not None else settings.default_memory
 
 
-def resources(spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
+def resources(spec: FineTuneJobSpec, settings: Settings, host: HostNeed | None = None) -> dict[str, Any]:
     limits: dict[str, Any] = {}
     cpu = spec.resources.cpu or settings.default_cpu
-    memory = memory_limit(spec, settings)
+    memory = memory_limit(spec, settings, host)
     if cpu:
         limits["cpu"] = cpu
     if memory:
@@ -116,13 +121,13 @@ def resources(spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
     return {"limits": limits, "requests": requests}
 
 
-def shm_size(spec: FineTuneJobSpec, settings: Settings) -> str:
+def shm_size(spec: FineTuneJobSpec, settings: Settings, host: HostNeed | None = None) -> str:
     """/dev/shm: the configured size, but never more than its share of the memory limit.
 
     A memory-backed emptyDir is charged to the pod's memory, so an /dev/shm as large as the
     limit turns a full disk into an OOM kill of the trainer.
     """
-    memory = memory_limit(spec, settings)
+    memory = memory_limit(spec, settings, host)
     if memory is None:
         return settings.shm_size
     cap = int(quantities.to_bytes(memory) * settings.shm_memory_fraction)
@@ -132,7 +137,7 @@ def shm_size(spec: FineTuneJobSpec, settings: Settings) -> str:
 
 
 def volumes(
-    owner: Owner, spec: FineTuneJobSpec, settings: Settings
+    owner: Owner, spec: FineTuneJobSpec, settings: Settings, host: HostNeed | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     vols: list[dict[str, Any]] = [
         {
@@ -144,7 +149,7 @@ def volumes(
             },
         },
         {"name": "output", "persistentVolumeClaim": {"claimName": output_claim_name(owner, spec)}},
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(spec, settings)}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(spec, settings, host)}},
         {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size}},
     ]
     mounts: list[dict[str, Any]] = [
@@ -215,7 +220,9 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
         job_meta["labels"][KUEUE_QUEUE_LABEL] = queue
     if spec.placement.workload_priority_class_name:
         job_meta["labels"][KUEUE_PRIORITY_LABEL] = spec.placement.workload_priority_class_name
-    vols, mounts = volumes(owner, spec, settings)
+    # One plan for the pod: its grace period and, when the spec leaves it unset, its memory.
+    planned = pod_plan(spec)
+    vols, mounts = volumes(owner, spec, settings, planned.host)
     pod_security, container_security = security_contexts(settings)
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -228,7 +235,7 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    container["resources"] = resources(spec, settings)
+    container["resources"] = resources(spec, settings, planned.host)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": TRAINER_SERVICE_ACCOUNT,
@@ -238,8 +245,8 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
         "containers": [container],
         "volumes": vols,
         # Time for the trainer, on SIGTERM (suspend, preemption, drain), to finish its micro-batch
-        # and write a checkpoint of that point: the planner's estimate (planning/grace.py).
-        "terminationGracePeriodSeconds": grace_for(spec).seconds,
+        # and write a checkpoint of that point: the planner's estimate (finetune_plan/grace.py).
+        "terminationGracePeriodSeconds": planned.grace.seconds,
         **placement(spec, settings),
     }
     job_spec: dict[str, Any] = {

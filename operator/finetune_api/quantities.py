@@ -1,0 +1,26 @@
+"""Bytes in a Kubernetes quantity of the API's form (`QUANTITY_PATTERN`: a decimal number and an
+optional SI or binary suffix), without the kubernetes client: the planner and the CLI need it too."""
+
+import math
+import re
+from decimal import Decimal
+from typing import Final
+
+from .base import QUANTITY_PATTERN
+
+_FACTORS: Final[dict[str, Decimal]] = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate("kMGTPE")},
+    **{s + "i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTPE")},
+}
+
+
+def to_bytes(quantity: str) -> int:
+    """Bytes in a memory or storage quantity, rounded up (a fractional byte is a whole one)."""
+    text = quantity.strip()
+    if not re.fullmatch(QUANTITY_PATTERN, text):
+        raise ValueError(f"{quantity!r} is not a quantity such as 96Gi or 500M")
+    number = re.match(r"[0-9]+(\.[0-9]+)?", text)
+    assert number is not None
+    return math.ceil(Decimal(number.group(0)) * _FACTORS[text[number.end() :]])

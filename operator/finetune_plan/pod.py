@@ -1,0 +1,67 @@
+"""What the operator plans for a trainer pod before it exists: its grace period and its memory.
+
+The operator cannot read a model's files, so it plans only what a spec alone tells: a Hub model,
+or a PVC folder named after one, in the planner's table of well-known models (`known_config`).
+For those, one `choose()` (the call the trainer makes in the pod) gives the pod's SIGTERM grace
+period and its host memory; for the rest the pod gets the defaults and the trainer plans in the pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from finetune_api.quantities import to_bytes
+from finetune_api.spec import FineTuneJobSpec
+
+from .grace import DEFAULT_S, Grace, grace_of
+from .host import HostNeed, host_need, shortfall
+from .model_shape import ModelConfigError, known_model
+from .parallelism import LaunchPlan, choose
+
+
+def known_config(spec: FineTuneJobSpec) -> Mapping[str, Any] | None:
+    """The model's config.json when it is known without reading the model: a Hub id, or a PVC
+    folder named after one (`.../meta-llama/Llama-3.3-70B-Instruct`), in the planner's table."""
+    source = spec.model.source
+    if source.hub is not None:
+        return known_model(source.hub.id)
+    if source.pvc is not None:
+        parts = [p for p in source.pvc.path.split("/") if p]
+        if len(parts) >= 2:
+            return known_model("/".join(parts[-2:]))
+    return None
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    launch: LaunchPlan | None  # None: not planned here (the CPU, or a shape unknown before the pod)
+    grace: Grace
+    host: HostNeed | None
+
+
+def pod_plan(spec: FineTuneJobSpec, model_config: Mapping[str, Any] | None = None) -> PodPlan:
+    """The plan of `spec`'s pod (`model_config` default: `known_config(spec)`)."""
+    config = model_config if model_config is not None else known_config(spec)
+    if spec.resources.gpus < 1 or config is None:
+        return PodPlan(None, Grace(DEFAULT_S, None, None, None), None)
+    try:
+        # SDPA's memory-efficient kernel, the trainer's usual attention.
+        launch = choose(spec, config, spec.resources.gpus, attention="memory_efficient")
+    except ModelConfigError:
+        return PodPlan(None, Grace(DEFAULT_S, None, None, None), None)
+    host = host_need(launch.plan, launch.processes) if launch.plan is not None else None
+    return PodPlan(launch, grace_of(launch.plan), host)
+
+
+def grace_for(spec: FineTuneJobSpec, model_config: Mapping[str, Any] | None = None) -> Grace:
+    """The pod's grace period for `spec`."""
+    return pod_plan(spec, model_config).grace
+
+
+def memory_refusal(spec: FineTuneJobSpec, host: HostNeed | None) -> str | None:
+    """Why `spec.resources.memory` cannot hold the pod's trainers, or None (unset, or enough, or unplanned)."""
+    if spec.resources.memory is None or host is None:
+        return None
+    return shortfall(host, to_bytes(spec.resources.memory))
