@@ -299,7 +299,12 @@ class ResourcesSpec(ApiModel):
         default="Tesla-P40", description="Value of the node label nvidia.com/gpu.product."
     )
     cpu: PositiveQuantity | None = Field(default=None, description="CPU request and limit.")
-    memory: PositiveQuantity | None = Field(default=None, description="Memory request and limit.")
+    memory: PositiveQuantity | None = Field(
+        default=None,
+        description="Memory request and limit. Unset: the planner's host figure for the pod (processes x what each "
+        "holds while loading, + 10% + 2 GiB) when the operator knows the model's shape, else the chart's default. "
+        "Set below that figure, the job fails WontFit before any pod (`ftjob plan` prints the figure).",
+    )
     processes: Annotated[int, Field(ge=1, le=64)] | None = Field(
         default=None,
         description="Training processes of a CPU pod (gpus: 0; default 1). On GPUs there is one process per "
