@@ -75,7 +75,8 @@ def test_memory_below_the_pods_plan_fails_wont_fit_before_any_job(jobs: Jobs, op
     WontFit naming spec.resources.memory, and no Job ever; the same spec without memory runs,
     its pod sized from the plan."""
     known = {"source": {"hub": {"id": "meta-llama/Llama-3.1-8B"}}}
-    short, sized = gpu_spec(gpus=1, model=known), gpu_spec(gpus=1, model=known)
+    short, sized = gpu_spec(gpus=1), gpu_spec(gpus=1)
+    short["model"] = sized["model"] = known
     short["resources"]["memory"] = "2Gi"
     del sized["resources"]["memory"]
     jobs.create("short", short)
