@@ -13,7 +13,10 @@ process so one's memory never shows in the other's peak:
      22.4 GiB: the reference split over the GPUs against ours in fsdp;
   4. optional phases: ours without checkpointing, per-layer memory for the planner, the
      planner's calibration;
-  5. `multinode` (not in the default list): the launch path of a job of 2 nodes on one 2-GPU
+  5. `boundary` (not in the default list): shapes at the planner's edge under a P40's cap, the
+     pod's command for each, plan against measured peak and OOM or not (bench/boundary.py):
+     <date>-<gpu>-boundary.json;
+  6. `multinode` (not in the default list): the launch path of a job of 2 nodes on one 2-GPU
      machine, two launchers of one GPU each meeting over TCP on 127.0.0.1 with the Indexed Job's
      environment, against the 1-GPU reference in the same call: <date>-<gpu>-2node.json.
 
@@ -36,8 +39,8 @@ from bench.flops import Shape
 from bench.report import compare_record, environment_versions, gpu_slug
 
 REPO = Path(__file__).resolve().parent.parent
-PHASES = ("compare", "nockpt", "large", "layers", "calibration", "multinode")
-# What runs without --phases: `multinode` is asked for by name (it needs 2 GPUs of their own).
+PHASES = ("compare", "nockpt", "large", "layers", "calibration", "multinode", "boundary")
+# What runs without --phases: `multinode` (2 GPUs of their own) and `boundary` are asked for by name.
 DEFAULT_PHASES = ("compare", "nockpt", "large", "layers", "calibration")
 # What a Tesla P40 gives PyTorch; the `large` phase holds every process to it.
 P40_GIB = 22.4
@@ -123,14 +126,18 @@ class Bench:
         self, runs: list[dict[str, Any]], gpus: int, name: str, model: Path | None = None, layers: int | None = None
     ) -> list[dict[str, Any]]:
         arch = {**self.arch(), "layers": layers or self.shape.layers}
-        spec = {"path": str(model or self.model), "arch": arch, "runs": runs}
+        return self.child(name, self.reference_argv(runs, model or self.model, arch), gpus)
+
+    def reference_argv(self, runs: list[dict[str, Any]], model: Path, arch: dict[str, int]) -> list[str]:
+        """The reference script on `model` of `arch` (it writes the model first when absent)."""
+        spec = {"path": str(model), "arch": arch, "runs": runs}
         # The reference draws its tokens from the global CUDA generator: seeded, its runs repeat.
         wrapper = (
             "import runpy, sys, torch; torch.manual_seed(int(sys.argv[1])); sys.argv = sys.argv[2:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')"
         )
         script = str(self.args.shared / "seed_baseline.py")
-        return self.child(name, [sys.executable, "-c", wrapper, str(self.args.seed), script, json.dumps(spec)], gpus)
+        return [sys.executable, "-c", wrapper, str(self.args.seed), script, json.dumps(spec)]
 
     def ours(
         self, gpus: int, name: str, model: Path | None = None, visible: int | None = None, **extra: Any
@@ -308,6 +315,47 @@ class Bench:
         )
         self.write(f"{self.date}-{gpu_slug(peaks)}-{nodes}node.json", record)
 
+    def boundary(self, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
+        """Shapes planned to fit with at most a layer to spare under 22.4 GiB, each run for
+        `--steps` steps (at least 8) with a checkpoint and an evaluation inside."""
+        from bench import boundary
+
+        steps = max(8, self.args.steps)
+        chosen = [(point, boundary.deepest(point, steps)) for point in boundary.POINTS]
+        print(f"[bench] boundary: {[(p.name, n) for p, n in chosen]}", flush=True)
+        rows: list[dict[str, Any]] = []
+        record = {"date": self.date, "gpu": peaks[0].get("gpu"), "capGiB": boundary.CAP_GIB, "steps": steps}
+        record["versions"] = versions
+        for width in boundary.WIDTHS:
+            depth = max((n for p, n in chosen if p.width == width), default=0)
+            if depth == 0:
+                continue
+            model = self.args.work / f"boundary-{width}-{depth}l"
+            if not (model / "config.json").exists():
+                arch = {**boundary.WIDTHS[width], "layers": depth}
+                self.child(f"build-{width}-{depth}l", self.reference_argv([], model, arch), 1)
+            for point, layers in chosen:
+                if point.width != width or layers == 0:
+                    continue
+                plan = boundary.planned(point, layers, steps)
+                ours = None
+                if self.left_s() > 150:
+                    folder = boundary.slice_folder(model, self.args.work / f"slice-{point.name}", layers)
+                    ours = self.ours(
+                        1,
+                        f"boundary-{point.name}",
+                        model=folder,
+                        seq=point.seq,
+                        ckpt=point.ckpt,
+                        steps=steps,
+                        every=steps // 2,
+                        eval_fraction=0.1,
+                        gpu_memory_gib=boundary.CAP_GIB,
+                    )
+                rows.append(boundary.judge(point, layers, plan, ours))
+                record["points"] = rows
+                self.write(f"{self.date}-{gpu_slug(peaks)}-boundary.json", record)
+
     def layers(self, peaks: list[dict[str, Any]]) -> None:
         spec = {"path": str(self.model), "seqs": [1024, 2048]}
         lines = self.child("layer-memory", [sys.executable, "-m", "bench.layer_memory", json.dumps(spec)], 1)
@@ -357,6 +405,7 @@ class Bench:
         for phase, action in (
             ("multinode", lambda: self.multinode(peaks, versions)),
             ("large", lambda: self.large(max(counts), peaks, versions)),
+            ("boundary", lambda: self.boundary(peaks, versions)),
             ("layers", lambda: self.layers(peaks)),
             ("calibration", self.calibration),
         ):

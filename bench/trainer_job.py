@@ -48,6 +48,47 @@ def write_tokenizer(folder: Path, vocab: int) -> None:
     tokenizer.save_pretrained(str(folder))
 
 
+def spec_for(
+    *,
+    seq: int,
+    steps: int,
+    ckpt: bool = True,
+    gpus: int = 1,
+    parallelism: str = "auto",
+    nodes: int = 1,
+    every: int | None = None,
+    eval_fraction: float | None = None,
+    batch: int = 1,
+) -> dict[str, Any]:
+    """The FineTuneJob spec of a bench run (`every`: checkpoint steps, default the last step;
+    `eval_fraction`: a held-out share evaluated at each checkpoint)."""
+    dataset: dict[str, Any] = {"source": {"pvc": {"claimName": "data", "path": "train.jsonl"}}, "format": "text"}
+    if eval_fraction:
+        dataset["evalFraction"] = eval_fraction
+    return {
+        "model": {"source": {"pvc": {"claimName": "models"}}},
+        "dataset": dataset,
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+        "precision": "fp32",
+        "training": {
+            "maxSteps": steps,
+            "batchSize": batch,
+            "gradientAccumulation": 1,
+            "maxLength": seq,
+            "gradientCheckpointing": ckpt,
+            "parallelism": parallelism,
+            "optimizer": "paged_adamw_8bit",
+            "learningRate": 1e-4,
+            "lrScheduler": "constant",
+            "warmupRatio": 0.0,
+            "loggingSteps": 1,
+        },
+        "checkpoints": {"everySteps": every or steps, "keep": 2},
+        "output": {"pvc": {"claimName": "out"}},
+        "resources": {"gpus": gpus, "gpuProduct": "NVIDIA-H200", "nodes": nodes},
+    }
+
+
 def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
     work = Path(spec["work"])
     # A fresh output folder: a checkpoint left by an earlier run would be resumed (by design).
@@ -67,34 +108,23 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
     data = work / "data" / "train.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     with data.open("w") as handle:
-        for _ in range(max(16, spec["steps"] * 2)):
+        for _ in range(max(16, spec["steps"] * 2 * spec.get("batch", 1))):
             text = " ".join(f"t{rng.randrange(len(SPECIALS), config['vocab_size'])}" for _ in range(words))
             handle.write(json.dumps({"text": text}) + "\n")
     trainer_config = {
         "jobName": "bench-slice",
         "namespace": None,
-        "spec": {
-            "model": {"source": {"pvc": {"claimName": "models"}}},
-            "dataset": {"source": {"pvc": {"claimName": "data", "path": "train.jsonl"}}, "format": "text"},
-            "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
-            "precision": "fp32",
-            "training": {
-                "maxSteps": spec["steps"],
-                "batchSize": 1,
-                "gradientAccumulation": 1,
-                "maxLength": spec["seq"],
-                "gradientCheckpointing": spec.get("ckpt", True),
-                "parallelism": spec.get("parallelism", "auto"),
-                "optimizer": "paged_adamw_8bit",
-                "learningRate": 1e-4,
-                "lrScheduler": "constant",
-                "warmupRatio": 0.0,
-                "loggingSteps": 1,
-            },
-            "checkpoints": {"everySteps": spec["steps"], "keep": 2},
-            "output": {"pvc": {"claimName": "out"}},
-            "resources": {"gpus": spec.get("gpus", 1), "gpuProduct": "NVIDIA-H200", "nodes": spec.get("nodes", 1)},
-        },
+        "spec": spec_for(
+            seq=spec["seq"],
+            steps=spec["steps"],
+            ckpt=spec.get("ckpt", True),
+            gpus=spec.get("gpus", 1),
+            parallelism=spec.get("parallelism", "auto"),
+            nodes=spec.get("nodes", 1),
+            every=spec.get("every"),
+            eval_fraction=spec.get("eval_fraction"),
+            batch=spec.get("batch", 1),
+        ),
         "paths": {"model": str(model), "dataset": str(data), "output": str(work / "output")},
     }
     path = work / "config.json"
@@ -195,6 +225,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             loss_first=progress[0][1].get("loss"),
             loss_last=progress[-1][1].get("loss"),
         )
+    log = Path(spec["work"]) / "termination-log"
+    if log.exists():
+        from finetune_api.reasons import parse_termination_message
+
+        result["reason"], result["message"] = parse_termination_message(log.read_text())
+        result["message"] = result["message"][:400]
     summary_path = Path(spec["work"]) / "output" / "summary.json"
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())

@@ -1,0 +1,152 @@
+"""The planner at its edge: shapes whose plan leaves at most 1 GiB of headroom under a P40's cap,
+run through the pod's command, plan against measured peak, OOM or not.
+
+For each (width, sequence length, gradient checkpointing) below, the deepest slice the trainer's
+own plan (`finetune_plan.choose`, the call the trainer makes, with the GPU capped at 22.4 GiB)
+says fits on one GPU is found by search; then `python -m finetune_trainer` (bench.trainer_job)
+trains it for `steps` steps with a checkpoint and an evaluation inside, every process capped at
+the same 22.4 GiB. One model per width is written once, as deep as the deepest slice; each
+slice's folder links its weights and names fewer layers in its config (the loader leaves the
+rest unread). The record holds, per shape: the plan's peak and headroom, the measured peak, the
+loss-chunk choice, the exit reason; the planner's error is measured - planned over planned.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+CAP_GIB: Final = 22.4
+GIB: Final = 2**30
+# Llama-3 proportions, vocabulary 128256: the 8B and the 70B layer shapes.
+WIDTHS: Final[dict[str, dict[str, int]]] = {
+    "8b": {"hidden": 4096, "inter": 14336, "heads": 32, "kv": 8, "vocab": 128256},
+    "70b": {"hidden": 8192, "inter": 28672, "heads": 64, "kv": 8, "vocab": 128256},
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    width: str
+    seq: int
+    ckpt: bool
+    batch: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.width}-s{self.seq}-b{self.batch}-{'ckpt' if self.ckpt else 'nockpt'}"
+
+
+# Points whose deepest fitting slice is at most 21 layers of the 8B shape or 16 of the 70B shape
+# (two models: 11 GB and 32 GB of fp16 on the bench machine's disk), headroom under 1 GiB, across
+# both widths, 512 to 4096 tokens, batch 1 to 4 and both checkpointing settings; the 8B points first.
+POINTS: Final = (
+    Point("8b", 2048, False),
+    Point("8b", 4096, False),
+    Point("8b", 512, False, batch=4),
+    Point("70b", 1024, False),
+    Point("70b", 512, False),
+    Point("70b", 4096, True),
+    Point("70b", 2048, True, batch=4),
+)
+
+
+def model_config(width: str, layers: int) -> dict[str, Any]:
+    """The config.json the reference builder writes for this width and depth (Llama)."""
+    arch = WIDTHS[width]
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": arch["hidden"],
+        "intermediate_size": arch["inter"],
+        "num_hidden_layers": layers,
+        "num_attention_heads": arch["heads"],
+        "num_key_value_heads": arch["kv"],
+        "vocab_size": arch["vocab"],
+        "tie_word_embeddings": False,
+    }
+
+
+def trainer_spec(point: Point, steps: int) -> dict[str, Any]:
+    """The FineTuneJob spec `bench.trainer_job` writes for this point (kept in step with it)."""
+    from bench.trainer_job import spec_for
+
+    return spec_for(
+        seq=point.seq, steps=steps, ckpt=point.ckpt, gpus=1, parallelism="auto", every=steps // 2, batch=point.batch
+    )
+
+
+def planned(point: Point, layers: int, steps: int) -> Any:
+    """The trainer's own plan for `layers` layers of `point` on one GPU capped at CAP_GIB."""
+    from finetune_api.spec import FineTuneJobSpec
+    from finetune_plan import choose
+
+    spec = FineTuneJobSpec.model_validate(trainer_spec(point, steps))
+    launch = choose(
+        spec,
+        model_config(point.width, layers),
+        1,
+        gpu_memory_bytes=int(CAP_GIB * GIB),
+        gpu_name="NVIDIA H200",
+        attention="memory_efficient",  # SDPA, what the trainer runs on this GPU
+    )
+    return launch.plan
+
+
+def deepest(point: Point, steps: int, most: int = 120) -> int:
+    """The most layers the plan says fit (0 when not even one does)."""
+    low, high = 0, most
+    while low < high:
+        middle = (low + high + 1) // 2
+        if planned(point, middle, steps).fits:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def slice_folder(model: Path, folder: Path, layers: int) -> Path:
+    """A model folder of `layers` layers over `model`'s weights: links, and a config of its own."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in model.iterdir():
+        link = folder / item.name
+        if item.name != "config.json" and not link.exists():
+            link.symlink_to(item.resolve())
+    config = json.loads((model / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
+    return folder
+
+
+def judge(point: Point, layers: int, plan: Any, ours: dict[str, Any] | None) -> dict[str, Any]:
+    """One row of the record: plan against the measured peak."""
+    plan_gib = round(plan.layout.fullest.total / GIB, 2)
+    row: dict[str, Any] = {
+        "point": point.name,
+        "width": point.width,
+        "seq": point.seq,
+        "batch": point.batch,
+        "gradientCheckpointing": point.ckpt,
+        "layers": layers,
+        "planGiB": plan_gib,
+        "planHeadroomGiB": round(plan.layout.fullest.headroom / GIB, 2),
+        "planLossChunkTokens": plan.layout.loss_chunk_tokens,
+    }
+    if ours is None:
+        return {**row, "ran": False}
+    peaks = ours.get("peak_gib") or []
+    measured = max(peaks) if peaks else None
+    row.update(
+        ran=True,
+        exitCode=ours.get("exit_code"),
+        reason=ours.get("reason"),
+        oom=ours.get("reason") == "OutOfMemory" or "out of memory" in str(ours.get("message", "")).lower(),
+        finalStep=ours.get("finalStep"),
+        measuredPeakGiB=measured,
+        errorPct=round(100 * (measured - plan_gib) / plan_gib, 1) if measured else None,
+        trainerPlanGiB=ours.get("plan"),
+        halfTensors=ours.get("half_tensors"),
+        tokPerS=ours.get("tok_s"),
+    )
+    return row
