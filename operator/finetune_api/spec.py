@@ -6,7 +6,7 @@ the operator, the trainer) and as CEL rules in `x-kubernetes-validations` (admis
 carry the same message text, and tests feed the same wrong specs to both.
 """
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Final, Literal, Self
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
@@ -108,13 +108,22 @@ class ModelSpec(ApiModel):
 
 
 DatasetFormat = Literal["alpaca", "sharegpt", "messages", "text", "completion"]
+# The dataset formats, in the API's order, and what a record of each holds (empty: the name says
+# it). The field's description, `ftjob check-data --format` and the trainer's parsers
+# (finetune_trainer.data.formats) all read this table.
+DATASET_FORMATS: Final[dict[DatasetFormat, str]] = {
+    "alpaca": "instruction/input/output",
+    "sharegpt": "conversations",
+    "messages": "role/content, rendered with the model's chat template",
+    "text": "",
+    "completion": "prompt/completion",
+}
 
 
 class DatasetSpec(ApiModel):
     source: DatasetSource = Field(description="Where the training data comes from.")
     format: DatasetFormat = Field(
-        description="alpaca (instruction/input/output), sharegpt (conversations), messages "
-        "(role/content, rendered with the model's chat template), text, completion (prompt/completion)."
+        description=", ".join(f"{name} ({holds})" if holds else name for name, holds in DATASET_FORMATS.items()) + "."
     )
     eval_fraction: Annotated[float, Field(gt=0, le=0.5)] | None = Field(
         default=None, description="Fraction of samples held out to report eval loss."
