@@ -26,23 +26,13 @@ from typing import Any, Literal, get_args
 
 from finetune_api.contract import CONTAINER, TERMINAL_PHASES
 from finetune_api.reasons import parse_termination_message, reason_for_exit_code
-from finetune_api.status import Condition, ConditionType, Phase
+from finetune_api.status import Condition, ConditionType, Phase, operator_fields
 
 from .workloads import Admission
 
-# The fields this module owns; a status patch never touches any other.
-OWNED_FIELDS = (
-    "phase",
-    "conditions",
-    "observedGeneration",
-    "restarts",
-    "startTime",
-    "completionTime",
-    "output",
-    "queue",
-    "nodes",
-    "message",
-)
+# The fields this module owns (the status model's, less the trainer's); a status patch never
+# touches any other.
+OWNED_FIELDS = operator_fields()
 # Reasons the operator itself gives for a job that never gets a Job (the trainer's own are
 # finetune_api.reasons.ExitReason): a spec the models or the API server refuse, and an image
 # outside the platform's allow-list (images.py).

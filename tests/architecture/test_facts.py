@@ -8,7 +8,9 @@ import argparse
 from typing import Any, get_args
 
 from finetune_api.spec import DATASET_FORMATS, DatasetFormat, DatasetSpec
+from finetune_api.status import FineTuneJobStatus
 from finetune_cli.main import build_parser
+from finetune_operator.status import OWNED_FIELDS
 from finetune_trainer.data import formats
 from finetune_trainer.data.checks import check_records
 from finetune_trainer.data.records import Record
@@ -75,3 +77,8 @@ def test_the_data_check_counts_the_tokens_the_trainer_trains_on() -> None:
     assert (report.longest, report.over_length) == (6, 0)
     report = check_records(records[:1], "completion", tokenizer=CharTokenizer(), max_length=3)
     assert [p.field for p in report.problems] == ["prompt"]  # the prompt alone is 3 tokens
+
+
+def test_the_operator_owns_every_status_field_of_the_model_but_the_trainers() -> None:
+    aliases = [field.alias for field in FineTuneJobStatus.model_fields.values()]
+    assert tuple(a for a in aliases if a not in ("progress", "lastCheckpoint")) == OWNED_FIELDS
