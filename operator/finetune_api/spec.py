@@ -28,6 +28,7 @@ from .gpus import (
     is_pascal,
     pascal_precision_message,
 )
+from .multinode import several_nodes
 
 
 def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
@@ -315,6 +316,11 @@ class ResourcesSpec(ApiModel):
         "GPU (deviceMap: one process).",
     )
 
+    @property
+    def multinode(self) -> bool:
+        """More than one node: see `finetune_api.multinode`."""
+        return several_nodes(self.nodes)
+
     @field_validator("processes")
     @classmethod
     def _processes_on_cpu(cls, value: int | None, info: ValidationInfo) -> int | None:
@@ -438,7 +444,7 @@ class FineTuneJobSpec(ApiModel):
 
     @model_validator(mode="after")
     def _device_map_one_node(self) -> Self:
-        if self.training.parallelism == "deviceMap" and self.resources.nodes > 1:
+        if self.training.parallelism == "deviceMap" and self.resources.multinode:
             raise ValueError(DEVICE_MAP_ONE_NODE)
         return self
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from finetune_api.contract import CONTAINER, TERMINAL_PHASES
+from finetune_api.multinode import several_nodes
 from finetune_api.reasons import parse_termination_message, reason_for_exit_code
 from finetune_api.status import Condition, ConditionType, Phase, operator_fields
 
@@ -315,7 +316,7 @@ def compute(obs: Observation) -> Outcome:
     complete = _job_condition(job, "Complete")
     failed = _job_condition(job, "Failed") or _job_condition(job, "FailureTarget")
     suspended = bool((job.get("spec") or {}).get("suspend"))
-    gang = obs.nodes > 1
+    gang = several_nodes(obs.nodes)
     schedule = _gang_scheduling(obs.pods, obs.nodes) if gang else _scheduling(obs.pods)
     running = any((p.get("status") or {}).get("phase") == "Running" for p in obs.pods if _terminated(p) is None)
     gathering: str | None = None  # a gang not whole yet: its launchers wait, no trainer runs

@@ -7,7 +7,8 @@ somewhere again (or a source changed without its readers) fails here.
 import argparse
 from typing import Any, get_args
 
-from finetune_api.spec import DATASET_FORMATS, DatasetFormat, DatasetSpec
+from finetune_api.multinode import several_nodes
+from finetune_api.spec import DATASET_FORMATS, DatasetFormat, DatasetSpec, ResourcesSpec
 from finetune_api.status import FineTuneJobStatus
 from finetune_cli.main import build_parser
 from finetune_operator.status import OWNED_FIELDS
@@ -82,3 +83,8 @@ def test_the_data_check_counts_the_tokens_the_trainer_trains_on() -> None:
 def test_the_operator_owns_every_status_field_of_the_model_but_the_trainers() -> None:
     aliases = [field.alias for field in FineTuneJobStatus.model_fields.values()]
     assert tuple(a for a in aliases if a not in ("progress", "lastCheckpoint")) == OWNED_FIELDS
+
+
+def test_a_job_of_several_nodes_is_told_by_one_rule() -> None:
+    assert [several_nodes(n) for n in (1, 2, 64)] == [False, True, True]
+    assert [ResourcesSpec(nodes=n).multinode for n in (1, 2)] == [False, True]
