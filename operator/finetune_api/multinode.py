@@ -44,6 +44,12 @@ COLLECTIVE_PORT_NAME: Final = "collectives"
 DEFAULT_RDZV_TIMEOUT_S: Final = 900
 
 
+def several_nodes(nodes: int) -> bool:
+    """Whether a job of `nodes` pods (`resources.nodes`) is a job of several nodes: an Indexed Job,
+    a headless Service, one gang whose claims every node mounts, this contract in its environment."""
+    return nodes > 1
+
+
 def service_name(job_name: str) -> str:
     """The headless Service of a multi-node job: the job's name (a DNS label, at most 52 characters)."""
     return job_name

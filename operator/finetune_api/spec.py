@@ -6,7 +6,7 @@ the operator, the trainer) and as CEL rules in `x-kubernetes-validations` (admis
 carry the same message text, and tests feed the same wrong specs to both.
 """
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Final, Literal, Self
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
@@ -28,6 +28,7 @@ from .gpus import (
     is_pascal,
     pascal_precision_message,
 )
+from .multinode import several_nodes
 
 
 def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
@@ -108,13 +109,22 @@ class ModelSpec(ApiModel):
 
 
 DatasetFormat = Literal["alpaca", "sharegpt", "messages", "text", "completion"]
+# The dataset formats, in the API's order, and what a record of each holds (empty: the name says
+# it). The field's description, `ftjob check-data --format` and the trainer's parsers
+# (finetune_trainer.data.formats) all read this table.
+DATASET_FORMATS: Final[dict[DatasetFormat, str]] = {
+    "alpaca": "instruction/input/output",
+    "sharegpt": "conversations",
+    "messages": "role/content, rendered with the model's chat template",
+    "text": "",
+    "completion": "prompt/completion",
+}
 
 
 class DatasetSpec(ApiModel):
     source: DatasetSource = Field(description="Where the training data comes from.")
     format: DatasetFormat = Field(
-        description="alpaca (instruction/input/output), sharegpt (conversations), messages "
-        "(role/content, rendered with the model's chat template), text, completion (prompt/completion)."
+        description=", ".join(f"{name} ({holds})" if holds else name for name, holds in DATASET_FORMATS.items()) + "."
     )
     eval_fraction: Annotated[float, Field(gt=0, le=0.5)] | None = Field(
         default=None, description="Fraction of samples held out to report eval loss."
@@ -143,6 +153,10 @@ LrScheduler = Literal["cosine", "linear", "constant", "constant_with_warmup", "c
 Optimizer = Literal["paged_adamw_8bit", "paged_adamw_32bit", "adamw_8bit", "adamw_torch", "adafactor", "sgd"]
 BOTH_LENGTHS = "set either epochs or maxSteps, not both"
 Parallelism = Literal["auto", "dataParallel", "fsdp", "deviceMap"]
+# Samples per optimizer step: the product of these (processes per pod: one per GPU, deviceMap one,
+# on the CPU resources.processes). Changing any of them changes the optimisation.
+EFFECTIVE_BATCH_FACTORS: Final = ("batchSize", "gradientAccumulation", "processes", "nodes")
+EFFECTIVE_BATCH: Final = "the effective batch (samples per optimizer step) is " + " x ".join(EFFECTIVE_BATCH_FACTORS)
 
 
 class TrainingSpec(ApiModel):
@@ -164,10 +178,12 @@ class TrainingSpec(ApiModel):
         default=0.1, description="Fraction of steps spent warming up."
     )
     batch_size: Annotated[int, Field(ge=1, le=1024)] = Field(
-        default=1, description="Samples per device per micro-step."
+        default=1, description=f"Samples per process per micro-step; {EFFECTIVE_BATCH}."
     )
     gradient_accumulation: Annotated[int, Field(ge=1, le=1024)] = Field(
-        default=8, description="Micro-steps per optimizer step."
+        default=8,
+        description=f"Micro-steps per optimizer step, on each process; {EFFECTIVE_BATCH}, so changing gpus, "
+        "processes or nodes changes the optimisation unless this changes with them (`ftjob plan` prints it).",
     )
     max_length: Annotated[int, Field(ge=16, le=131072)] = Field(
         default=2048, description="Tokens per sample; longer samples are truncated and counted."
@@ -287,13 +303,16 @@ class ResourcesSpec(ApiModel):
         }
     )
 
-    gpus: Annotated[int, Field(ge=0, le=64)] = Field(default=4, description="GPUs for the pod (0 = CPU).")
+    gpus: Annotated[int, Field(ge=0, le=64)] = Field(
+        default=4,
+        description=f"GPUs for the pod (0 = CPU): one training process per GPU (deviceMap: one); {EFFECTIVE_BATCH}.",
+    )
     nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = Field(
         default=1,
         description="Pods (nodes) the job trains on together, each with `gpus` GPUs (or `processes` on the "
-        "CPU): the world size is nodes x processes per pod. More than 1 runs an Indexed Job and a headless "
-        "Service; every claim the job mounts must then be mountable from every node (ReadWriteMany or "
-        "ReadOnlyMany).",
+        f"CPU): the world size is nodes x processes per pod, and {EFFECTIVE_BATCH}, so more nodes train with "
+        "a larger batch. More than 1 runs an Indexed Job and a headless Service; every claim the job mounts "
+        "must then be mountable from every node (ReadWriteMany or ReadOnlyMany).",
     )
     gpu_product: Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)] = Field(
         default="Tesla-P40", description="Value of the node label nvidia.com/gpu.product."
@@ -308,8 +327,13 @@ class ResourcesSpec(ApiModel):
     processes: Annotated[int, Field(ge=1, le=64)] | None = Field(
         default=None,
         description="Training processes of a CPU pod (gpus: 0; default 1). On GPUs there is one process per "
-        "GPU (deviceMap: one process).",
+        f"GPU (deviceMap: one process). {EFFECTIVE_BATCH[0].upper()}{EFFECTIVE_BATCH[1:]}.",
     )
+
+    @property
+    def multinode(self) -> bool:
+        """More than one node: see `finetune_api.multinode`."""
+        return several_nodes(self.nodes)
 
     @field_validator("processes")
     @classmethod
@@ -419,6 +443,11 @@ class FineTuneJobSpec(ApiModel):
         default=None, description="Delete the finished Job (not the FineTuneJob) after this long."
     )
 
+    def effective_batch(self, processes: int) -> int:
+        """Samples per optimizer step when each pod runs `processes` training processes (the
+        plan's count: one per GPU, deviceMap one, on the CPU resources.processes)."""
+        return self.training.batch_size * self.training.gradient_accumulation * processes * self.resources.nodes
+
     @model_validator(mode="after")
     def _pascal_precision(self) -> Self:
         if self.precision in HALF_PRECISIONS and is_pascal(self.resources.gpu_product):
@@ -434,7 +463,7 @@ class FineTuneJobSpec(ApiModel):
 
     @model_validator(mode="after")
     def _device_map_one_node(self) -> Self:
-        if self.training.parallelism == "deviceMap" and self.resources.nodes > 1:
+        if self.training.parallelism == "deviceMap" and self.resources.multinode:
             raise ValueError(DEVICE_MAP_ONE_NODE)
         return self
 

@@ -3,7 +3,8 @@ and by the trainer (progress, lastCheckpoint). Shaped after the Kubernetes API c
 conditions keyed by type with one-word reasons; `phase` is only a printer-column convenience.
 """
 
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
@@ -85,12 +86,22 @@ class NodesStatus(ApiModel):
     total: int | None = Field(default=None, description="spec.resources.nodes: the pods of one attempt.")
 
 
+@dataclass(frozen=True)
+class WrittenBy:
+    """Marks a status field written by someone other than the operator (it leaves the schema alone)."""
+
+    writer: Literal["trainer"]
+
+
+BY_TRAINER: Final = WrittenBy("trainer")
+
+
 class FineTuneJobStatus(ApiModel):
     phase: Phase | None = None
     conditions: Annotated[list[Condition], Field(max_length=16)] = Field(default_factory=list)
     observed_generation: int | None = None
-    progress: Progress | None = None
-    last_checkpoint: CheckpointRef | None = None
+    progress: Annotated[Progress | None, BY_TRAINER] = None
+    last_checkpoint: Annotated[CheckpointRef | None, BY_TRAINER] = None
     restarts: int | None = None
     start_time: Timestamp | None = None
     completion_time: Timestamp | None = None
@@ -98,3 +109,13 @@ class FineTuneJobStatus(ApiModel):
     queue: QueueStatus | None = None
     nodes: NodesStatus | None = None
     message: Message | None = None
+
+
+def operator_fields() -> tuple[str, ...]:
+    """The status fields the operator writes, as on the wire, in the model's order: every field
+    but those marked BY_TRAINER."""
+    return tuple(
+        field.alias or name
+        for name, field in FineTuneJobStatus.model_fields.items()
+        if BY_TRAINER not in field.metadata
+    )

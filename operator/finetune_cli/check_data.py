@@ -7,10 +7,10 @@ one-line summary (and over-length warnings) and exits 0.
 import argparse
 from pathlib import Path
 
+from finetune_api.spec import DATASET_FORMATS
+
 from .errors import CliError
 from .trainer_seam import trainer
-
-FORMATS = ("alpaca", "sharegpt", "messages", "text", "completion")
 
 
 def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -20,7 +20,7 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         description="Check a dataset file (JSON Lines, JSON or Parquet) the way the trainer does before training.",
     )
     parser.add_argument("file", metavar="FILE")
-    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("--format", required=True, choices=tuple(DATASET_FORMATS))
     parser.add_argument("--tokenizer", metavar="PATH", help="model folder: also check special tokens and lengths")
     parser.add_argument("--max-length", type=int, default=2048, help="tokens per sample (spec.training.maxLength)")
     parser.add_argument("--packing", action="store_true", help="as with spec.training.packing")

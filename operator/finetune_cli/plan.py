@@ -20,7 +20,7 @@ from typing import Any
 
 from finetune_api import FineTuneJob, ManifestError, parse_file
 from finetune_api.problems import format_problems
-from finetune_api.spec import FineTuneJobSpec
+from finetune_api.spec import EFFECTIVE_BATCH_FACTORS, FineTuneJobSpec
 from finetune_plan import GIB, LaunchPlan, ModelConfigError, choose, known_model, lookup
 from finetune_plan.gpu_products import known_names
 from finetune_plan.grace import clock_steps, grace_of
@@ -236,6 +236,21 @@ def checkpoint_lines(plan: Plan, spec: FineTuneJobSpec) -> str:
     return f"checkpoints everySteps {every.every_steps}, {clock}; {grace_of(plan).describe()}"
 
 
+def effective_batch_line(spec: FineTuneJobSpec, processes: int) -> str:
+    """Samples per optimizer step and its factors, e.g. `effective batch 32 = 1 x 8 x 4 processes`;
+    `processes` is the plan's count in each pod."""
+    factors = [
+        str(spec.training.batch_size),
+        str(spec.training.gradient_accumulation),
+        f"{processes} process" + ("" if processes == 1 else "es"),
+    ]
+    names: tuple[str, ...] = EFFECTIVE_BATCH_FACTORS[:3]
+    if spec.resources.multinode:
+        factors.append(f"{spec.resources.nodes} nodes")
+        names = EFFECTIVE_BATCH_FACTORS
+    return f"effective batch {spec.effective_batch(processes):,} = {' x '.join(factors)} ({' x '.join(names)})"
+
+
 def _cpu_line(launch: LaunchPlan) -> str:
     count = f"{launch.processes} process" + ("" if launch.processes == 1 else "es")
     return f"CPU (spec.resources.gpus is 0): {launch.parallelism}, {count}, no GPU memory to plan (try --gpus N)"
@@ -254,21 +269,26 @@ def run(args: argparse.Namespace) -> int:
         if doc.job is None:
             raise CliError("; ".join(format_problems(doc.problems, source)))
         launch, token_origin = plan_job(doc.job, args)
+        spec = planned_spec(doc.job.spec, args)
         name = doc.job.metadata.name or doc.job.metadata.generate_name or ""
-        launched = {"parallelism": launch.parallelism, "processes": launch.processes}
+        launched = {
+            "parallelism": launch.parallelism,
+            "processes": launch.processes,
+            "effective_batch": spec.effective_batch(launch.processes),
+        }
+        batch = effective_batch_line(spec, launch.processes)
         plan = launch.plan
         if plan is None:
             line = _cpu_line(launch)
             results.append({"name": name, "fits": True, **launched, "gpus": 0, "per_gpu": [], "message": line})
-            texts.append(f"{source}: {name}: {line}")
+            texts.append(f"{source}: {name}: {line}\n{batch}")
             continue
-        spec = planned_spec(doc.job.spec, args)
         host = host_need(plan, launch.processes)
         short = memory_refusal(spec, host)
         all_fit = all_fit and plan.fits and short is None
         pod = {"memory": spec.resources.memory or host.quantity, "plannedMemory": host.quantity, "memoryShort": short}
         results.append({"name": name, **plan.to_dict(), **launched, "pod": pod, "tokens_source": token_origin or None})
-        text = render(plan, launch.processes) + "\n" + checkpoint_lines(plan, spec)
+        text = render(plan, launch.processes) + "\n" + batch + "\n" + checkpoint_lines(plan, spec)
         if short is not None:
             text += f"\nDOES NOT FIT: {short}"
         if token_origin and token_origin != "given":

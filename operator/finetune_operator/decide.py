@@ -103,7 +103,7 @@ def desired_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) ->
     (identity.py): a job whose output claim the user brings costs one create, its Job.
     """
     claim = pvc_builder.output_pvc(owner, spec)
-    service = multinode.service(owner, spec) if multinode.is_multinode(spec) else None
+    service = multinode.service(owner, spec) if spec.resources.multinode else None
     return [
         *([claim] if claim is not None else []),
         *([service] if service is not None else []),

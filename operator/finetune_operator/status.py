@@ -25,24 +25,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from finetune_api.contract import CONTAINER, TERMINAL_PHASES
+from finetune_api.multinode import several_nodes
 from finetune_api.reasons import ExitReason, parse_termination_message, reason_for_exit_code
-from finetune_api.status import Condition, ConditionType, Phase
+from finetune_api.status import Condition, ConditionType, Phase, operator_fields
 
 from .workloads import Admission
 
-# The fields this module owns; a status patch never touches any other.
-OWNED_FIELDS = (
-    "phase",
-    "conditions",
-    "observedGeneration",
-    "restarts",
-    "startTime",
-    "completionTime",
-    "output",
-    "queue",
-    "nodes",
-    "message",
-)
+# The fields this module owns (the status model's, less the trainer's); a status patch never
+# touches any other.
+OWNED_FIELDS = operator_fields()
 # Reasons the operator itself gives for a job that never gets a Job (the trainer's own are
 # finetune_api.reasons.ExitReason): a spec the models or the API server refuse, and an image
 # outside the platform's allow-list (images.py).
@@ -328,7 +319,7 @@ def compute(obs: Observation) -> Outcome:
     complete = _job_condition(job, "Complete")
     failed = _job_condition(job, "Failed") or _job_condition(job, "FailureTarget")
     suspended = bool((job.get("spec") or {}).get("suspend"))
-    gang = obs.nodes > 1
+    gang = several_nodes(obs.nodes)
     schedule = _gang_scheduling(obs.pods, obs.nodes) if gang else _scheduling(obs.pods)
     running = any((p.get("status") or {}).get("phase") == "Running" for p in obs.pods if _terminated(p) is None)
     gathering: str | None = None  # a gang not whole yet: its launchers wait, no trainer runs

@@ -122,7 +122,9 @@ def test_cpu_job_has_nothing_to_plan():
     assert text.returncode == 0, text.stderr
     assert text.stdout.strip() == (
         f"{EXAMPLE_TINY}: tiny: CPU (spec.resources.gpus is 0): dataParallel, 1 process, no GPU memory to plan "
-        "(try --gpus N)"
+        "(try --gpus N)\n"
+        # batchSize 4 x gradientAccumulation 1 x 1 process
+        "effective batch 4 = 4 x 1 x 1 process (batchSize x gradientAccumulation x processes)"
     )
 
 
@@ -135,6 +137,7 @@ def test_cpu_job_with_processes(tmp_path: Path):
     result = ftjob("plan", str(manifest))
     assert result.returncode == 0, result.stderr
     assert "CPU (spec.resources.gpus is 0): fsdp, 2 processes" in result.stdout
+    assert "effective batch 8 = 4 x 1 x 2 processes (batchSize x gradientAccumulation x processes)" in result.stdout
 
 
 @pytest.mark.parametrize(("spelling", "word"), [("device_map", "deviceMap"), ("data_parallel", "dataParallel")])
@@ -246,3 +249,61 @@ def test_memory_below_the_pods_host_figure_is_refused_by_plan_and_validate(tmp_p
         assert "spec.resources.memory 96.0 GiB is below" in result.stdout
         assert "Traceback" not in result.stderr
     assert ftjob("validate", EXAMPLE_70B).returncode == 0
+
+
+def _batch_manifest(tmp_path: Path, resources: dict[str, Any], parallelism: str, batch: int, accumulation: int) -> str:
+    body = yaml.safe_load(Path(EXAMPLE_70B).read_text())
+    body["spec"]["resources"].update(resources)
+    body["spec"]["training"].update(parallelism=parallelism, batchSize=batch, gradientAccumulation=accumulation)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("resources", "parallelism", "batch", "accumulation", "line"),
+    [
+        # One process per GPU: 2 x 3 x 4 = 24.
+        (
+            {"gpus": 4},
+            "fsdp",
+            2,
+            3,
+            "effective batch 24 = 2 x 3 x 4 processes (batchSize x gradientAccumulation x processes)",
+        ),
+        (
+            {"gpus": 4},
+            "dataParallel",
+            1,
+            8,
+            "effective batch 32 = 1 x 8 x 4 processes (batchSize x gradientAccumulation x processes)",
+        ),
+        # deviceMap drives the 4 GPUs from one process: 1 x 8 x 1 = 8.
+        (
+            {"gpus": 4},
+            "deviceMap",
+            1,
+            8,
+            "effective batch 8 = 1 x 8 x 1 process (batchSize x gradientAccumulation x processes)",
+        ),
+        # 2 nodes of 4 GPUs: 1 x 8 x 4 x 2 = 64.
+        (
+            {"gpus": 4, "nodes": 2},
+            "fsdp",
+            1,
+            8,
+            "effective batch 64 = 1 x 8 x 4 processes x 2 nodes (batchSize x gradientAccumulation x processes x nodes)",
+        ),
+    ],
+)
+def test_the_plan_says_the_effective_batch_and_its_factors(
+    tmp_path: Path, resources: dict[str, Any], parallelism: str, batch: int, accumulation: int, line: str
+):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_3_8B))
+    manifest = _batch_manifest(tmp_path, resources, parallelism, batch, accumulation)
+    result = ftjob("plan", manifest, "--model-config", str(config))
+    assert result.returncode in (0, 3), result.stderr
+    assert line in result.stdout.splitlines()
+    printed = ftjob("plan", manifest, "--model-config", str(config), "--json")
+    assert json.loads(printed.stdout)["effective_batch"] == int(line.split()[2])

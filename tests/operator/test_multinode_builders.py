@@ -7,7 +7,7 @@ from finetune_api import multinode
 from finetune_api.constants import LABEL_JOB
 from finetune_api.reasons import ExitReason, parse_termination_message, reason_for_exit_code, termination_message
 from finetune_operator.builders import job, pvc
-from finetune_operator.builders.multinode import indexed_job, is_multinode, launch_environment, service
+from finetune_operator.builders.multinode import indexed_job, launch_environment, service
 from tests.support.specs import OWNER, SETTINGS, spec
 
 TWO_NODES = {"resources": {"gpus": 4, "nodes": 2}}
@@ -20,7 +20,7 @@ def env_of(body: dict[str, Any]) -> dict[str, Any]:
 
 def test_one_node_renders_exactly_the_job_of_today() -> None:
     one = spec()
-    assert not is_multinode(one)
+    assert not one.resources.multinode
     assert indexed_job(OWNER, one, SETTINGS) == job.job(OWNER, one, SETTINGS)
     explicit = spec(resources={"gpus": 0, "cpu": "1", "memory": "2Gi", "nodes": 1})
     assert indexed_job(OWNER, explicit, SETTINGS) == job.job(OWNER, spec(), SETTINGS)

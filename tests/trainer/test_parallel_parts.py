@@ -4,6 +4,7 @@ and a loss taken in chunks that equals the loss taken whole."""
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -70,11 +71,14 @@ def test_eval_slots_cover_every_row_once_and_give_each_rank_as_many_micro_batche
 
 
 class WordTokenizer:
-    """Each character is a token; enough to test packing without a model."""
+    """Each character is a token; enough to test packing without a model. Like a real tokenizer
+    it takes a list of texts too."""
 
     eos_token_id = 0
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
+        if isinstance(text, list):
+            return {"input_ids": [self(t, add_special_tokens)["input_ids"] for t in text]}
         return {"input_ids": ([1] if add_special_tokens else []) + [ord(c) for c in text]}
 
 

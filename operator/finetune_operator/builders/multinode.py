@@ -38,10 +38,6 @@ from .job import job
 PROTOCOL: Final = "TCP"
 
 
-def is_multinode(spec: FineTuneJobSpec) -> bool:
-    return spec.resources.nodes > 1
-
-
 def service(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any]:
     """The headless Service that gives the job's pods their names; owned by the job.
 
@@ -82,7 +78,7 @@ def launch_environment(owner: Owner, spec: FineTuneJobSpec) -> list[dict[str, An
 def indexed_job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
     """The Job of a job of `resources.nodes` pods; for one node, `job.job`'s Job unchanged."""
     body = job(owner, spec, settings)
-    if not is_multinode(spec):
+    if not spec.resources.multinode:
         return body
     nodes = spec.resources.nodes
     job_spec = body["spec"]

@@ -20,7 +20,7 @@ def output_pvc(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any] | None:
     name = output_claim_name(owner, spec)
     claim_spec: dict[str, Any] = {
         # Every pod of a job of several nodes mounts it (one pod template), on other machines.
-        "accessModes": ["ReadWriteMany" if spec.resources.nodes > 1 else "ReadWriteOnce"],
+        "accessModes": ["ReadWriteMany" if spec.resources.multinode else "ReadWriteOnce"],
         "resources": {"requests": {"storage": storage.size}},
     }
     if storage.storage_class_name:

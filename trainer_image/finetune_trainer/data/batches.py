@@ -1,10 +1,8 @@
 """Checked samples to token rows, and the order of micro-batches that every rank agrees on.
 
-Samples are tokenised the way the data check counts them (`checks._lengths`): a prompt with
-the tokenizer's special tokens, its completion without them plus EOS, loss on the completion
-only; text plus EOS; conversations through the chat template. With packing, rows are filled
-best-fit-decreasing and each sample keeps its own position ids, which the attention mask code
-reads as separate sequences (no attention across samples).
+Samples are tokenised by `tokens.tokenize`, the rule the data check counts with. With packing,
+rows are filled best-fit-decreasing and each sample keeps its own position ids, which the
+attention mask code reads as separate sequences (no attention across samples).
 
 The schedule is a pure function of the seed, the step and the slot: global micro-batch `j` of
 an optimizer step goes to rank `j % world`. A checkpoint therefore needs no data position
@@ -21,7 +19,7 @@ from typing import Any
 
 import torch
 
-IGNORE = -100
+from .tokens import IGNORE, tokenize
 
 
 @dataclass(frozen=True)
@@ -36,26 +34,6 @@ class Row:
         return sum(1 for label in self.labels[1:] if label != IGNORE)
 
 
-def _ids(value: Any) -> list[int]:
-    if isinstance(value, dict) or hasattr(value, "keys"):
-        value = value["input_ids"]
-    return [int(v) for v in value]
-
-
-def tokenize(sample: dict[str, Any], tokenizer: Any) -> tuple[list[int], list[int]]:
-    """(input ids, labels) of one sample; labels are IGNORE where no loss is taken."""
-    eos = tokenizer.eos_token_id
-    if "messages" in sample:
-        ids = _ids(tokenizer.apply_chat_template(sample["messages"], tokenize=True))
-        return ids, list(ids)
-    if "prompt" in sample:
-        prompt = _ids(tokenizer(sample["prompt"])["input_ids"])
-        answer = [*_ids(tokenizer(sample["completion"], add_special_tokens=False)["input_ids"]), eos]
-        return [*prompt, *answer], [IGNORE] * len(prompt) + answer
-    text = [*_ids(tokenizer(sample["text"])["input_ids"]), eos]
-    return text, list(text)
-
-
 def _pieces(ids: list[int], labels: list[int], max_length: int, split: bool) -> list[tuple[list[int], list[int]]]:
     if len(ids) <= max_length:
         return [(ids, labels)]
@@ -67,8 +45,7 @@ def _pieces(ids: list[int], labels: list[int], max_length: int, split: bool) -> 
 def make_rows(samples: Sequence[dict[str, Any]], tokenizer: Any, max_length: int, packing: bool) -> list[Row]:
     """One row per sample (truncated), or samples packed into rows of at most max_length."""
     pieces: list[tuple[list[int], list[int]]] = []
-    for sample in samples:
-        ids, labels = tokenize(sample, tokenizer)
+    for ids, labels, _ in tokenize(samples, tokenizer):
         pieces.extend(_pieces(ids, labels, max_length, split=packing))
     if not packing:
         return [Row(ids, labels, list(range(len(ids)))) for ids, labels in pieces]

@@ -12,6 +12,7 @@ from typing import Any
 
 from .formats import normalise
 from .records import Record
+from .tokens import tokenize
 
 # Special-token spellings of the common model families; finding one in the data that this
 # tokenizer does not treat as special means the data was prepared for another model.
@@ -27,7 +28,6 @@ FAMILY_MARKERS = (
     "<|im_end|>",
     "<|endoftext|>",
 )
-LENGTH_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -142,28 +142,6 @@ def _marker_problems(
     return out
 
 
-def _lengths(samples: list[dict[str, Any]], tokenizer: Any) -> list[tuple[int, int]]:
-    """(prompt tokens, total tokens) per sample, the way the trainer will tokenise it."""
-    out: list[tuple[int, int]] = []
-    for start in range(0, len(samples), LENGTH_BATCH):
-        batch = samples[start : start + LENGTH_BATCH]
-        first = batch[0]
-        if "messages" in first:
-            for sample in batch:
-                ids = tokenizer.apply_chat_template(sample["messages"], tokenize=True)
-                if isinstance(ids, dict) or hasattr(ids, "keys"):
-                    ids = ids["input_ids"]
-                out.append((0, len(ids)))
-        elif "prompt" in first:
-            prompts = tokenizer([s["prompt"] for s in batch])["input_ids"]
-            answers = tokenizer([s["completion"] for s in batch], add_special_tokens=False)["input_ids"]
-            out.extend((len(p), len(p) + len(a) + 1) for p, a in zip(prompts, answers, strict=True))
-        else:
-            texts = tokenizer([s["text"] for s in batch])["input_ids"]
-            out.extend((0, len(t) + 1) for t in texts)
-    return out
-
-
 def check_records(
     records: Iterable[Record],
     fmt: str,
@@ -215,7 +193,8 @@ def check_records(
 
 
 def _check_lengths(report: DataReport, wheres: list[str], tokenizer: Any, max_length: int, packing: bool) -> None:
-    lengths = _lengths(report.samples, tokenizer)
+    # Counted with the trainer's own rule: (prompt tokens, total tokens) of each sample.
+    lengths = [(tokens.prompt, len(tokens.input_ids)) for tokens in tokenize(report.samples, tokenizer)]
     keep: list[dict[str, Any]] = []
     for where, sample, (prompt, total) in zip(wheres, report.samples, lengths, strict=True):
         report.longest = max(report.longest, total)

@@ -1,4 +1,4 @@
-"""The five dataset formats, each turned into one of TRL's shapes.
+"""The dataset formats of the API (finetune_api.spec.DATASET_FORMATS), each turned into one of TRL's shapes.
 
 alpaca and completion become prompt/completion (loss on the answer only); sharegpt and
 messages become conversations rendered with the model's chat template; text stays text.
@@ -6,6 +6,7 @@ Every field problem is returned as (field, message), never raised, so the check 
 list all of them in one go.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +27,6 @@ SHAREGPT_ROLES = {
     "function": "tool",
 }
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
-
-FORMATS = ("alpaca", "sharegpt", "messages", "text", "completion")
 
 
 @dataclass
@@ -137,23 +136,33 @@ def _turns(r: _Reader, name: str, role_key: str, text_key: str, roles: dict[str,
     return {"messages": messages}
 
 
+def _sharegpt(r: _Reader) -> dict[str, Any] | None:
+    return _turns(r, "conversations", "from", "value", SHAREGPT_ROLES)
+
+
+def _messages(r: _Reader) -> dict[str, Any] | None:
+    return _turns(r, "messages", "role", "content", {role: role for role in MESSAGE_ROLES})
+
+
+# One parser per format of the API's table (finetune_api.spec.DATASET_FORMATS), by its name.
+PARSERS: dict[str, Callable[[_Reader], dict[str, Any] | None]] = {
+    "alpaca": _alpaca,
+    "sharegpt": _sharegpt,
+    "messages": _messages,
+    "text": _text,
+    "completion": _completion,
+}
+
+
 def normalise(record: Any, fmt: str) -> Normalised:
     """One record in `fmt` to a TRL sample, or the list of its field problems."""
     reader = _Reader(record)
     if not isinstance(record, dict):
         reader.out.problems.append(("", f"expected a JSON object, got {type(record).__name__}"))
         return reader.out
-    if fmt == "alpaca":
-        sample = _alpaca(reader)
-    elif fmt == "completion":
-        sample = _completion(reader)
-    elif fmt == "text":
-        sample = _text(reader)
-    elif fmt == "sharegpt":
-        sample = _turns(reader, "conversations", "from", "value", SHAREGPT_ROLES)
-    elif fmt == "messages":
-        sample = _turns(reader, "messages", "role", "content", {role: role for role in MESSAGE_ROLES})
-    else:
+    parse = PARSERS.get(fmt)
+    if parse is None:
         raise ValueError(f"unknown dataset format {fmt!r}")
+    sample = parse(reader)
     reader.out.sample = None if reader.out.problems else sample
     return reader.out

@@ -1,0 +1,90 @@
+"""Each fact is written once: where a part of the house needs it, it reads it from its one source.
+
+These tests check that what is derived equals its source, so that a copy written by hand
+somewhere again (or a source changed without its readers) fails here.
+"""
+
+import argparse
+from typing import Any, get_args
+
+from finetune_api.multinode import several_nodes
+from finetune_api.spec import DATASET_FORMATS, DatasetFormat, DatasetSpec, ResourcesSpec
+from finetune_api.status import FineTuneJobStatus
+from finetune_cli.main import build_parser
+from finetune_operator.status import OWNED_FIELDS
+from finetune_trainer.data import formats
+from finetune_trainer.data.checks import check_records
+from finetune_trainer.data.records import Record
+from finetune_trainer.data.tokens import IGNORE, tokenize
+
+
+def _choices(command: str, option: str) -> tuple[str, ...]:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    action = next(a for a in commands.choices[command]._actions if option in a.option_strings)
+    return tuple(action.choices or ())
+
+
+def test_the_dataset_format_table_names_every_format_of_the_api_in_its_order() -> None:
+    assert tuple(DATASET_FORMATS) == get_args(DatasetFormat)
+    description = DatasetSpec.model_fields["format"].description or ""
+    assert all(name in description for name in DATASET_FORMATS)
+
+
+def test_check_data_offers_the_formats_of_the_api() -> None:
+    assert _choices("check-data", "--format") == tuple(DATASET_FORMATS)
+
+
+def test_the_trainer_parses_every_format_of_the_api_and_no_other() -> None:
+    assert set(formats.PARSERS) == set(DATASET_FORMATS)
+    assert not hasattr(formats, "FORMATS")
+
+
+class CharTokenizer:
+    """Each character is a token, BOS is 1 and EOS 0; it takes one text or a list, as a real one does."""
+
+    eos_token_id = 0
+    bos_token_id = 1
+    bos_token, eos_token = "<s>", "</s>"
+    all_special_tokens = ("<s>", "</s>")
+
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
+        if isinstance(text, list):
+            return {"input_ids": [self(t, add_special_tokens)["input_ids"] for t in text]}
+        return {"input_ids": ([1] if add_special_tokens else []) + [ord(c) for c in text]}
+
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool) -> list[int]:
+        return [ord(c) for m in messages for c in m["role"] + m["content"]]
+
+
+def test_the_data_check_counts_the_tokens_the_trainer_trains_on() -> None:
+    samples: list[dict[str, Any]] = [
+        {"prompt": "ab", "completion": "cde"},
+        {"text": "fghi"},
+        {"messages": [{"role": "user", "content": "j"}, {"role": "assistant", "content": "k"}]},
+    ]
+    got = tokenize(samples, CharTokenizer())
+    # By hand: BOS + the prompt, then the completion and EOS, loss on those only.
+    assert got[0] == ([1, 97, 98, 99, 100, 101, 0], [IGNORE, IGNORE, IGNORE, 99, 100, 101, 0], 3)
+    assert got[1] == ([1, 102, 103, 104, 105, 0], [1, 102, 103, 104, 105, 0], 0)
+    assert got[2].input_ids == got[2].labels and len(got[2].input_ids) == len("userj" + "assistantk")
+    # In chunks as one by one.
+    assert [t for s in samples for t in tokenize([s], CharTokenizer())] == got
+
+    records = [Record(f"line {n}", r) for n, r in enumerate(({"prompt": "ab", "completion": "cde"}, {"text": "fghi"}))]
+    report = check_records(records[:1], "completion", tokenizer=CharTokenizer(), max_length=6)
+    assert (report.longest, report.over_length) == (7, 1)
+    report = check_records(records[1:], "text", tokenizer=CharTokenizer(), max_length=6)
+    assert (report.longest, report.over_length) == (6, 0)
+    report = check_records(records[:1], "completion", tokenizer=CharTokenizer(), max_length=3)
+    assert [p.field for p in report.problems] == ["prompt"]  # the prompt alone is 3 tokens
+
+
+def test_the_operator_owns_every_status_field_of_the_model_but_the_trainers() -> None:
+    aliases = [field.alias for field in FineTuneJobStatus.model_fields.values()]
+    assert tuple(a for a in aliases if a not in ("progress", "lastCheckpoint")) == OWNED_FIELDS
+
+
+def test_a_job_of_several_nodes_is_told_by_one_rule() -> None:
+    assert [several_nodes(n) for n in (1, 2, 64)] == [False, True, True]
+    assert [ResourcesSpec(nodes=n).multinode for n in (1, 2)] == [False, True]
