@@ -81,6 +81,8 @@ class Bench:
         self.date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
         self.env = dict(os.environ)
         paths = [str(REPO / "trainer_image"), str(REPO / "operator"), str(REPO)]
+        # This process plans too (the boundary phase): the API and the planner from the checkout.
+        sys.path[:0] = [p for p in paths if p not in sys.path]
         self.env["PYTHONPATH"] = os.pathsep.join([*paths, self.env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self.env["PYTHONUNBUFFERED"] = "1"
 
