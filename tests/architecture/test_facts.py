@@ -68,8 +68,12 @@ def test_the_data_check_counts_the_tokens_the_trainer_trains_on() -> None:
     assert got[0] == ([1, 97, 98, 99, 100, 101, 0], [IGNORE, IGNORE, IGNORE, 99, 100, 101, 0], 3)
     assert got[1] == ([1, 102, 103, 104, 105, 0], [1, 102, 103, 104, 105, 0], 0)
     assert got[2].input_ids == got[2].labels and len(got[2].input_ids) == len("userj" + "assistantk")
-    # In chunks as one by one.
+    # In chunks as one by one, and from the trainer's split (a `datasets.Dataset`, whose slices are columns).
     assert [t for s in samples for t in tokenize([s], CharTokenizer())] == got
+    from datasets import Dataset
+
+    texts = [{"text": "ab"}, {"text": "cde"}]
+    assert tokenize(Dataset.from_list(texts), CharTokenizer()) == tokenize(texts, CharTokenizer())
 
     records = [Record(f"line {n}", r) for n, r in enumerate(({"prompt": "ab", "completion": "cde"}, {"text": "fghi"}))]
     report = check_records(records[:1], "completion", tokenizer=CharTokenizer(), max_length=6)

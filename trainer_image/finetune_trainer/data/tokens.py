@@ -61,5 +61,7 @@ def tokenize(samples: Sequence[Mapping[str, Any]], tokenizer: Any) -> list[Token
     """The tokens and labels of each sample, in order."""
     out: list[Tokens] = []
     for start in range(0, len(samples), CHUNK):
-        out.extend(_chunk(samples[start : start + CHUNK], tokenizer))
+        # Row by row: a `datasets.Dataset` (the trainer's split) slices into columns, not rows.
+        rows = [samples[i] for i in range(start, min(start + CHUNK, len(samples)))]
+        out.extend(_chunk(rows, tokenizer))
     return out
