@@ -349,6 +349,7 @@ class Bench:
                         model=folder,
                         seq=point.seq,
                         ckpt=point.ckpt,
+                        batch=point.batch,
                         steps=steps,
                         every=steps // 2,
                         eval_fraction=0.1,

@@ -23,6 +23,13 @@ DROPOUT_FLOATS_PER_INPUT: Final = 1.25
 # probabilities (heads x seq x seq) are kept, and backward adds their gradient.
 ATTENTION_MATRIX_COPIES_SAVED: Final = 1.0
 ATTENTION_MATRIX_COPIES_BACKWARD: Final = 1.0
+# SDPA with fp32 inputs and grouped-query heads runs PyTorch's math kernel, which keeps the
+# probabilities as eager attention does: measured on an H200 (torch 2.11, transformers 5.24), the
+# memory-efficient kernel refuses the call ("No available kernel") and the default's peak equals
+# the math kernel's (7.35 GiB for one 70B-shaped layer at 2048 tokens, forward and backward, both
+# ways). Planned as memory-efficient, shapes the planner said fit ran out of memory
+# (bench/results/2026-12-01-h200-boundary.json: 4 of 7). So a plan keeps the matrix for fp32.
+SDPA_FP32_KEEPS_MATRIX: Final = True
 # Loss over the full sequence holds log-softmax output, its gradient and the logits'
 # gradient at once (the trainer drops the model output's own logits before backward).
 LOGITS_COPIES: Final = 3.0

@@ -133,8 +133,14 @@ def checkpoint_bytes_per_layer(shape: ModelShape, recipe: Recipe) -> float:
     return recipe.tokens * shape.hidden * recipe.compute_bytes
 
 
+def keeps_attention_matrix(recipe: Recipe) -> bool:
+    """Whether the attention kernel keeps the heads x seq x seq probabilities: eager always; SDPA
+    ("memory_efficient") too when it computes in fp32 (`cal.SDPA_FP32_KEEPS_MATRIX`, measured)."""
+    return recipe.attention == "materialised" or (recipe.compute_bytes == FP32 and cal.SDPA_FP32_KEEPS_MATRIX)
+
+
 def attention_matrix_bytes(shape: ModelShape, recipe: Recipe) -> float:
-    if recipe.attention != "materialised":
+    if not keeps_attention_matrix(recipe):
         return 0.0
     return recipe.batch_size * shape.heads * recipe.max_length**2 * recipe.compute_bytes
 
