@@ -56,6 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--large-without-reference", action="store_true", help="`large`: ours only (peak and plan, no ratio)"
     )
+    parser.add_argument("--boundary-points", default="", help="`boundary`: only these points (names, comma list)")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=4, help="timed steps after warm-up")
     parser.add_argument("--warm", type=int, default=2)
@@ -323,7 +324,9 @@ class Bench:
         from bench import boundary
 
         steps = max(8, self.args.steps)
-        chosen = [(point, boundary.deepest(point, steps)) for point in boundary.POINTS]
+        wanted = {n for n in self.args.boundary_points.split(",") if n}
+        points = [p for p in boundary.POINTS if not wanted or p.name in wanted]
+        chosen = [(point, boundary.deepest(point, steps)) for point in points]
         print(f"[bench] boundary: {[(p.name, n) for p, n in chosen]}", flush=True)
         rows: list[dict[str, Any]] = []
         record = {"date": self.date, "gpu": peaks[0].get("gpu"), "capGiB": boundary.CAP_GIB, "steps": steps}

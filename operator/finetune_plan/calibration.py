@@ -30,6 +30,11 @@ ATTENTION_MATRIX_COPIES_BACKWARD: Final = 1.0
 # ways). Planned as memory-efficient, shapes the planner said fit ran out of memory
 # (bench/results/2026-12-01-h200-boundary.json: 4 of 7). So a plan keeps the matrix for fp32.
 SDPA_FP32_KEEPS_MATRIX: Final = True
+# Below this headroom (plus, for a whole-sequence loss, one block of seq x vocab floats) a plan
+# takes the memory saver that keeps the math, the loss in chunks, when it fits: a whole-sequence
+# loss planned with 0.2 GiB to spare asked for a 4 GiB logits block beyond the cap (8192 tokens of
+# a 128k vocabulary; bench/results/2026-12-01-h200-boundary-sdpa.json, point 8b-s4096-b2-ckpt).
+SHORT_HEADROOM_GIB: Final = 1.0
 # Loss over the full sequence holds log-softmax output, its gradient and the logits'
 # gradient at once (the trainer drops the model output's own logits before backward).
 LOGITS_COPIES: Final = 3.0

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
+from . import calibration as cal
 from . import memory as mem
 from .gpu_products import GpuProduct
 from .memory import GIB, GpuMemory, Recipe
@@ -332,7 +333,7 @@ def _best_layout(
     for mode in modes:
         tried = [layout_for(mode, shape, replace(recipe, loss_chunk_tokens=c), hw) for c in loss_chunks]
         fitting = [t for t in tried if t.fits]
-        per_mode.append(fitting[0] if fitting else min(tried, key=lambda t: t.shortfall))
+        per_mode.append(_safest(tried, shape, recipe) if fitting else min(tried, key=lambda t: t.shortfall))
     fitting = [layout for layout in per_mode if layout.fits]
     if fitting:
 
@@ -342,6 +343,22 @@ def _best_layout(
 
         return max(fitting, key=rate), per_mode
     return min(per_mode, key=lambda t: t.shortfall), per_mode
+
+
+def _safest(tried: Sequence[Layout], shape: ModelShape, recipe: Recipe) -> Layout:
+    """Of one mode's fitting layouts (one per loss chunk size, in the trainer's order), the first
+    with room to spare, else one with the loss in chunks. The chunked loss keeps the math; a
+    whole-sequence loss needs a spare logits block besides (measured: one planned with 0.2 GiB to
+    spare asked for a 4 GiB block of seq x vocab floats beyond the cap), and every plan
+    `cal.SHORT_HEADROOM_GIB`."""
+    block = recipe.batch_size * recipe.max_length * shape.vocab * mem.FP32
+    fitting = [t for t in tried if t.fits]
+
+    def roomy(t: Layout) -> bool:
+        return t.fullest.headroom >= cal.SHORT_HEADROOM_GIB * GIB + (0 if t.loss_chunk_tokens else block)
+
+    chunked = [t for t in fitting if t.loss_chunk_tokens]
+    return next((t for t in fitting if roomy(t)), chunked[0] if chunked else fitting[0])
 
 
 def _fits(shape: ModelShape, recipe: Recipe, hw: Hardware, modes: Sequence[Mode], chunks: Sequence[int]) -> bool:
