@@ -150,3 +150,38 @@ def judge(point: Point, layers: int, plan: Any, ours: dict[str, Any] | None) -> 
         tokPerS=ours.get("tok_s"),
     )
     return row
+
+
+RESULTS: Final = Path(__file__).resolve().parent / "results"
+HEADER: Final = (
+    "| point | layers | plan GiB (headroom) | loss | measured peak GiB | measured / plan | outcome |\n"
+    "| --- | ---: | ---: | --- | ---: | ---: | --- |"
+)
+
+
+def table(record: dict[str, Any]) -> str:
+    """A boundary record as the Markdown table the READMEs show (plan total includes the CUDA
+    context and slack; the measured peak is PyTorch's allocated peak)."""
+    lines = [HEADER]
+    for row in record.get("points", []):
+        plan = row.get("trainerPlanGiB") or {}
+        planned_gib = max(plan.values()) if plan else row["planGiB"]
+        measured = row.get("measuredPeakGiB")
+        loss = f"chunks of {row['planLossChunkTokens']}" if row.get("planLossChunkTokens") else "whole sequence"
+        outcome = "OOM" if row.get("reason") == "OutOfMemory" else row.get("reason") or f"{row.get('finalStep')} steps"
+        lines.append(
+            f"| {row['point']} | {row['layers']} | {planned_gib:.2f} ({row['planHeadroomGiB']:.2f}) | {loss} "
+            f"| {'-' if measured is None else f'{measured:.2f}'} "
+            f"| {'-' if measured is None else f'{measured / planned_gib:.3f}'} | {outcome} |"
+        )
+    return "\n".join(lines)
+
+
+def records(folder: Path = RESULTS) -> dict[str, dict[str, Any]]:
+    """Every committed boundary record by file name."""
+    return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*-boundary*.json"))}
+
+
+if __name__ == "__main__":
+    for name, record in records().items():
+        print(f"{name}\n\n{table(record)}\n")
