@@ -1,0 +1,25 @@
+"""The boundary phase's choices and the README's boundary tables, which come from its records."""
+
+from pathlib import Path
+
+from bench import boundary
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_every_committed_boundary_record_is_in_the_readme_as_rendered() -> None:
+    text = README.read_text()
+    records = boundary.records()
+    assert records, "no boundary record committed"
+    for name, record in records.items():
+        assert boundary.table(record) in text, f"README's table for {name} differs from the record"
+
+
+def test_each_point_is_the_deepest_slice_its_plan_fits_with_under_a_gib_to_spare() -> None:
+    """The search's answer fits and one layer more does not; the chosen points sit at the edge."""
+    for point in boundary.POINTS:
+        layers = boundary.deepest(point, 8)
+        assert layers > 0, point
+        assert boundary.planned(point, layers, 8).fits
+        assert not boundary.planned(point, layers + 1, 8).fits
+        assert boundary.planned(point, layers, 8).layout.fullest.headroom < 2**30, point
