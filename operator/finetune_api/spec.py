@@ -28,6 +28,7 @@ from .gpus import (
     is_pascal,
     pascal_precision_message,
 )
+from .modes import Parallelism
 
 
 def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
@@ -142,7 +143,6 @@ Precision = Literal["auto", "fp32", "bf16", "fp16"]
 LrScheduler = Literal["cosine", "linear", "constant", "constant_with_warmup", "cosine_with_min_lr", "polynomial"]
 Optimizer = Literal["paged_adamw_8bit", "paged_adamw_32bit", "adamw_8bit", "adamw_torch", "adafactor", "sgd"]
 BOTH_LENGTHS = "set either epochs or maxSteps, not both"
-Parallelism = Literal["auto", "dataParallel", "fsdp", "deviceMap"]
 
 
 class TrainingSpec(ApiModel):
