@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
-from finetune_api.modes import to_spec
+from finetune_api.modes import MODES, to_spec
 
 from . import memory as mem
 from .gpu_products import GpuProduct
@@ -26,7 +26,8 @@ from .placement import QUANTISED_ACCOUNTING_BYTES, Placement, balance, max_memor
 from .speed import Mode, Speed, estimate
 
 ModeChoice = Literal["auto", "device_map", "data_parallel", "fsdp"]
-ALL_MODES: Final[tuple[Mode, ...]] = ("data_parallel", "fsdp", "device_map")
+# Every mode the planner lays out, in the order of finetune_api.modes.MODES.
+ALL_MODES: Final[tuple[Mode, ...]] = cast(tuple[Mode, ...], tuple(m.planner for m in MODES))
 # Chunk of tokens per loss step when the full-sequence logits do not fit.
 LOSS_CHUNK_TOKENS: Final = 512
 MAX_GPUS: Final = 64
@@ -248,7 +249,7 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
       and trainable parameters: FSDP allocates a gradient for a whole flat parameter, so a layer
       unit holding its adapters would keep a sharded gradient as large as its NF4 shard (8 GiB a
       GPU for 70B on four). Each rank keeps the adapter whole and sums its gradients in one
-      collective, exactly as dataParallel does (`distributed/fsdp.py`);
+      collective, exactly as dataParallel does (`finetune_trainer/modes/fsdp.py`);
     - `embed_tokens` and `lm_head` in units of their own, gathered only while they run. FSDP1
       never reshards the root unit after its forward (it expects the backward to need it at
       once), so whatever stays in the root is held whole from the first forward to the end of
