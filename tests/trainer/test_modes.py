@@ -2,14 +2,16 @@
 decision handed from the launcher to its workers whole."""
 
 import pickle
+from types import SimpleNamespace
 
+import pytest
 import torch
 
 from finetune_api import modes as words
 from finetune_api import parse_file
 from finetune_plan import choose
 from finetune_trainer.hardware import Gpu, Hardware
-from finetune_trainer.launch_plan import Decision
+from finetune_trainer.launch_plan import Decision, probe_attention
 from finetune_trainer.modes import REGISTRY, DataParallel, DeviceMap, Fsdp, SingleProcess, for_run
 from finetune_trainer.preflight import MemoryPlan
 from tests.planning.models import EXAMPLE, LLAMA_33_70B
@@ -53,3 +55,11 @@ def test_a_gpu_decision_survives_the_trip_to_the_workers() -> None:
     received = pickle.loads(pickle.dumps(decision))
     assert received == decision
     assert received.loss_chunk_tokens == (launch.plan.recipe.loss_chunk_tokens if launch.plan else 0)
+
+
+def test_on_gpus_the_attention_probe_runs_in_a_child_and_its_answer_comes_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher keeps off the GPUs: the probe's child answers (forced here, no GPU needed)."""
+    shape = SimpleNamespace(hidden_size=64, num_attention_heads=4, head_dim=None)
+    for forced in ("sdpa", "eager"):
+        monkeypatch.setenv("FINETUNE_ATTENTION", forced)
+        assert probe_attention(TWO_GPUS, shape, "fp32") == forced

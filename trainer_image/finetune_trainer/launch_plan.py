@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
 from finetune_plan.inputs import as_mapping
@@ -31,12 +29,12 @@ from finetune_plan.parallelism import LaunchPlan, choose
 
 from .failures import TrainerFailure
 from .hardware import Attention, Hardware, ResolvedPrecision, choose_attention, detect, resolve_precision
+from .model_loading import DTYPES, load_model_config
 
 log = logging.getLogger(__name__)
 
 # Set by the launcher on its workers: the file that holds the pod's Decision.
 DECISION_ENV = "FINETUNE_LAUNCH_DECISION"
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ def probe_attention(hardware: Hardware, model_config: Any, precision: ResolvedPr
     for the whole run, would take memory the plan gave the workers."""
     size = head_dim(model_config)
     if not hardware.on_gpu:
-        return choose_attention(hardware, size, _DTYPES[precision])
+        return choose_attention(hardware, size, DTYPES[precision])
     code = "from finetune_trainer.launch_plan import _probe_child; _probe_child()"
     args = json.dumps({"gpus": [g.index for g in hardware.gpus], "head_dim": size, "precision": precision})
     done = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, check=False)
@@ -108,13 +106,11 @@ def _probe_child() -> None:
 
     asked = json.loads(sys.argv[1])
     gpus = tuple(Gpu(index, "", (0, 0), 0) for index in asked["gpus"])
-    print(choose_attention(Hardware(gpus=gpus), asked["head_dim"], _DTYPES[asked["precision"]]), flush=True)
+    print(choose_attention(Hardware(gpus=gpus), asked["head_dim"], DTYPES[asked["precision"]]), flush=True)
 
 
 def decide_pod(config: TrainerConfig) -> Decision:
     """The pod's decision, made once per run by the pod's command."""
-    from .model_loading import load_model_config
-
     hardware = detect(config.spec)
     precision = resolve_precision(config.spec.precision, hardware)
     model_config = load_model_config(config)
