@@ -1,11 +1,11 @@
 """The pod's command when the job needs more than one process: PyTorch's launcher, one worker per GPU.
 
 `python -m finetune_trainer --config FILE` decides the launch once (`launch_plan.decide_pod`).
-One process trains in place; more are started by torch.distributed.run's elastic agent (the engine
-of `torchrun --standalone`), each running `python -m finetune_trainer --config FILE --worker`,
-with NCCL on GPUs and gloo on the CPU; the launcher hands its decision down to them
-(`launch_plan.hand_down`), so no worker decides again. The agent stops every worker when one fails, and
-forwards SIGTERM to them.
+One process trains in place; more are started by torch.distributed.run's elastic agent (the
+engine of `torchrun --standalone`), each running `python -m finetune_trainer --config FILE
+--worker`, with NCCL on GPUs and gloo on the CPU; the launcher hands its decision down to them
+(`launch_plan.hand_down`), so no worker decides again. The agent stops every worker when one
+fails, and forwards SIGTERM to them.
 
 The launcher alone would end with its generic exit 1. Each worker that fails with a reason it
 can name writes it to a file in a folder the launcher gives it (`REASON_DIR_ENV`); the pod then
