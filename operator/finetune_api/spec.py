@@ -28,6 +28,7 @@ from .gpus import (
     is_pascal,
     pascal_precision_message,
 )
+from .modes import Parallelism
 from .multinode import several_nodes
 
 
@@ -152,7 +153,6 @@ Precision = Literal["auto", "fp32", "bf16", "fp16"]
 LrScheduler = Literal["cosine", "linear", "constant", "constant_with_warmup", "cosine_with_min_lr", "polynomial"]
 Optimizer = Literal["paged_adamw_8bit", "paged_adamw_32bit", "adamw_8bit", "adamw_torch", "adafactor", "sgd"]
 BOTH_LENGTHS = "set either epochs or maxSteps, not both"
-Parallelism = Literal["auto", "dataParallel", "fsdp", "deviceMap"]
 # Samples per optimizer step: the product of these (processes per pod: one per GPU, deviceMap one,
 # on the CPU resources.processes). Changing any of them changes the optimisation.
 EFFECTIVE_BATCH_FACTORS: Final = ("batchSize", "gradientAccumulation", "processes", "nodes")

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from finetune_api import FineTuneJob, ManifestError, parse_file
+from finetune_api import FineTuneJob, ManifestError, modes, parse_file
 from finetune_api.problems import format_problems
 from finetune_api.spec import EFFECTIVE_BATCH_FACTORS, FineTuneJobSpec
 from finetune_plan import GIB, LaunchPlan, ModelConfigError, choose, known_model, lookup
@@ -34,9 +34,6 @@ from .errors import CliError
 
 DOES_NOT_FIT = 3
 BYTES_PER_TOKEN = 4  # a rough average for English text with Llama-3's tokenizer
-MODES = ("auto", "dataParallel", "fsdp", "deviceMap")
-# Spellings of earlier releases, still accepted.
-MODE_ALIASES = {"data_parallel": "dataParallel", "device_map": "deviceMap"}
 
 
 def _bool(flag: str, text: str | None) -> bool | None:
@@ -71,7 +68,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--gradient-checkpointing", metavar="true|false")
     parser.add_argument(
         "--mode",
-        metavar="|".join(MODES),
+        metavar="|".join(modes.SPEC_WORDS),
         help="training.parallelism to plan with (default: the spec's)",
     )
     parser.add_argument(
@@ -172,9 +169,9 @@ def _check_positive(name: str, value: int | float | None) -> None:
 def _mode(text: str | None) -> str | None:
     if text is None:
         return None
-    mode = MODE_ALIASES.get(text, text)
-    if mode not in MODES:
-        raise CliError(f"--mode: expected one of {', '.join(MODES)}, got {text!r}")
+    mode = modes.parse(text)  # earlier releases' spellings are still accepted
+    if mode is None:
+        raise CliError(f"--mode: expected one of {', '.join(modes.SPEC_WORDS)}, got {text!r}")
     return mode
 
 

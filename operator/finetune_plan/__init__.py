@@ -5,10 +5,12 @@ pod's grace period), `ftjob plan` on a laptop, the trainer before it loads any w
 benchmarks all import it, and it imports nothing of theirs (only `finetune_api`).
 """
 
+from finetune_api.modes import RunMode as Parallelism
+
 from .gpu_products import GpuProduct, lookup
 from .memory import GIB, GpuMemory, Recipe
 from .model_shape import ModelConfigError, ModelShape, known_model, shape_from_config
-from .parallelism import TRAINER_LOSS_CHUNKS, LaunchPlan, Parallelism, choose, cpu_launch
+from .parallelism import TRAINER_LOSS_CHUNKS, LaunchPlan, choose, cpu_launch
 from .plan import Hardware, Layout, Plan, make_plan
 from .speed import Speed
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, cast
 
+from finetune_api import modes
+from finetune_api.modes import RunMode as Parallelism
 from finetune_api.spec import FineTuneJobSpec
 
 from .gpu_products import GpuProduct
@@ -21,27 +23,14 @@ from .model_shape import ModelConfigError, shape_from_config
 from .plan import LOSS_CHUNK_TOKENS, Hardware, ModeChoice, Plan, make_plan
 from .speed import Mode
 
-Parallelism = Literal["dataParallel", "fsdp", "deviceMap"]
-
 # Loss chunk sizes the trainer can run, tried in order; 0 = whole-sequence logits. Chunks are
 # needed: Llama-3.3-70B on 4 x P40 at 2048 tokens does not fit in fsdp with whole-sequence
 # FP32 logits (three copies of 2048 x 128256 floats, 2.9 GiB, next to the gathered head), and
 # neither does the issue's 40-layer 70B-shaped slice on 2 x 22.4 GiB.
 TRAINER_LOSS_CHUNKS: Final[tuple[int, ...]] = (0, LOSS_CHUNK_TOKENS)
 
-_MODES: Final[dict[str, ModeChoice]] = {
-    "auto": "auto",
-    "dataParallel": "data_parallel",
-    "fsdp": "fsdp",
-    "deviceMap": "device_map",
-}
 # deviceMap keeps one GPU busy at a time: `auto` never picks it, a spec may still ask for it.
-AUTO_MODES: Final[tuple[Mode, ...]] = ("data_parallel", "fsdp")
-_WORDS: Final[dict[Mode, Parallelism]] = {
-    "data_parallel": "dataParallel",
-    "fsdp": "fsdp",
-    "device_map": "deviceMap",
-}
+AUTO_MODES: Final[tuple[Mode, ...]] = cast(tuple[Mode, ...], modes.auto_choices())
 
 
 @dataclass(frozen=True)
@@ -59,8 +48,8 @@ class LaunchPlan:
 def cpu_launch(spec: FineTuneJobSpec) -> LaunchPlan:
     """The CPU's launch needs no model config: the pod runs what the spec says."""
     wanted = spec.training.parallelism
-    parallelism: Parallelism = "dataParallel" if wanted == "auto" else wanted
-    processes = 1 if parallelism == "deviceMap" else spec.resources.processes or 1
+    parallelism: Parallelism = "dataParallel" if wanted == modes.AUTO else wanted
+    processes = modes.processes(parallelism, spec.resources.processes or 1)
     return LaunchPlan(parallelism, processes, None)
 
 
@@ -98,10 +87,10 @@ def choose(
         shape,
         recipe_from_spec(spec, chosen, attention),
         Hardware(gpus, chosen, memory_gib),
-        mode=_MODES[spec.training.parallelism],
+        mode=cast(ModeChoice, modes.to_planner(spec.training.parallelism)),
         epoch_tokens=epoch_tokens,
         allowed_modes=AUTO_MODES,
         loss_chunks=TRAINER_LOSS_CHUNKS,
     )
-    parallelism = _WORDS[plan.mode]
-    return LaunchPlan(parallelism, 1 if parallelism == "deviceMap" else gpus, plan)
+    parallelism = cast(Parallelism, modes.to_spec(plan.mode))
+    return LaunchPlan(parallelism, modes.processes(parallelism, gpus), plan)

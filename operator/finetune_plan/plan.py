@@ -1,6 +1,6 @@
 """The plan: does this job fit these GPUs, in which mode, with what per-GPU peak, how fast.
 
-Modes (all one pod; in the spec's words `deviceMap`, `dataParallel`, `fsdp`, see SPEC_WORDS):
+Modes (all one pod; in the spec's words `deviceMap`, `dataParallel`, `fsdp`, see finetune_api.modes):
 - device_map: one process; layers in contiguous blocks over the GPUs (GPU 0 also holds the
   embeddings, the last GPU the head and the loss). Only one GPU computes at a time.
 - data_parallel: one process per GPU, each with a full NF4 copy and its own micro-batches.
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
+
+from finetune_api.modes import MODES, to_spec
 
 from . import calibration as cal
 from . import memory as mem
@@ -25,21 +27,11 @@ from .placement import QUANTISED_ACCOUNTING_BYTES, Placement, balance, max_memor
 from .speed import Mode, Speed, estimate
 
 ModeChoice = Literal["auto", "device_map", "data_parallel", "fsdp"]
-ALL_MODES: Final[tuple[Mode, ...]] = ("data_parallel", "fsdp", "device_map")
+# Every mode the planner lays out, in the order of finetune_api.modes.MODES.
+ALL_MODES: Final[tuple[Mode, ...]] = cast(tuple[Mode, ...], tuple(m.planner for m in MODES))
 # Chunk of tokens per loss step when the full-sequence logits do not fit.
 LOSS_CHUNK_TOKENS: Final = 512
 MAX_GPUS: Final = 64
-# The words users see (the spec's `training.parallelism` values) for the planner's mode names.
-SPEC_WORDS: Final[dict[str, str]] = {
-    "data_parallel": "dataParallel",
-    "fsdp": "fsdp",
-    "device_map": "deviceMap",
-    "cpu": "cpu",
-}
-
-
-def spec_word(mode: str) -> str:
-    return SPEC_WORDS.get(mode, mode)
 
 
 @dataclass(frozen=True)
@@ -98,7 +90,7 @@ class Plan:
     @property
     def parallelism(self) -> str:
         """The mode in the spec's words: dataParallel, fsdp or deviceMap."""
-        return spec_word(self.mode)
+        return to_spec(self.mode)
 
     @property
     def per_gpu(self) -> tuple[GpuMemory, ...]:
@@ -165,7 +157,7 @@ class Plan:
             "per_gpu": [gpu_dict(g) for g in self.per_gpu],
             "alternatives": [
                 {
-                    "parallelism": spec_word(a.mode),
+                    "parallelism": to_spec(a.mode),
                     "fits": a.fits,
                     "max_total_gib": round(a.fullest.total / GIB, 2),
                     "loss_chunk_tokens": a.loss_chunk_tokens,
@@ -258,7 +250,7 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
       and trainable parameters: FSDP allocates a gradient for a whole flat parameter, so a layer
       unit holding its adapters would keep a sharded gradient as large as its NF4 shard (8 GiB a
       GPU for 70B on four). Each rank keeps the adapter whole and sums its gradients in one
-      collective, exactly as dataParallel does (`distributed/fsdp.py`);
+      collective, exactly as dataParallel does (`finetune_trainer/modes/fsdp.py`);
     - `embed_tokens` and `lm_head` in units of their own, gathered only while they run. FSDP1
       never reshards the root unit after its forward (it expects the backward to need it at
       once), so whatever stays in the root is held whole from the first forward to the end of
@@ -390,7 +382,7 @@ def _suggestions(
                 high = middle
             else:
                 low = middle + 1
-        out.append(f"fits on {low} x {hw.product.name} ({spec_word(layout_on(low).mode)} mode)")
+        out.append(f"fits on {low} x {hw.product.name} ({to_spec(layout_on(low).mode)} mode)")
     else:
         out.append(f"does not fit on up to {MAX_GPUS} x {hw.product.name} at maxLength {recipe.max_length}")
     modes = _modes(choice, hw, allowed)
@@ -467,10 +459,10 @@ def make_plan(
     speed = estimate(shape, chosen, hardware.product, gpus=hardware.gpus, mode=layout.mode, epoch_tokens=epoch_tokens)
     fullest = layout.fullest
     where = f"{hardware.gpus} x {hardware.product.name}"
-    word = spec_word(layout.mode)
+    word = to_spec(layout.mode)
     others = [a for a in alternatives if a.mode != layout.mode]
     other_text = "; ".join(
-        f"{spec_word(a.mode)} needs {_gib(a.fullest.total)} on GPU {a.fullest.index}"
+        f"{to_spec(a.mode)} needs {_gib(a.fullest.total)} on GPU {a.fullest.index}"
         + ("" if a.fits else " (does not fit)")
         for a in others
     )

@@ -107,24 +107,6 @@ def fail(path: Path | None, reason: ExitReason, message: str) -> int:
     return int(reason)
 
 
-def _processes(config: TrainerConfig, nproc: int | None) -> int:
-    """How many processes this pod trains with: the plan's, unless `--nproc` says otherwise."""
-    if nproc is not None:
-        if nproc < 1:
-            raise TrainerFailure(ExitReason.InvalidConfig, f"--nproc: expected 1 or more, got {nproc}")
-        return nproc
-    from finetune_plan.parallelism import cpu_launch
-
-    if config.spec.resources.gpus == 0:
-        return cpu_launch(config.spec).processes
-    from .hardware import detect
-    from .launch_plan import decide
-    from .model_loading import load_model_config
-
-    # The workers probe the attention kernel themselves; SDPA is what a probe finds on sm_50+.
-    return decide(config, detect(config.spec), load_model_config(config), "sdpa").processes
-
-
 def _outcome(termination: Path | None, run: Callable[[], object], worker: bool) -> int:
     """Run, and turn every ending into an exit code and a reason (a worker records its own)."""
     try:
@@ -161,7 +143,8 @@ def _run(args: argparse.Namespace) -> None:
     from .environment import prepare_process_environment
 
     prepare_process_environment(config)
-    from .run import train
+    from .launch_plan import decide_pod, receive
+    from .recipe import train
     from .stopping import StopRequest
 
     if args.worker:
@@ -172,20 +155,29 @@ def _run(args: argparse.Namespace) -> None:
         die_with_launcher()
         register_worker()
         check_placement()
-        train(config, from_env(), stop)
+        # The launcher decided the launch once for the pod; the worker trains that decision.
+        train(config, from_env(), stop, receive())
         record_done()
         return
-    processes = _processes(config, args.nproc)
+    _check_nproc(args.nproc)
+    decision = decide_pod(config)
+    # The plan's process count, unless `--nproc` says otherwise (CPU runs).
+    processes = args.nproc or decision.launch.processes
     from .distributed.launch import nodes_from_env
 
     if processes == 1 and nodes_from_env() is None:
-        train(config, stop=StopRequest().install())
+        train(config, stop=StopRequest().install(), decision=decision)
         return
     from .distributed.launch import launch
 
-    reason, message = launch(args.config, processes)
+    reason, message = launch(args.config, processes, decision)
     if reason is not None:
         raise TrainerFailure(reason, message)
+
+
+def _check_nproc(nproc: int | None) -> None:
+    if nproc is not None and nproc < 1:
+        raise TrainerFailure(ExitReason.InvalidConfig, f"--nproc: expected 1 or more, got {nproc}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -204,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _end_worker(code: int) -> NoReturn:
     """End a worker without the interpreter's teardown: a live process group's destructor can
-    deadlock against its own worker thread (see run.train), and the launcher would wait on the
+    deadlock against its own worker thread (see recipe.Recipe.run), and the launcher would wait on the
     rank forever. Everything the worker owes is written by now."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -1,7 +1,7 @@
 """Quantise weights headed for the host on this rank's GPU, one tensor at a time.
 
 fsdp loads the model on the host (`device_map={"": "cpu"}`) so that no GPU ever holds it whole,
-and `distributed.fsdp` then moves it to the GPUs one decoder layer at a time, keeping each
+and `modes.fsdp` then moves it to the GPUs one decoder layer at a time, keeping each
 rank's shard. Left alone, bitsandbytes quantises those weights on the CPU: minutes for a 40-layer
 70B slice, with every process doing it. Inside `quantising_on(gpu)`, each 4-bit weight is sent
 to the rank's GPU, quantised there by the same kernel dataParallel uses, and its packed data and

@@ -1,12 +1,24 @@
-"""The trainer's side of the launch decision: the planner's `choose()` on the hardware it sees.
+"""The launch decision, made once per run by the pod's command and handed down to its processes.
 
-The pod's command (the launcher) and every process it starts call this with the same inputs,
-so they agree on the mode and the process count; `ftjob plan` calls the same `choose()`.
+The pod's command (`entry`, in the launcher or, for one process, the trainer itself) calls
+`decide_pod`: the planner's `choose()` on the hardware this pod has, with the attention kernel
+the trainer will really run (probed as the trainer probes it). The launcher writes that
+`Decision` to a file (`hand_down`) whose path its workers find in `DECISION_ENV`; each worker
+`receive`s it instead of deciding again, so every process trains the plan the launcher launched.
+`ftjob plan` calls the same `choose()`; the operator's grace period is worked out on its own,
+before the pod exists (`finetune_plan.grace`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import pickle
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from finetune_api.reasons import ExitReason
@@ -16,12 +28,37 @@ from finetune_plan.model_shape import ModelConfigError
 from finetune_plan.parallelism import LaunchPlan, choose
 
 from .failures import TrainerFailure
-from .hardware import Attention, Hardware
+from .hardware import Attention, Hardware, ResolvedPrecision, choose_attention, detect, resolve_precision
+from .model_loading import DTYPES, load_model_config
 
 log = logging.getLogger(__name__)
 
+# Set by the launcher on its workers: the file that holds the pod's Decision.
+DECISION_ENV = "FINETUNE_LAUNCH_DECISION"
 
-def decide(config: TrainerConfig, hardware: Hardware, model_config: Any, attention: Attention = "eager") -> LaunchPlan:
+
+@dataclass(frozen=True)
+class Decision:
+    """What the pod's command decided: the launch (mode, processes, plan) and the attention
+    kernel it was planned with, which every process then loads the model with."""
+
+    launch: LaunchPlan
+    attention: Attention
+
+    @property
+    def loss_chunk_tokens(self) -> int:
+        plan = self.launch.plan
+        return plan.recipe.loss_chunk_tokens if plan is not None else 0
+
+
+def head_dim(model_config: Any) -> int:
+    explicit = getattr(model_config, "head_dim", None)
+    if explicit:
+        return int(explicit)
+    return int(model_config.hidden_size // model_config.num_attention_heads)
+
+
+def decide(config: TrainerConfig, hardware: Hardware, model_config: Any, attention: Attention) -> LaunchPlan:
     """The launch for this pod; raises WontFit (before any weight loads) when the plan says no."""
     gpus = hardware.gpus
     try:
@@ -45,20 +82,54 @@ def decide(config: TrainerConfig, hardware: Hardware, model_config: Any, attenti
     return launch
 
 
-def check_world(launch: LaunchPlan, world_size: int) -> None:
-    """The launcher started as many processes as the plan asks for (a local `--nproc` may differ on the CPU).
+def probe_attention(hardware: Hardware, model_config: Any, precision: ResolvedPrecision) -> Attention:
+    """The kernel the trainer runs, probed as it probes it (`hardware.choose_attention`).
 
-    `world_size` is the pod's (the local world): a job of several nodes runs the plan in each pod."""
-    if launch.plan is not None and world_size != launch.processes:
-        raise TrainerFailure(
-            ExitReason.InvalidConfig,
-            f"{launch.parallelism} on this pod needs {launch.processes} process(es), {world_size} were started",
-        )
-    if launch.parallelism == "deviceMap" and world_size != 1:
-        raise TrainerFailure(
-            ExitReason.InvalidConfig, "spec.training.parallelism deviceMap runs one process; --nproc must be 1"
-        )
+    On GPUs the probe runs in a child process: a CUDA context on every GPU, held by the launcher
+    for the whole run, would take memory the plan gave the workers."""
+    size = head_dim(model_config)
+    if not hardware.on_gpu:
+        return choose_attention(hardware, size, DTYPES[precision])
+    code = "from finetune_trainer.launch_plan import _probe_child; _probe_child()"
+    args = json.dumps({"gpus": [g.index for g in hardware.gpus], "head_dim": size, "precision": precision})
+    done = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, check=False)
+    answer = done.stdout.strip().splitlines()[-1:] or [""]
+    if done.returncode != 0 or answer[0] not in ("sdpa", "eager"):
+        log.warning("attention probe failed (exit %d): %s; using eager attention", done.returncode, done.stderr[-500:])
+        return "eager"
+    return answer[0]  # type: ignore[return-value]
 
 
-def loss_chunk_tokens(launch: LaunchPlan) -> int:
-    return launch.plan.recipe.loss_chunk_tokens if launch.plan is not None else 0
+def _probe_child() -> None:
+    """In the probe's child process: print the kernel `choose_attention` picks on these GPUs."""
+    from .hardware import Gpu
+
+    asked = json.loads(sys.argv[1])
+    gpus = tuple(Gpu(index, "", (0, 0), 0) for index in asked["gpus"])
+    print(choose_attention(Hardware(gpus=gpus), asked["head_dim"], DTYPES[asked["precision"]]), flush=True)
+
+
+def decide_pod(config: TrainerConfig) -> Decision:
+    """The pod's decision, made once per run by the pod's command."""
+    hardware = detect(config.spec)
+    precision = resolve_precision(config.spec.precision, hardware)
+    model_config = load_model_config(config)
+    attention = probe_attention(hardware, model_config, precision)
+    return Decision(decide(config, hardware, model_config, attention), attention)
+
+
+def hand_down(decision: Decision, folder: Path) -> None:
+    """Write the decision where the launcher's workers will read it (`receive`)."""
+    path = folder / "decision.pickle"
+    path.write_bytes(pickle.dumps(decision))
+    os.environ[DECISION_ENV] = str(path)
+
+
+def receive() -> Decision | None:
+    """In a worker: the launcher's decision, or None when no launcher handed one down."""
+    path = os.environ.get(DECISION_ENV)
+    if not path:
+        return None
+    decision = pickle.loads(Path(path).read_bytes())  # written by this pod's launcher (hand_down)
+    assert isinstance(decision, Decision)
+    return decision

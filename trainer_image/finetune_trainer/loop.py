@@ -27,10 +27,11 @@ from finetune_api.reasons import ExitReason
 
 from . import test_hooks
 from .data.batches import IGNORE, Row, Schedule, collate, eval_slots
-from .distributed.gradsync import sum_figures, sum_over_ranks
+from .distributed.gradsync import sum_figures
 from .distributed.topology import Topology
 from .failures import TrainerFailure
 from .loss_head import LossHead
+from .modes import Mode, SingleProcess
 from .precision_guard import GuardReport, fail_if_half, watch_activations
 from .train_state import Adapter, Partial, partial_of, restore_gradients
 
@@ -84,8 +85,9 @@ class Loop:
     seed: int
     max_grad_norm: float | None
     eval_batch_size: int
-    # FSDP needs every rank in every forward: past the data's end a rank runs a masked row.
-    sharded: bool = False
+    # The training mode: how the gradients are reduced, and whether every rank must run every
+    # forward (FSDP: past the data's end a rank then runs a masked row).
+    mode: Mode = field(default_factory=SingleProcess)
     guard: GuardReport | None = None
     last_checkpoint: Callable[[], str] = field(default=lambda: "no checkpoint written yet")
 
@@ -130,7 +132,7 @@ class Loop:
             for index, (number, chosen) in enumerate(micro):
                 if index < start:
                     continue
-                if chosen or self.sharded:
+                if chosen or self.mode.sharded:
                     rows = chosen or self._padding(self.rows)
                     torch.manual_seed(micro_seed(self.seed, number))
                     total = loss_sum(self.model, self.head, collate(rows, self.pad_id, self.device, self.packed))
@@ -141,13 +143,13 @@ class Loop:
                     local_tokens += sum(len(r.input_ids) for r in chosen)
                 test_hooks.signal_after_micro(step + 1, index + 1)
                 if stop is not None and index + 1 < len(micro) and self.agree(stop())[0]:
-                    figures = sum_over_ranks(self.adapter.params, [local_loss, float(local_tokens)], world)
+                    figures = self.mode.reduce(self.adapter.params, [local_loss, float(local_tokens)], world)
                     partial = partial_of(
                         self.adapter, step, index + 1, figures, world_size=world, accumulation=len(micro)
                     )
                     self.optimizer.zero_grad(set_to_none=True)
                     return partial
-        loss_total, tokens = sum_over_ranks(self.adapter.params, [local_loss, float(local_tokens)], world)
+        loss_total, tokens = self.mode.reduce(self.adapter.params, [local_loss, float(local_tokens)], world)
         loss = loss_total / max(targets, 1.0)
         if not math.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
@@ -184,7 +186,7 @@ class Loop:
                 for ids in eval_slots(
                     len(self.eval_rows), self.eval_batch_size, self.topology.rank, self.topology.world_size
                 ):
-                    if not ids and not self.sharded:
+                    if not ids and not self.mode.sharded:
                         continue
                     rows = [self.eval_rows[i] for i in ids] or self._padding(self.eval_rows)
                     value = loss_sum(self.model, self.head, collate(rows, self.pad_id, self.device, self.packed))

@@ -3,12 +3,8 @@
 NF4 (or FP4) weights with double quantisation and a float32 compute dtype, `dtype=float32`
 (transformers 5 would otherwise pick the checkpoint's bf16), norms and LM head cast to float32,
 then PEFT LoRA with an initialisation seeded alike on every rank. Where the weights go depends
-on the parallelism:
-- dataParallel: a whole copy on this rank's device;
-- fsdp: loaded on the host with float32 quant storage (FSDP flattens one float dtype per
-  unit), each weight quantised on the rank's GPU on its way (`gpu_quantise`), then sharded to
-  the GPUs unit by unit by `distributed.fsdp`: no GPU holds the model;
-- deviceMap: one process, layers spread over the visible GPUs with the planner's placement.
+on the training mode (`modes`): its `device_map`, its quant storage dtype and where its weights
+are quantised as they load.
 """
 
 import logging
@@ -24,6 +20,7 @@ from finetune_api.trainer_config import TrainerConfig
 from .failures import TrainerFailure
 from .gpu_quantise import quantising_on
 from .hardware import Attention, Hardware, ResolvedPrecision
+from .modes import Mode
 from .preflight import MemoryPlan
 
 log = logging.getLogger(__name__)
@@ -75,16 +72,6 @@ def load_tokenizer(config: TrainerConfig) -> Any:
     return tokenizer
 
 
-def _device_map(hardware: Hardware, plan: MemoryPlan, parallelism: str, device: torch.device) -> Any:
-    if not hardware.on_gpu or parallelism == "fsdp":
-        return {"": "cpu"}
-    if parallelism == "dataParallel" or len(hardware.gpus) == 1:
-        return {"": device.index if device.type == "cuda" else hardware.gpus[0].index}
-    # Naive model parallelism inside one process: layers spread over the GPUs, one busy at a time;
-    # the planner's placement when it made one, else accelerate's within the per-GPU budget.
-    return plan.device_map or "auto"
-
-
 def cast_to_fp32(model: nn.Module, names: tuple[str, ...] = KEEP_FP32) -> int:
     """Cast floating parameters of norm and LM-head modules to float32 (quantised ones stay)."""
     count = 0
@@ -98,45 +85,49 @@ def cast_to_fp32(model: nn.Module, names: tuple[str, ...] = KEEP_FP32) -> int:
     return count
 
 
-def load_model(
+def _load_kwargs(
     config: TrainerConfig,
     hardware: Hardware,
+    *,
     precision: ResolvedPrecision,
     attention: Attention,
     plan: MemoryPlan,
-    *,
-    parallelism: str = "dataParallel",
-    device: torch.device | None = None,
-    seed: int = 0,
-) -> nn.Module:
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    mode: Mode,
+    device: torch.device,
+) -> dict[str, Any]:
+    """`from_pretrained`'s arguments: the mode's placement and quant storage, the plan's budget."""
+    from transformers import BitsAndBytesConfig
 
     spec = config.spec
     dtype = DTYPES[precision]
-    quantized = spec.quantization.type != "none"
     kwargs: dict[str, Any] = {
         "dtype": dtype,
-        "device_map": _device_map(hardware, plan, parallelism, device or torch.device("cpu")),
+        "device_map": mode.device_map(hardware, plan, device),
         "attn_implementation": attention,
         "low_cpu_mem_usage": True,
         **_hub_kwargs(config),
     }
     if plan.max_memory and kwargs["device_map"] == "auto":
         kwargs["max_memory"] = plan.max_memory
-    if quantized:
+    if spec.quantization.type != "none":
         kwargs["quantization_config"] = BitsAndBytesConfig(  # type: ignore[no-untyped-call]
             load_in_4bit=True,
             bnb_4bit_quant_type=spec.quantization.type,
             bnb_4bit_use_double_quant=spec.quantization.double_quant,
             bnb_4bit_compute_dtype=dtype,
-            # FSDP flattens one float dtype per unit: pack the 4-bit weights into float32.
-            bnb_4bit_quant_storage=torch.float32 if parallelism == "fsdp" else torch.uint8,
+            bnb_4bit_quant_storage=mode.quant_storage,
         )
-    # fsdp loads on the host; its weights are quantised on this rank's GPU, one at a time.
-    quantiser = device if parallelism == "fsdp" and hardware.on_gpu and device is not None else torch.device("cpu")
+    return kwargs
+
+
+def _from_pretrained(
+    config: TrainerConfig, hardware: Hardware, kwargs: dict[str, Any], mode: Mode, device: torch.device
+) -> Any:
+    """The base model, placed as `kwargs` asks; WontFit when it does not fit there."""
+    from transformers import AutoModelForCausalLM
+
     try:
-        with quantising_on(quantiser):
+        with quantising_on(mode.quantise_on(hardware, device)):
             model = AutoModelForCausalLM.from_pretrained(_model_location(config), **kwargs)
     except ValueError as exc:
         text = str(exc)
@@ -146,29 +137,50 @@ def load_model(
                 f"the model does not fit on {hardware.describe()} within the memory plan: {text.splitlines()[0]}",
             ) from None
         raise
-    asked = kwargs["device_map"]
+    return model
+
+
+def _placement(model: Any, hardware: Hardware, asked: Any, mode: Mode) -> set[str]:
+    """Where the layers went; WontFit when a GPU run put some off the GPUs (a mode that loads
+    on the host excepted)."""
     placed = set(map(str, (getattr(model, "hf_device_map", None) or {}).values()))
     if not placed and isinstance(asked, dict):
         placed = set(map(str, asked.values()))
     off_gpu = sorted(placed & {"cpu", "disk"})
-    if hardware.on_gpu and off_gpu and parallelism != "fsdp":
+    if hardware.on_gpu and off_gpu and not mode.loads_on_host:
         raise TrainerFailure(
             ExitReason.WontFit, f"the model does not fit on {hardware.describe()}: device_map put layers on {off_gpu}"
         )
+    return placed
+
+
+def _prepare(model: Any, config: TrainerConfig, precision: ResolvedPrecision) -> Any:
+    """Norms and head in float32, the k-bit preparation, gradient checkpointing, no KV cache."""
+    from peft import prepare_model_for_kbit_training
+
+    spec = config.spec
     if precision == "fp32":
         cast_to_fp32(model)
     checkpointing = spec.training.gradient_checkpointing
-    if quantized:
+    if spec.quantization.type != "none":
         model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
             model,
             use_gradient_checkpointing=checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
     elif checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
-        model.enable_input_require_grads()  # type: ignore[no-untyped-call]
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
     # Activation checkpointing recomputes layers; a KV cache has no use in training.
     model.config.use_cache = False
+    return model
+
+
+def _adapt(model: Any, config: TrainerConfig, seed: int) -> nn.Module:
+    """PEFT LoRA on `model`, initialised alike on every rank."""
+    from peft import LoraConfig, get_peft_model
+
+    spec = config.spec
     lora = LoraConfig(
         r=spec.lora.r,
         lora_alpha=spec.lora.alpha,
@@ -184,6 +196,27 @@ def load_model(
         adapted: nn.Module = get_peft_model(model, lora)
     except ValueError as exc:
         raise TrainerFailure(ExitReason.InvalidConfig, f"spec.lora.targetModules: {str(exc).splitlines()[0]}") from None
+    return adapted
+
+
+def load_model(
+    config: TrainerConfig,
+    hardware: Hardware,
+    precision: ResolvedPrecision,
+    attention: Attention,
+    plan: MemoryPlan,
+    *,
+    mode: Mode,
+    device: torch.device,
+    seed: int = 0,
+) -> nn.Module:
+    """The base model placed as `mode` says, prepared for k-bit training, with LoRA on it."""
+    kwargs = _load_kwargs(
+        config, hardware, precision=precision, attention=attention, plan=plan, mode=mode, device=device
+    )
+    model = _from_pretrained(config, hardware, kwargs, mode, device)
+    placed = _placement(model, hardware, kwargs["device_map"], mode)
+    adapted = _adapt(_prepare(model, config, precision), config, seed)
     trainable = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
     total = sum(p.numel() for p in adapted.parameters())
     log.info("model loaded: %s trainable of %s parameters, placement %s", trainable, total, placed or {"cpu"})

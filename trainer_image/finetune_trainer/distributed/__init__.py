@@ -5,8 +5,7 @@
   reason becomes the pod's.
 - `topology.py`: rank, world size and device of this process; the process group.
 - `gradsync.py`: the LoRA gradients summed over ranks in one collective.
-- `fsdp.py`: the frozen NF4 base sharded with FSDP1, LoRA kept whole on every rank.
+- `resume.py`: the checkpoint to resume from, sent to ranks in pods that cannot see it.
 
-dataParallel and fsdp differ only in where the frozen base lives (a whole copy per GPU, or a
-shard per GPU gathered layer by layer); the adapter, its optimizer and the step are the same.
+The training modes built on these (dataParallel, fsdp, deviceMap, one process) are `modes/`.
 """

@@ -1,10 +1,11 @@
 """The pod's command when the job needs more than one process: PyTorch's launcher, one worker per GPU.
 
-`python -m finetune_trainer --config FILE` decides the launch (`launch_plan.decide`). One
-process trains in place; more are started by torch.distributed.run's elastic agent (the engine
-of `torchrun --standalone`), each running `python -m finetune_trainer --config FILE --worker`,
-with NCCL on GPUs and gloo on the CPU. The agent stops every worker when one fails, and
-forwards SIGTERM to them.
+`python -m finetune_trainer --config FILE` decides the launch once (`launch_plan.decide_pod`).
+One process trains in place; more are started by torch.distributed.run's elastic agent (the
+engine of `torchrun --standalone`), each running `python -m finetune_trainer --config FILE
+--worker`, with NCCL on GPUs and gloo on the CPU; the launcher hands its decision down to them
+(`launch_plan.hand_down`), so no worker decides again. The agent stops every worker when one
+fails, and forwards SIGTERM to them.
 
 The launcher alone would end with its generic exit 1. Each worker that fails with a reason it
 can name writes it to a file in a folder the launcher gives it (`REASON_DIR_ENV`); the pod then
@@ -46,6 +47,7 @@ from finetune_api import multinode
 from finetune_api.reasons import ExitReason
 
 from ..failures import TrainerFailure
+from ..launch_plan import Decision, hand_down
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +385,7 @@ def launch_config(processes: int, nodes: Nodes | None) -> dict[str, Any]:
     }
 
 
-def launch(config_path: str, processes: int) -> tuple[ExitReason | None, str]:
+def launch(config_path: str, processes: int, decision: Decision) -> tuple[ExitReason | None, str]:
     """Run `processes` workers to their end; (None, "") on success, else the pod's reason and message.
 
     With several nodes (`finetune_api.multinode`'s environment), the workers of every pod form
@@ -393,13 +395,15 @@ def launch(config_path: str, processes: int) -> tuple[ExitReason | None, str]:
     handlers that turn SIGTERM into an exception and kill every worker 30 s later, whatever the
     pod's grace period. Here the main thread keeps SIGTERM (and SIGINT): it passes it on to
     each worker, which stops at the next micro-batch boundary with a checkpoint, and the agent
-    then sees them end with their own reason. The main thread also runs the watchdog.
+    then sees them end with their own reason. The main thread also runs the watchdog. The
+    workers train `decision`, the launch this launcher decided (`launch_plan.receive`).
     """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     nodes = nodes_from_env()
     with tempfile.TemporaryDirectory(prefix="finetune-ranks-") as folder:
         os.environ[REASON_DIR_ENV] = folder
+        hand_down(decision, Path(folder))
         settings = LaunchConfig(**launch_config(processes, nodes))
         if nodes is not None:
             log.info(

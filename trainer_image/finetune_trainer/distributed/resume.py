@@ -56,7 +56,7 @@ def broadcast_checkpoint(store: CheckpointStore, ranks: Topology) -> Checkpoint 
     box: list[Any] = [_read(chosen) if chosen is not None else None] if ranks.is_main else [None]
     group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
     # The group stays until the process ends: destroying a gloo group mid-run is what the
-    # workers' teardown avoids too (see run.train).
+    # workers' teardown avoids too (see recipe.Recipe.run).
     dist.broadcast_object_list(box, src=0, group=group)
     if ranks.is_main or box[0] is None:
         return chosen

@@ -1,4 +1,9 @@
-"""FSDP-QLoRA: the frozen NF4 base sharded over the ranks, the LoRA adapter whole on each.
+"""fsdp (FSDP-QLoRA): the frozen NF4 base sharded over the ranks, the LoRA adapter whole on each.
+
+Loading: on the host with float32 quant storage, each weight quantised on the rank's GPU on its
+way (`gpu_quantise`), then sharded to the GPUs unit by unit by `shard`: no GPU holds the model.
+Every rank runs every forward (a masked row past the data's end): the shards' all-gathers are
+collectives. The checkpoint holds the adapter and its optimizer state, whole on each rank.
 
 FSDP1 (torch 2.7's safe choice with bitsandbytes' Params4bit), FULL_SHARD, one unit per
 decoder layer, plus one each for the input embeddings and the LM head when they are not tied
@@ -20,9 +25,13 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
-from .topology import Topology
+from ..distributed.topology import Topology
+from ..hardware import Hardware
+from ..preflight import MemoryPlan
+from .base import Mode
 
 
 def _layer_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
@@ -74,3 +83,22 @@ def shard(model: nn.Module, trainable: Sequence[nn.Parameter], topology: Topolog
         backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
         limit_all_gathers=True,
     )
+
+
+class Fsdp(Mode):
+    """More than one process (one process trains as `SingleProcess`)."""
+
+    sharded = True
+    # FSDP flattens one float dtype per unit: pack the 4-bit weights into float32.
+    quant_storage = torch.float32
+    loads_on_host = True
+
+    def device_map(self, hardware: Hardware, plan: MemoryPlan, device: torch.device) -> Any:
+        return {"": "cpu"}
+
+    def quantise_on(self, hardware: Hardware, device: torch.device) -> torch.device:
+        # Loaded on the host; its weights are quantised on this rank's GPU, one at a time.
+        return device if hardware.on_gpu else torch.device("cpu")
+
+    def wrap(self, model: nn.Module, trainable: Sequence[nn.Parameter], ranks: Topology, on_gpu: bool) -> nn.Module:
+        return shard(model, trainable, ranks, on_gpu)
