@@ -30,7 +30,8 @@ def _dotted(loc: Sequence[int | str], prefix: str) -> str:
             else:
                 parts.append(f"[{item}]")
         else:
-            parts.append(item)
+            # A key with a newline or other unprintable character is quoted, so the problem stays one line.
+            parts.append(item if item.isprintable() else repr(item))
     return ".".join(parts)
 
 
