@@ -21,6 +21,7 @@ from torch import nn
 from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
 
+from . import families
 from .failures import TrainerFailure
 from .gpu_quantise import quantising_on
 from .hardware import Attention, Hardware, ResolvedPrecision
@@ -173,7 +174,8 @@ def load_model(
         r=spec.lora.r,
         lora_alpha=spec.lora.alpha,
         lora_dropout=spec.lora.dropout,
-        target_modules=list(spec.lora.target_modules),
+        # The requested names as this model's decoder layers name them (fused, all-linear).
+        target_modules=families.targets(model, spec.lora.target_modules),
         bias="none",
         task_type="CAUSAL_LM",
     )

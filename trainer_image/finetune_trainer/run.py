@@ -16,7 +16,7 @@ from torch import nn
 
 from finetune_api.trainer_config import TrainerConfig
 
-from . import test_hooks
+from . import families, test_hooks
 from .checkpoints import Checkpoint, CheckpointStore, checkpoint_name
 from .data.batches import Row, Schedule, make_rows
 from .data.loading import check_dataset, split
@@ -141,9 +141,10 @@ def train(
     triton_off = disable_triton_kernels() if compiler_off else False
     precision = resolve_precision(spec.precision, hardware)
     model_config = load_model_config(config)
+    family = families.check(model_config, spec)  # a model it cannot train: InvalidConfig, one line
     tokenizer = load_tokenizer(config)
     data = check_dataset(config, tokenizer, model_config)
-    attention = choose_attention(hardware, _head_dim(model_config), DTYPES[precision])
+    attention = families.kernel(family, choose_attention(hardware, _head_dim(model_config), DTYPES[precision]))
     launch = decide(config, hardware, model_config, attention)
     check_world(launch, ranks.local_world_size)
     plan: MemoryPlan = memory_plan(launch, hardware)
@@ -173,6 +174,8 @@ def train(
         config, hardware, precision, attention, plan, parallelism=loading, device=device, seed=training.seed
     )
     adapter = Adapter.of(model)
+    lora = families.adapted(model)
+    log.info("LoRA on %s: %d LoRA layers", ", ".join(lora["modules"]), lora["layers"])
     head = install_loss_head(model, loss_chunk_tokens(launch))
     train_samples, eval_samples = split(data.samples, spec.dataset.eval_fraction, training.seed)
     rows: list[Row] = make_rows(train_samples, tokenizer, training.max_length, training.packing)
@@ -232,6 +235,7 @@ def train(
 
     reporter = StatusReporter.from_environment(config.job_name, config.namespace) if main else None
     progress = Progress(reporter, output / "tensorboard" if main else None, schedule.total_steps)
+    progress.lora = lora
     loop = Loop(
         model=trained,
         head=head,
@@ -264,6 +268,8 @@ def train(
             hardware=hardware.describe(),
             precision=precision,
             attention=attention,
+            family=family.label,
+            lora=lora,
             parallelism=launch.parallelism,
             worldSize=ranks.world_size,
             memoryPlan=plan.source,
@@ -403,6 +409,8 @@ def train(
         "ranksInStep": in_step,
         "precision": precision,
         "attention": attention,
+        "family": family.label,
+        "lora": lora,
         "hardware": hardware.describe(),
         "gpuStack": facts,
         "memoryPlan": {"source": plan.source, **plan.summary},
