@@ -1,9 +1,20 @@
-"""`ftjob validate FILE...`: check FineTuneJob manifests offline with the API models."""
+"""`ftjob validate FILE... [--model-config PATH]`: check FineTuneJob manifests offline with the API models.
+
+With `--model-config` (the model's config.json or its folder) each job is also checked against
+the model: a family the trainer does not train, or a `lora.targetModules` name missing from its
+decoder layers, is one line and exit 1, as the trainer would refuse it at start.
+"""
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from finetune_api import ManifestError, parse_file
 from finetune_api.problems import format_problems
+
+from .errors import CliError
+from .family import family_line
+from .plan import read_json
 
 
 def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -13,11 +24,15 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         description="Check FineTuneJob YAML files with the same models the CRD is generated from.",
     )
     parser.add_argument("files", nargs="+", metavar="FILE")
+    parser.add_argument(
+        "--model-config", metavar="PATH", help="the model's config.json (or its folder): also check its family"
+    )
     parser.set_defaults(handler=run)
 
 
-def validate_file(path: str) -> list[str]:
-    """Problems as `FILE: spec.path: message` lines; empty when the file is valid."""
+def validate_file(path: str, model_config: dict[str, Any] | None = None, notes: list[str] | None = None) -> list[str]:
+    """Problems as `FILE: spec.path: message` lines; empty when the file is valid. With a model
+    config, `notes` gets what the trainer will do with it (family, kernel, targets) per job."""
     try:
         documents = parse_file(path)
     except ManifestError as exc:
@@ -26,17 +41,29 @@ def validate_file(path: str) -> list[str]:
     for doc in documents:
         source = path if len(documents) == 1 else f"{path}[{doc.index}]"
         lines.extend(format_problems(doc.problems, source))
+        if model_config is not None and doc.job is not None:
+            try:
+                line = family_line(model_config, doc.job.spec.lora.target_modules)
+            except CliError as exc:
+                lines.append(f"{source}: {exc}")
+            else:
+                if notes is not None:
+                    notes.append(line)
     return lines
 
 
 def run(args: argparse.Namespace) -> int:
+    model_config = read_json(Path(args.model_config), "--model-config") if args.model_config else None
     failed = False
     for path in args.files:
-        problems = validate_file(path)
+        notes: list[str] = []
+        problems = validate_file(path, model_config, notes)
         if problems:
             failed = True
             for line in problems:
                 print(line)
+        elif notes:
+            print(f"{path}: valid; family {' | '.join(dict.fromkeys(notes))}")
         else:
             print(f"{path}: valid")
     return 1 if failed else 0

@@ -164,7 +164,7 @@ def attention_line(family: Family) -> str:
 
 def describe(family: Family, targets: Sequence[str]) -> str:
     """One line for `ftjob plan` / `validate`: the family, its kernel, its logit transform, the targets."""
-    parts = [f"family {family.describe()}", f"attention {attention_line(family)}"]
+    parts = [family.describe(), f"attention {attention_line(family)}"]
     if family.logits:
         parts.append("logits " + ", ".join(f"{kind} by {key}" for kind, key in family.logits))
     parts.append(f"LoRA on {', '.join(targets)}")
