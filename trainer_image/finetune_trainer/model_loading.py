@@ -146,7 +146,8 @@ def load_model(
                 ExitReason.WontFit,
                 f"the model does not fit on {hardware.describe()} within the memory plan: {text.splitlines()[0]}",
             ) from None
-        raise
+        # The same folder fails the same way on every attempt (e.g. a kernel the family lacks): not retried.
+        raise TrainerFailure(ExitReason.InvalidConfig, f"spec.model: cannot load the model: {text}") from None
     asked = kwargs["device_map"]
     placed = set(map(str, (getattr(model, "hf_device_map", None) or {}).values()))
     if not placed and isinstance(asked, dict):
