@@ -141,3 +141,10 @@ def test_the_table() -> None:
     assert family_of(dict(SIZES)).model_type == "llama"  # the planner's own tables name no type
     with pytest.raises(UnsupportedModel, match="text model"):
         family_of({"model_type": "gemma3"})
+
+
+def test_submit_stores_a_target_string_as_the_list_the_crd_holds(tmp_path: Path) -> None:
+    from finetune_cli.submit import _bodies
+
+    (body,) = _bodies(str(_job(tmp_path, "all-linear")))
+    assert body["spec"]["lora"]["targetModules"] == ["all-linear"]
