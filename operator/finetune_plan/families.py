@@ -110,7 +110,7 @@ def family_of(config: Mapping[str, Any]) -> Family:
         return DEFAULT_FAMILY
     arch = names[0] if names else ""
     named = f"model_type {model_type!r}" + (f" ({arch})" if arch else "") if model_type else f"architecture {arch}"
-    if model_type in MIXTURE_OF_EXPERTS or any(k in config for k in ("num_local_experts", "num_experts")):
+    if model_type in MIXTURE_OF_EXPERTS or any(config.get(k) for k in ("num_local_experts", "num_experts")):
         raise UnsupportedModel(
             f"config.json: {named} is a mixture-of-experts model, which the trainer does not train yet;"
             f" supported families: {supported_names()}"
