@@ -141,7 +141,19 @@ class LoraSpec(ApiModel):
     dropout: Annotated[float, Field(ge=0, le=1)] = Field(default=0.05, description="Dropout on the LoRA path.")
     target_modules: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=128)]], Field(min_length=1, max_length=64)
-    ] = Field(default=list(DEFAULT_TARGET_MODULES), description="Module names that get adapters.")
+    ] = Field(
+        default=list(DEFAULT_TARGET_MODULES),
+        description="Linear modules of each decoder layer that get adapters: q_proj, k_proj, v_proj, o_proj, "
+        "gate_proj, up_proj, down_proj (mapped onto a family's fused projections, e.g. Phi-3's qkv_proj and "
+        "gate_up_proj), or all-linear: every linear layer but the head (also as a plain string in the "
+        "manifest's models and ftjob; the CRD stores a list).",
+    )
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _one_name(cls, value: object) -> object:
+        """`targetModules: all-linear` as PEFT spells it: a string means a list of that one name."""
+        return [value] if isinstance(value, str) else value
 
 
 class QuantizationSpec(ApiModel):

@@ -39,6 +39,10 @@ class Progress(ApiModel):
     tokens_per_second: float | None = None
     eta_seconds: float | None = None
     updated_at: Timestamp | None = None
+    lora_modules: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=64)] | None = Field(
+        default=None, description="Modules of each decoder layer with LoRA (fused names and all-linear resolved)."
+    )
+    lora_layers: int | None = Field(default=None, description="LoRA layers in the model: modules x decoder layers.")
 
 
 class CheckpointRef(ApiModel):

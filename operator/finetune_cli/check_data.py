@@ -1,5 +1,6 @@
 """`ftjob check-data --format F [--tokenizer PATH] FILE`: the trainer's data check, before any GPU hour.
 
+With --tokenizer, a model folder whose family the trainer does not train is refused in one line.
 Prints every bad record as `FILE: line N: field: problem` and exits 1; a clean file prints a
 one-line summary (and over-length warnings) and exits 0.
 """
@@ -10,6 +11,8 @@ from pathlib import Path
 from finetune_api.spec import DATASET_FORMATS
 
 from .errors import CliError
+from .family import family_line
+from .plan import read_json
 from .trainer_seam import trainer
 
 
@@ -39,6 +42,8 @@ def _load_tokenizer(path: str) -> tuple[object, object | None]:
     folder = Path(path)
     if not folder.is_dir():
         raise CliError(f"--tokenizer {path}: no such folder")
+    if (folder / "config.json").is_file():  # a model the trainer would refuse: one line, before the data
+        family_line(read_json(folder / "config.json", "--tokenizer"), origin=f"--tokenizer {path}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError) as exc:

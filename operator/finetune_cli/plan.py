@@ -31,6 +31,7 @@ from finetune_plan.pod import memory_refusal
 from finetune_plan.report import render
 
 from .errors import CliError
+from .family import family_line
 
 DOES_NOT_FIT = 3
 BYTES_PER_TOKEN = 4  # a rough average for English text with Llama-3's tokenizer
@@ -76,14 +77,15 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=("memory_efficient", "materialised"),
         default="memory_efficient",
         help="memory_efficient: what the trainer plans with when it runs SDPA, its usual kernel (default); "
-        "materialised: eager attention, which keeps the heads x seq x seq probabilities",
+        "materialised: eager attention, which keeps the heads x seq x seq probabilities; a family without "
+        "SDPA (Gemma 2) is always planned materialised",
     )
     parser.add_argument("--tokens", type=int, metavar="N", help="tokens in one epoch of the dataset")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(handler=run)
 
 
-def _read_json(path: Path, label: str) -> dict[str, Any]:
+def read_json(path: Path, label: str) -> dict[str, Any]:
     if path.is_dir():
         path = path / "config.json"
     try:
@@ -106,13 +108,13 @@ def _volume_roots(args: argparse.Namespace) -> list[Path]:
 
 def model_config(job: FineTuneJob, args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.model_config:
-        return _read_json(Path(args.model_config), "--model-config"), args.model_config
+        return read_json(Path(args.model_config), "--model-config"), args.model_config
     source = job.spec.model.source
     if source.pvc is not None:
         candidates = [root / source.pvc.claim_name / source.pvc.path / "config.json" for root in _volume_roots(args)]
         for candidate in candidates:
             if candidate.is_file():
-                return _read_json(candidate, "model config"), str(candidate)
+                return read_json(candidate, "model config"), str(candidate)
         named = _known_by_path(source.pvc.path)
         if named is not None:
             return named
@@ -200,6 +202,7 @@ def plan_job(job: FineTuneJob, args: argparse.Namespace) -> tuple[LaunchPlan, st
     spec = planned_spec(job.spec, args)
     gpus = spec.resources.gpus if args.gpus is None else args.gpus
     if gpus == 0:
+        _cpu_family_check(job, spec, args)
         return choose(spec, None, 0), ""
     if args.gpu_product and lookup(args.gpu_product) is None:
         raise CliError(f"--gpu-product {args.gpu_product}: unknown product; known: {', '.join(known_names())}")
@@ -223,6 +226,18 @@ def plan_job(job: FineTuneJob, args: argparse.Namespace) -> tuple[LaunchPlan, st
     except ModelConfigError as exc:
         raise CliError(f"{origin}: {exc}") from None
     return launch, token_origin
+
+
+def _cpu_family_check(job: FineTuneJob, spec: FineTuneJobSpec, args: argparse.Namespace) -> None:
+    """A CPU job plans no memory, but a model the trainer would refuse is refused here too
+    (when its config.json can be found; the table of Hub models holds only supported ones)."""
+    try:
+        config, origin = model_config(job, args)
+    except CliError:
+        if args.model_config:
+            raise
+        return
+    family_line(config, spec.lora.target_modules, origin)
 
 
 def checkpoint_lines(plan: Plan, spec: FineTuneJobSpec) -> str:

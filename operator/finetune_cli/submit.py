@@ -40,7 +40,16 @@ def _bodies(path: str) -> list[dict[str, Any]]:
         for line in problems[:-1]:
             print(f"error: {line}", file=sys.stderr)
         raise CliError(f"{problems[-1]} (nothing submitted)")
-    return [doc.body for doc in documents if doc.body is not None]
+    return [as_stored(doc.body) for doc in documents if doc.body is not None]
+
+
+def as_stored(body: dict[str, Any]) -> dict[str, Any]:
+    """The body in the CRD's shape: `lora.targetModules: all-linear` (PEFT's spelling, which the
+    API models accept) becomes the one-item list the CRD stores."""
+    lora = (body.get("spec") or {}).get("lora")
+    if isinstance(lora, dict) and isinstance(lora.get("targetModules"), str):
+        lora["targetModules"] = [lora["targetModules"]]
+    return body
 
 
 def run(args: argparse.Namespace) -> int:

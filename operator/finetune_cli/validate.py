@@ -1,15 +1,27 @@
-"""`ftjob validate FILE...`: check FineTuneJob manifests offline with the API models, and what
-the operator checks before it makes a pod: a `resources.memory` below the pod's planned host
-memory (for a model the planner knows by name) is refused here as the operator refuses it.
+"""`ftjob validate FILE... [--model-config PATH]`: check FineTuneJob manifests offline with the API
+models, and what the operator checks before it makes a pod.
 
-Exit status: 0 valid, 1 a schema problem, 3 valid but the pod's memory would not hold its trainers.
+With `--model-config` (the model's config.json or its folder) each job is also checked against
+the model: a family the trainer does not train, or a `lora.targetModules` name missing from its
+decoder layers, is one line and exit 1, as the trainer would refuse it at start. A
+`resources.memory` below the pod's planned host memory (for a model the planner knows by name, or
+the one given) is refused as the operator refuses it.
+
+Exit status: 0 valid, 1 a problem with the spec or the model, 3 valid but the pod's memory would
+not hold its trainers.
 """
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from finetune_api import ManifestError, parse_file
 from finetune_api.problems import format_problems
 from finetune_plan.pod import memory_refusal, pod_plan
+
+from .errors import CliError
+from .family import family_line
+from .plan import read_json
 
 DOES_NOT_FIT = 3
 
@@ -21,11 +33,15 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         description="Check FineTuneJob YAML files with the same models the CRD is generated from.",
     )
     parser.add_argument("files", nargs="+", metavar="FILE")
+    parser.add_argument(
+        "--model-config", metavar="PATH", help="the model's config.json (or its folder): also check its family"
+    )
     parser.set_defaults(handler=run)
 
 
-def validate_file(path: str) -> list[str]:
-    """Problems as `FILE: spec.path: message` lines; empty when the file is valid."""
+def validate_file(path: str, model_config: dict[str, Any] | None = None, notes: list[str] | None = None) -> list[str]:
+    """Problems as `FILE: spec.path: message` lines; empty when the file is valid. With a model
+    config, `notes` gets what the trainer will do with it (family, kernel, targets) per job."""
     try:
         documents = parse_file(path)
     except ManifestError as exc:
@@ -34,10 +50,18 @@ def validate_file(path: str) -> list[str]:
     for doc in documents:
         source = path if len(documents) == 1 else f"{path}[{doc.index}]"
         lines.extend(format_problems(doc.problems, source))
+        if model_config is not None and doc.job is not None:
+            try:
+                line = family_line(model_config, doc.job.spec.lora.target_modules)
+            except CliError as exc:
+                lines.append(f"{source}: {exc}")
+            else:
+                if notes is not None:
+                    notes.append(line)
     return lines
 
 
-def fit_problems(path: str) -> list[str]:
+def fit_problems(path: str, model_config: dict[str, Any] | None = None) -> list[str]:
     """`FILE: message` lines for a valid spec whose pod could not hold its trainers."""
     lines = []
     documents = parse_file(path)
@@ -45,26 +69,30 @@ def fit_problems(path: str) -> list[str]:
         if doc.job is None:
             continue
         source = path if len(documents) == 1 else f"{path}[{doc.index}]"
-        short = memory_refusal(doc.job.spec, pod_plan(doc.job.spec).host)
+        short = memory_refusal(doc.job.spec, pod_plan(doc.job.spec, model_config).host)
         if short is not None:
             lines.append(f"{source}: WontFit: {short}")
     return lines
 
 
 def run(args: argparse.Namespace) -> int:
+    model_config = read_json(Path(args.model_config), "--model-config") if args.model_config else None
     code = 0
     for path in args.files:
-        problems = validate_file(path)
+        notes: list[str] = []
+        problems = validate_file(path, model_config, notes)
         if problems:
             code = 1
             for line in problems:
                 print(line)
             continue
-        short = fit_problems(path)
+        short = fit_problems(path, model_config)
         for line in short:
             print(line)
         if short:
             code = code or DOES_NOT_FIT
+        elif notes:
+            print(f"{path}: valid; family {' | '.join(dict.fromkeys(notes))}")
         else:
             print(f"{path}: valid")
     return code

@@ -9,14 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from .families import ATTENTION_MODULES, LLAMA_LINEARS, MLP_MODULES, Family, ModelConfigError, family_of
 
-class ModelConfigError(ValueError):
-    """config.json lacks something the planner needs; the message names the key."""
-
-
-# Module names of a Llama-style decoder layer, the names `lora.targetModules` refers to.
-ATTENTION_MODULES: Final = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_MODULES: Final = ("gate_proj", "up_proj", "down_proj")
+__all__ = ["ATTENTION_MODULES", "MLP_MODULES", "ModelConfigError", "ModelShape", "known_model", "shape_from_config"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +25,9 @@ class ModelShape:
     vocab: int
     tied_embeddings: bool
     name: str = ""
+    # The linear modules of one decoder layer (Phi-3 fuses q/k/v and gate/up) and the family.
+    linears: tuple[str, ...] = LLAMA_LINEARS
+    family: Family | None = None
 
     @property
     def attention_width(self) -> int:
@@ -42,15 +40,18 @@ class ModelShape:
     def linear_dims(self) -> dict[str, tuple[int, int]]:
         """(in_features, out_features) of every linear in one layer."""
         h, i = self.hidden, self.intermediate
-        return {
+        every = {
             "q_proj": (h, self.attention_width),
             "k_proj": (h, self.kv_width),
             "v_proj": (h, self.kv_width),
+            "qkv_proj": (h, self.attention_width + 2 * self.kv_width),
             "o_proj": (self.attention_width, h),
             "gate_proj": (h, i),
             "up_proj": (h, i),
+            "gate_up_proj": (h, 2 * i),
             "down_proj": (i, h),
         }
+        return {name: every[name] for name in self.linears if name in every}
 
     @property
     def linear_params_per_layer(self) -> int:
@@ -95,12 +96,10 @@ def _int(config: Mapping[str, Any], *keys: str, default: int | None = None) -> i
 
 
 def shape_from_config(config: Mapping[str, Any], name: str = "") -> ModelShape:
-    """Read a Llama-style config (Llama, Mistral, Qwen2, Gemma-like keys); raise ModelConfigError."""
+    """Read the config of a supported family (see `families`); raise ModelConfigError."""
     if not isinstance(config, Mapping):
         raise ModelConfigError("config.json: expected a JSON object")
-    text = config.get("text_config")
-    if isinstance(text, Mapping):  # multimodal wrappers keep the language model here
-        config = text
+    family = family_of(config)
     if any(k in config for k in ("num_local_experts", "num_experts", "n_routed_experts")):
         raise ModelConfigError("config.json: mixture-of-experts models are not planned yet")
     hidden = _int(config, "hidden_size", "n_embd", "d_model")
@@ -116,6 +115,8 @@ def shape_from_config(config: Mapping[str, Any], name: str = "") -> ModelShape:
         vocab=_int(config, "vocab_size"),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         name=name or str(config.get("_name_or_path") or config.get("model_type") or ""),
+        linears=family.linears,
+        family=family,
     )
 
 

@@ -9,13 +9,14 @@ the mode the trainer runs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, cast
 
 from finetune_api import modes
 from finetune_api.modes import RunMode as Parallelism
 from finetune_api.spec import FineTuneJobSpec
 
+from .families import DEFAULT_FAMILY, resolve_targets
 from .gpu_products import GpuProduct
 from .inputs import product_for, recipe_from_spec
 from .memory import GIB, Attention
@@ -83,9 +84,13 @@ def choose(
     chosen = product or product_for(gpu_name, spec.resources.gpu_product)
     memory_gib = gpu_memory_bytes / GIB if gpu_memory_bytes else chosen.memory_gib
     shape = shape_from_config(model_config, name=model_name)
+    family = shape.family or DEFAULT_FAMILY
+    targets = resolve_targets(family, spec.lora.target_modules)
+    if family.kernel == "eager":  # the family has no SDPA path: the trainer runs eager attention
+        attention = "materialised"
     plan = make_plan(
         shape,
-        recipe_from_spec(spec, chosen, attention),
+        replace(recipe_from_spec(spec, chosen, attention), lora_targets=targets),
         Hardware(gpus, chosen, memory_gib),
         mode=cast(ModeChoice, modes.to_planner(spec.training.parallelism)),
         epoch_tokens=epoch_tokens,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import calibration as cal
+from .families import describe
 from .host import host_need
 from .memory import GIB, GpuMemory, keeps_attention_matrix
 from .plan import Plan
@@ -46,6 +47,7 @@ def render(plan: Plan, processes: int | None = None) -> str:
     lines = [
         f"model     {shape.name or 'model'}: {_params(shape.total_params)} parameters, {shape.layers} layers, "
         f"hidden {shape.hidden}, vocab {shape.vocab}",
+        *([f"family    {describe(shape.family, recipe.lora_targets)}"] if shape.family is not None else []),
         f"recipe    {quant} weights, {compute} compute, LoRA r={recipe.lora_r} on {','.join(recipe.lora_targets)}, "
         f"{recipe.optimizer}",
         f"          maxLength {recipe.max_length} x batch {recipe.batch_size}, activations: {activations}, "

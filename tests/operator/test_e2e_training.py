@@ -78,6 +78,20 @@ def test_invalid_data_fails_at_once_without_retries(
     assert "InvalidData" in {e["reason"] for e in jobs.events("bad")}
 
 
+def test_a_target_the_model_lacks_fails_at_once_in_one_line_without_retries(
+    jobs: Jobs, training_volumes: dict[str, Path], operator: OperatorProcess
+) -> None:
+    jobs.create("fused", cpu_spec(lora={"targetModules": ["q_proj", "qkv_proj"]}))
+    _, _, status = watch_until_done(jobs, "fused")
+    failed = jobs.condition("fused", "Failed")
+    assert status["phase"] == "Failed"
+    assert failed["reason"] == "InvalidConfig", failed
+    assert failed["message"].startswith("spec.lora.targetModules: qkv_proj"), failed
+    assert "\n" not in failed["message"] and "Traceback" not in failed["message"]
+    assert status["restarts"] == 0
+    assert len(jobs.pods("fused")) == 1, "a configuration failure must not be retried"
+
+
 def test_a_retryable_failure_restarts_and_resumes_from_the_checkpoint(
     cluster, namespace: str, jobs: Jobs, training_volumes: dict[str, Path], operator: OperatorProcess
 ) -> None:

@@ -27,6 +27,7 @@ from finetune_plan.inputs import as_mapping
 from finetune_plan.model_shape import ModelConfigError
 from finetune_plan.parallelism import LaunchPlan, choose
 
+from . import families
 from .failures import TrainerFailure
 from .hardware import Attention, Hardware, ResolvedPrecision, choose_attention, detect, resolve_precision
 from .model_loading import DTYPES, load_model_config
@@ -114,7 +115,8 @@ def decide_pod(config: TrainerConfig) -> Decision:
     hardware = detect(config.spec)
     precision = resolve_precision(config.spec.precision, hardware)
     model_config = load_model_config(config)
-    attention = probe_attention(hardware, model_config, precision)
+    family = families.check(model_config, config.spec)  # a model it cannot train: InvalidConfig, one line
+    attention = families.kernel(family, probe_attention(hardware, model_config, precision))
     return Decision(decide(config, hardware, model_config, attention), attention)
 
 

@@ -7,6 +7,10 @@ head's weights are gathered once per pass under FSDP (the head is its own FSDP u
 chunk's logits are recomputed in the backward instead of kept, and the model's forward returns
 the summed loss where it would return logits. Chunk 0 means the whole sequence at once, kept
 for the backward as a plain forward would.
+
+A family whose forward transforms the logits (Gemma 2's final soft-cap, Cohere's logit scale)
+has that transform applied here, per logit, before the cross-entropy; the model's own copy is
+switched off (`families.take_logit_transform`), or it would soft-cap the summed loss.
 """
 
 from __future__ import annotations
@@ -19,15 +23,17 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .data.batches import IGNORE
+from .families import LogitFunction, take_logit_transform
 
 
 class LossHead(nn.Module):
     """Wraps the LM head; `labels` must be set before each forward (the model passes no labels)."""
 
-    def __init__(self, head: nn.Module, chunk_tokens: int) -> None:
+    def __init__(self, head: nn.Module, chunk_tokens: int, transform: LogitFunction | None = None) -> None:
         super().__init__()
         self.head: Any = head
         self.chunk_tokens = chunk_tokens
+        self.transform = transform
         self.labels: torch.Tensor | None = None
 
     @property
@@ -38,6 +44,8 @@ class LossHead(nn.Module):
 
     def _chunk(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = self.head(hidden).float()
+        if self.transform is not None:
+            logits = self.transform(logits)
         return F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -66,6 +74,6 @@ def install(model: nn.Module, chunk_tokens: int) -> LossHead:
     head: Any = base.get_output_embeddings()
     if head is None:
         raise ValueError("the model has no output embeddings to compute the loss with")
-    wrapped = LossHead(head, chunk_tokens)
+    wrapped = LossHead(head, chunk_tokens, take_logit_transform(base))
     base.set_output_embeddings(wrapped)
     return wrapped

@@ -17,6 +17,7 @@ from torch import nn
 from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
 
+from . import families
 from .failures import TrainerFailure
 from .gpu_quantise import quantising_on
 from .hardware import Attention, Hardware, ResolvedPrecision
@@ -136,7 +137,8 @@ def _from_pretrained(
                 ExitReason.WontFit,
                 f"the model does not fit on {hardware.describe()} within the memory plan: {text.splitlines()[0]}",
             ) from None
-        raise
+        # The same folder fails the same way on every attempt (e.g. a kernel the family lacks): not retried.
+        raise TrainerFailure(ExitReason.InvalidConfig, f"spec.model: cannot load the model: {text}") from None
     return model
 
 
@@ -185,7 +187,8 @@ def _adapt(model: Any, config: TrainerConfig, seed: int) -> nn.Module:
         r=spec.lora.r,
         lora_alpha=spec.lora.alpha,
         lora_dropout=spec.lora.dropout,
-        target_modules=list(spec.lora.target_modules),
+        # The requested names as this model's decoder layers name them (fused, all-linear).
+        target_modules=families.targets(model, spec.lora.target_modules),
         bias="none",
         task_type="CAUSAL_LM",
     )

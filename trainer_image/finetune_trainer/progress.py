@@ -61,6 +61,7 @@ class Progress:
         self.first_loss: float | None = None
         self.eval_loss: float | None = None
         self.eval_step: int | None = None
+        self.lora: dict[str, Any] | None = None  # what was adapted (families.adapted), for the status
         self._writer: Any = None
         if tensorboard is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -129,5 +130,7 @@ class Progress:
             "learningRate": p["lr"],
             "tokensPerSecond": p["tokensPerSecond"],
             "etaSeconds": p["etaSeconds"],
+            "loraModules": self.lora["modules"] if self.lora else None,
+            "loraLayers": self.lora["layers"] if self.lora else None,
         }
         return {k: v for k, v in out.items() if v is not None}

@@ -30,7 +30,7 @@ from torch import nn
 
 from finetune_api.trainer_config import TrainerConfig
 
-from . import test_hooks
+from . import families, test_hooks
 from .checkpoints import Checkpoint, CheckpointStore, checkpoint_name
 from .data.batches import Row, Schedule, make_rows
 from .data.checks import DataReport
@@ -181,11 +181,14 @@ class Recipe:
         triton_off = disable_triton_kernels() if compiler_off else False
         self.precision = precision = resolve_precision(spec.precision, hardware)
         model_config = load_model_config(self.config)
+        self.family = families.check(model_config, spec)  # a model it cannot train: InvalidConfig, one line
         self.tokenizer = load_tokenizer(self.config)
         self.data: DataReport = check_dataset(self.config, self.tokenizer, model_config)
         decision = self.decision
         if decision is None:  # no launcher handed one down: decide here, as it would have
-            attention = choose_attention(hardware, head_dim(model_config), DTYPES[precision])
+            attention = families.kernel(
+                self.family, choose_attention(hardware, head_dim(model_config), DTYPES[precision])
+            )
             decision = Decision(decide(self.config, hardware, model_config, attention), attention)
         self.decided = decision
         self.attention = decision.attention
@@ -223,6 +226,8 @@ class Recipe:
             seed=training.seed,
         )
         self.adapter = Adapter.of(model)
+        self.lora = families.adapted(model)
+        log.info("LoRA on %s: %d LoRA layers", ", ".join(self.lora["modules"]), self.lora["layers"])
         self.head = install_loss_head(model, self.decided.loss_chunk_tokens)
         self.train_samples, self.eval_samples = split(self.data.samples, self.spec.dataset.eval_fraction, training.seed)
         self.rows: list[Row] = make_rows(self.train_samples, self.tokenizer, training.max_length, training.packing)
@@ -300,6 +305,7 @@ class Recipe:
         self.progress = Progress(
             self.reporter, self.output / "tensorboard" if main else None, self.schedule.total_steps
         )
+        self.progress.lora = self.lora
         self.loop = Loop(
             model=self.trained,
             head=self.head,
@@ -327,6 +333,8 @@ class Recipe:
                 hardware=self.hardware.describe(),
                 precision=self.precision,
                 attention=self.attention,
+                family=self.family.label,
+                lora=self.lora,
                 parallelism=self.launch.parallelism,
                 worldSize=self.ranks.world_size,
                 memoryPlan=self.plan.source,
@@ -485,6 +493,8 @@ class Recipe:
             "ranksInStep": self.in_step,
             "precision": self.precision,
             "attention": self.attention,
+            "family": self.family.label,
+            "lora": self.lora,
             "hardware": self.hardware.describe(),
             "gpuStack": self.facts,
             "memoryPlan": {"source": self.plan.source, **self.plan.summary},
