@@ -26,7 +26,8 @@ from torch import nn
 from finetune_api.reasons import ExitReason
 
 from . import test_hooks
-from .data.batches import IGNORE, Row, Schedule, collate, eval_slots
+from .data.batches import Row, Schedule, collate, eval_slots
+from .data.tokens import IGNORE
 from .distributed.gradsync import sum_figures
 from .distributed.topology import Topology
 from .failures import TrainerFailure

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .data.batches import IGNORE
+from .data.tokens import IGNORE
 from .families import LogitFunction, take_logit_transform
 
 
