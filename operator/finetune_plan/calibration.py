@@ -20,9 +20,13 @@ ACTIVATION_INTERMEDIATE_FLOATS: Final = 3.0
 # Each adapted linear applies its own LoRA dropout: the dropped copy plus a one-byte mask.
 DROPOUT_FLOATS_PER_INPUT: Final = 1.25
 # FP32 attention with grouped-query heads runs SDPA's math path (or eager): the softmax
-# probabilities (heads x seq x seq) are kept, and backward adds their gradient.
+# probabilities (heads x seq x seq) are kept. A layer's backward holds more of them at once (the
+# probabilities' gradient, the scores' gradient, the recomputed scores): at 4096 tokens and batch 2
+# a run planned with one more copy asked for a fifth 4 GiB block beyond the cap
+# (bench/results/2026-12-01-h200-boundary-sdpa.json's OOM, again with the loss in chunks). Three
+# copies hold every measured point, 0 to 12 % over (bench/README.md, "The planner at its edge").
 ATTENTION_MATRIX_COPIES_SAVED: Final = 1.0
-ATTENTION_MATRIX_COPIES_BACKWARD: Final = 1.0
+ATTENTION_MATRIX_COPIES_BACKWARD: Final = 3.0
 # SDPA with fp32 inputs and grouped-query heads runs PyTorch's math kernel, which keeps the
 # probabilities as eager attention does: measured on an H200 (torch 2.11, transformers 5.24), the
 # memory-efficient kernel refuses the call ("No available kernel") and the default's peak equals

@@ -163,13 +163,14 @@ def layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
 
 def layer_pass_temporaries(shape: ModelShape, recipe: Recipe) -> float:
     """Transient bytes while one layer runs backward: the dequantised weight of the largest
-    linear, the attention-probability gradient, MLP gradients and, when checkpointed, the
-    layer's recomputed activations."""
+    linear, the larger of the attention matrices' gradients and the MLP's (the attention's
+    backward is over before the MLP's starts, in reverse), and, when checkpointed, the layer's
+    recomputed activations."""
     dequantised = shape.largest_linear_params * recipe.compute_bytes if recipe.quantization != "none" else 0.0
     mlp_grads = cal.MLP_GRADIENT_FLOATS * recipe.tokens * shape.intermediate * recipe.compute_bytes
     attention = cal.ATTENTION_MATRIX_COPIES_BACKWARD * attention_matrix_bytes(shape, recipe)
     recompute = full_layer_activation_bytes(shape, recipe) if recipe.gradient_checkpointing else 0.0
-    return dequantised + mlp_grads + attention + recompute
+    return dequantised + max(mlp_grads, attention) + recompute
 
 
 def logits_bytes(shape: ModelShape, recipe: Recipe) -> float:

@@ -111,7 +111,8 @@ def test_the_planner_charges_gemma2_its_attention_matrix() -> None:
     assert llama.plan is not None and gemma2.plan is not None
     assert llama.plan.recipe.attention == "memory_efficient"
     assert gemma2.plan.recipe.attention == "materialised"
-    assert max(g.total for g in gemma2.plan.per_gpu) > max(g.total for g in llama.plan.per_gpu)
+    # In fp32 SDPA keeps the probabilities too (calibration.SDPA_FP32_KEEPS_MATRIX): never less for Gemma 2.
+    assert max(g.total for g in gemma2.plan.per_gpu) >= max(g.total for g in llama.plan.per_gpu)
 
 
 def test_phi3_maps_attention_and_mlp_names_onto_its_fused_projections(tmp_path: Path) -> None:

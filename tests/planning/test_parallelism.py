@@ -109,7 +109,7 @@ def test_a_model_larger_than_one_gpu_is_sharded_with_fsdp():
 
 
 def test_70b_on_four_p40s_fits_in_the_mode_the_attention_allows():
-    """The example's 1792 tokens fit fsdp; at 2048, fp32 attention's probabilities (which SDPA keeps
+    """The example's 1664 tokens fit fsdp; at 2048, fp32 attention's probabilities (which SDPA keeps
     too in fp32, measured) leave no fit in the modes auto may choose; deviceMap comes only when asked."""
     both = [launch(example_spec(), LLAMA_33_70B, 4, attention=a) for a in ("materialised", "memory_efficient")]
     assert all(x.fits and (x.parallelism, x.processes) == ("fsdp", 4) for x in both)
@@ -169,9 +169,9 @@ def test_the_gpu_name_picks_the_product_and_memory_defaults_to_it():
 
 def test_the_trainer_needs_chunked_loss_for_the_issue_cases():
     """Whole-sequence FP32 logits do not fit next to the gathered head: the 40-layer slice on
-    2 x 22.4 GiB at 2048 tokens and 70B on 4 x P40 at the example's 1792 fit in fsdp only in chunks."""
+    2 x 22.4 GiB and 70B on 4 x P40, both at the example's 1664 tokens, fit in fsdp only in chunks."""
     assert TRAINER_LOSS_CHUNKS[0] == 0 and len(TRAINER_LOSS_CHUNKS) > 1
-    for config, gpus, length in ((SLICE_40, 2, 2048), (LLAMA_33_70B, 4, 1792)):
+    for config, gpus, length in ((SLICE_40, 2, 1664), (LLAMA_33_70B, 4, 1664)):
         spec = example_spec(parallelism="fsdp", max_length=length)
         chunked = launch(spec, config, gpus, attention="memory_efficient")
         assert chunked.plan is not None and chunked.plan.fits
