@@ -168,7 +168,12 @@ def table(record: dict[str, Any]) -> str:
         planned_gib = max(plan.values()) if plan else row["planGiB"]
         measured = row.get("measuredPeakGiB")
         loss = f"chunks of {row['planLossChunkTokens']}" if row.get("planLossChunkTokens") else "whole sequence"
-        outcome = "OOM" if row.get("reason") == "OutOfMemory" else row.get("reason") or f"{row.get('finalStep')} steps"
+        if not row.get("ran", True):
+            outcome = "not run"
+        elif row.get("reason") == "OutOfMemory":
+            outcome = "OOM"
+        else:
+            outcome = row.get("reason") or f"{row.get('finalStep')} steps"
         lines.append(
             f"| {row['point']} | {row['layers']} | {planned_gib:.2f} ({row['planHeadroomGiB']:.2f}) | {loss} "
             f"| {'-' if measured is None else f'{measured:.2f}'} "

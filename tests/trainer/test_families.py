@@ -33,6 +33,7 @@ from finetune_trainer.hardware import Hardware
 from finetune_trainer.loop import dropout_off, loss_sum
 from finetune_trainer.loss_head import install
 from finetune_trainer.model_loading import load_model, load_model_config, load_tokenizer
+from finetune_trainer.modes import for_run
 from finetune_trainer.preflight import MemoryPlan
 from finetune_trainer.tiny_model import alpaca_records, write_alpaca
 from finetune_trainer.train_state import Adapter
@@ -97,7 +98,16 @@ def test_family_trains_like_its_own_forward(models: Path, name: str, tmp_path: P
     attention = families.kernel(family, "sdpa")
     assert attention == ("eager" if name == "gemma2" else "sdpa")
     tokenizer = load_tokenizer(config)
-    model = load_model(config, Hardware(()), "fp32", attention, MemoryPlan(None, "cpu", {}), seed=0)
+    model = load_model(
+        config,
+        Hardware(()),
+        "fp32",
+        attention,
+        MemoryPlan(None, "cpu", {}),
+        mode=for_run("dataParallel", 1),
+        device=torch.device("cpu"),
+        seed=0,
+    )
 
     # LoRA on every requested target of every layer, nothing on the head.
     expected = ALL_LINEAR.get(name, LLAMA_LINEARS) if all_linear else ADAPTED_BY_DEFAULT.get(name, DEFAULT)
