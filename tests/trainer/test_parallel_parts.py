@@ -13,7 +13,8 @@ from finetune_api import multinode
 from finetune_api.multinode import DEFAULT_RDZV_TIMEOUT_S
 from finetune_api.reasons import ExitReason
 from finetune_trainer.data.batches import IGNORE, Schedule, eval_slots, make_rows
-from finetune_trainer.distributed.launch import (
+from finetune_trainer.failures import TrainerFailure
+from finetune_trainer.launcher import (
     VANISHED_AFTER_S,
     Nodes,
     RankFailure,
@@ -26,7 +27,6 @@ from finetune_trainer.distributed.launch import (
     root_cause,
     unfinished,
 )
-from finetune_trainer.failures import TrainerFailure
 from finetune_trainer.loss_head import LossHead
 
 

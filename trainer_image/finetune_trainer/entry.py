@@ -129,7 +129,7 @@ def _outcome(termination: Path | None, run: Callable[[], object], worker: bool) 
     if worker:
         # The launcher speaks for the pod: it names one rank's reason, once, on stdout and in
         # the termination log. A worker only records its own.
-        from .distributed.launch import write_reason
+        from .launcher import write_reason
 
         log.error("%s: %s", reason.name, message)
         write_reason(reason, message)
@@ -148,8 +148,8 @@ def _run(args: argparse.Namespace) -> None:
     from .stopping import StopRequest
 
     if args.worker:
-        from .distributed.launch import check_placement, die_with_launcher, record_done, register_worker
         from .distributed.topology import from_env
+        from .launcher import check_placement, die_with_launcher, record_done, register_worker
 
         stop = StopRequest().install()
         die_with_launcher()
@@ -163,12 +163,12 @@ def _run(args: argparse.Namespace) -> None:
     decision = decide_pod(config)
     # The plan's process count, unless `--nproc` says otherwise (CPU runs).
     processes = args.nproc or decision.launch.processes
-    from .distributed.launch import nodes_from_env
+    from .launcher import nodes_from_env
 
     if processes == 1 and nodes_from_env() is None:
         train(config, stop=StopRequest().install(), decision=decision)
         return
-    from .distributed.launch import launch
+    from .launcher import launch
 
     reason, message = launch(args.config, processes, decision)
     if reason is not None:

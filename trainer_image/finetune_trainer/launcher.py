@@ -46,8 +46,8 @@ from typing import Any
 from finetune_api import multinode
 from finetune_api.reasons import ExitReason
 
-from ..failures import TrainerFailure
-from ..launch_plan import Decision, hand_down
+from .failures import TrainerFailure
+from .launch_plan import Decision, hand_down
 
 log = logging.getLogger(__name__)
 
