@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from finetune_api import ManifestError, parse_file
+from finetune_api import ManifestError, ParsedDocument, parse_file
 from finetune_api.problems import format_problems
 from finetune_plan.pod import memory_refusal, pod_plan
 
@@ -46,9 +46,22 @@ def validate_file(path: str, model_config: dict[str, Any] | None = None, notes: 
         documents = parse_file(path)
     except ManifestError as exc:
         return [f"{path}: {exc}"]
+    return spec_problems(path, documents, model_config, notes)
+
+
+def _source(path: str, documents: list[ParsedDocument], doc: ParsedDocument) -> str:
+    return path if len(documents) == 1 else f"{path}[{doc.index}]"
+
+
+def spec_problems(
+    path: str,
+    documents: list[ParsedDocument],
+    model_config: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
+) -> list[str]:
     lines: list[str] = []
     for doc in documents:
-        source = path if len(documents) == 1 else f"{path}[{doc.index}]"
+        source = _source(path, documents, doc)
         lines.extend(format_problems(doc.problems, source))
         if model_config is not None and doc.job is not None:
             try:
@@ -61,17 +74,15 @@ def validate_file(path: str, model_config: dict[str, Any] | None = None, notes: 
     return lines
 
 
-def fit_problems(path: str, model_config: dict[str, Any] | None = None) -> list[str]:
+def fit_problems(path: str, documents: list[ParsedDocument], model_config: dict[str, Any] | None = None) -> list[str]:
     """`FILE: message` lines for a valid spec whose pod could not hold its trainers."""
     lines = []
-    documents = parse_file(path)
     for doc in documents:
         if doc.job is None:
             continue
-        source = path if len(documents) == 1 else f"{path}[{doc.index}]"
         short = memory_refusal(doc.job.spec, pod_plan(doc.job.spec, model_config).host)
         if short is not None:
-            lines.append(f"{source}: WontFit: {short}")
+            lines.append(f"{_source(path, documents, doc)}: WontFit: {short}")
     return lines
 
 
@@ -80,13 +91,19 @@ def run(args: argparse.Namespace) -> int:
     code = 0
     for path in args.files:
         notes: list[str] = []
-        problems = validate_file(path, model_config, notes)
+        try:
+            documents = parse_file(path)
+        except ManifestError as exc:
+            print(f"{path}: {exc}")
+            code = 1
+            continue
+        problems = spec_problems(path, documents, model_config, notes)
         if problems:
             code = 1
             for line in problems:
                 print(line)
             continue
-        short = fit_problems(path, model_config)
+        short = fit_problems(path, documents, model_config)
         for line in short:
             print(line)
         if short:

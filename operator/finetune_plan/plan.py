@@ -324,8 +324,7 @@ def _best_layout(
     per_mode: list[Layout] = []
     for mode in modes:
         tried = [layout_for(mode, shape, replace(recipe, loss_chunk_tokens=c), hw) for c in loss_chunks]
-        fitting = [t for t in tried if t.fits]
-        per_mode.append(_safest(tried, shape, recipe) if fitting else min(tried, key=lambda t: t.shortfall))
+        per_mode.append(_safest(tried, shape, recipe))
     fitting = [layout for layout in per_mode if layout.fits]
     if fitting:
 
@@ -338,13 +337,15 @@ def _best_layout(
 
 
 def _safest(tried: Sequence[Layout], shape: ModelShape, recipe: Recipe) -> Layout:
-    """Of one mode's fitting layouts (one per loss chunk size, in the trainer's order), the first
-    with room to spare, else one with the loss in chunks. The chunked loss keeps the math; a
-    whole-sequence loss needs a spare logits block besides (measured: one planned with 0.2 GiB to
-    spare asked for a 4 GiB block of seq x vocab floats beyond the cap), and every plan
-    `cal.SHORT_HEADROOM_GIB`."""
-    block = recipe.batch_size * recipe.max_length * shape.vocab * mem.FP32
+    """Of one mode's layouts (one per loss chunk size, in the trainer's order), the first that fits
+    with room to spare, else a fitting one with the loss in chunks, else the first that fits, else
+    the closest to fitting. The chunked loss keeps the math; a whole-sequence loss needs a spare
+    logits block besides (measured: one planned with 0.2 GiB to spare asked for a 4 GiB block of
+    seq x vocab floats beyond the cap), and every plan `cal.SHORT_HEADROOM_GIB`."""
     fitting = [t for t in tried if t.fits]
+    if not fitting:
+        return min(tried, key=lambda t: t.shortfall)
+    block = recipe.batch_size * recipe.max_length * shape.vocab * mem.FP32
 
     def roomy(t: Layout) -> bool:
         return t.fullest.headroom >= cal.SHORT_HEADROOM_GIB * GIB + (0 if t.loss_chunk_tokens else block)

@@ -43,12 +43,7 @@ def _job(tmp_path: Path, targets: Any, gpus: int = 1) -> Path:
 
 def _one_stdout_line(result: Any, *fragments: str) -> str:
     assert result.returncode == 1, result.stdout + result.stderr
-    lines = [line for line in result.stdout.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stdout
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
+    return assert_one_line_error(result, *fragments, on_stdout=True)
 
 
 REFUSALS = [

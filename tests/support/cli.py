@@ -24,11 +24,13 @@ def ftjob(*args: str, env: dict[str, str] | None = None, timeout: float = 120, c
     )
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    """Non-zero exit, exactly one line on stderr, no traceback; returns that line."""
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str, on_stdout: bool = False) -> str:
+    """Non-zero exit, exactly one line on stderr (or on stdout, where a command reports a
+    problem with its input as its result), no traceback; returns that line."""
     assert result.returncode != 0, result.stdout
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
+    text = result.stdout if on_stdout else result.stderr
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1, text
     assert "Traceback" not in result.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
