@@ -39,7 +39,7 @@ from bench.flops import Shape
 from bench.report import compare_record, environment_versions, gpu_slug
 
 REPO = Path(__file__).resolve().parent.parent
-PHASES = ("compare", "nockpt", "large", "layers", "calibration", "multinode", "boundary")
+PHASES = ("compare", "nockpt", "large", "layers", "calibration", "multinode", "boundary", "families")
 # What runs without --phases: `multinode` (2 GPUs of their own) and `boundary` are asked for by name.
 DEFAULT_PHASES = ("compare", "nockpt", "large", "layers", "calibration")
 # What a Tesla P40 gives PyTorch; the `large` phase holds every process to it.
@@ -362,6 +362,36 @@ class Bench:
                 record["points"] = rows
                 self.write(f"{self.date}-{gpu_slug(peaks)}-boundary.json", record)
 
+    def families(self, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
+        """A Gemma-2-shaped and a Qwen2.5-shaped slice, capped at 22.4 GiB, through the pod's
+        command for `--steps` steps (at least 8), a checkpoint and an evaluation inside."""
+        from bench import families
+
+        steps = max(8, self.args.steps)
+        record: dict[str, Any] = {"date": self.date, "gpu": peaks[0].get("gpu"), "capGiB": families.CAP_GIB}
+        record.update(steps=steps, versions=versions, families=[])
+        for family in families.SHAPES:
+            layers = families.LAYERS if families.planned(family, families.LAYERS, steps).plan.fits else 0
+            launch = families.planned(family, layers, steps)
+            ours = None
+            if layers and self.left_s() > 150:
+                model = self.args.work / f"family-{family}-{layers}l"
+                if not (model / "config.json").exists():
+                    self.child(f"build-{family}", families.build_argv(sys.executable, model, family, layers), 1)
+                ours = self.ours(
+                    1,
+                    f"family-{family}",
+                    model=model,
+                    seq=families.SEQ,
+                    steps=steps,
+                    every=steps // 2,
+                    eval_fraction=0.1,
+                    gpu_memory_gib=families.CAP_GIB,
+                    tokenizer="bytes",
+                )
+            record["families"].append(families.judge(family, layers, launch, ours))
+            self.write(f"{self.date}-{gpu_slug(peaks)}-families.json", record)
+
     def layers(self, peaks: list[dict[str, Any]]) -> None:
         spec = {"path": str(self.model), "seqs": [1024, 2048]}
         lines = self.child("layer-memory", [sys.executable, "-m", "bench.layer_memory", json.dumps(spec)], 1)
@@ -412,6 +442,7 @@ class Bench:
             ("multinode", lambda: self.multinode(peaks, versions)),
             ("large", lambda: self.large(max(counts), peaks, versions)),
             ("boundary", lambda: self.boundary(peaks, versions)),
+            ("families", lambda: self.families(peaks, versions)),
             ("layers", lambda: self.layers(peaks)),
             ("calibration", self.calibration),
         ):

@@ -48,6 +48,38 @@ def write_tokenizer(folder: Path, vocab: int) -> None:
     tokenizer.save_pretrained(str(folder))
 
 
+def write_byte_tokenizer(folder: Path, vocab: int) -> None:
+    """A byte-level BPE without merges (one token per letter), padded to `vocab` entries.
+
+    For families whose tokenizer class transformers picks from the model's config whatever the
+    folder declares (Qwen2, Phi-3): their class rebuilds a byte-level BPE from the vocabulary, so a
+    word-level vocabulary would lose every word, and a missing pad token would be added past the
+    model's vocabulary. The same tokens under either class.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [*SPECIALS, "<pad>"]
+    pieces = specials + sorted(pre_tokenizers.ByteLevel.alphabet())
+    words = {piece: index for index, piece in enumerate(pieces)}
+    words.update({f"<unused{i}>": i for i in range(len(words), vocab)})
+    core = Tokenizer(models.BPE(vocab=words, merges=[], unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    tokenizer.save_pretrained(str(folder))
+
+
+def sample_text(rng: random.Random, words: int, vocab: int, tokenizer: str) -> str:
+    """`words` tokens of random text: word-level ids, or letters for the byte-level tokenizer."""
+    if tokenizer == "bytes":
+        return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(words))
+    return " ".join(f"t{rng.randrange(len(SPECIALS), vocab)}" for _ in range(words))
+
+
 def spec_for(
     *,
     seq: int,
@@ -101,7 +133,8 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
         if not link.exists():
             link.symlink_to(item.resolve())
     config = json.loads((source / "config.json").read_text())
-    write_tokenizer(model, config["vocab_size"])
+    kind = spec.get("tokenizer", "words")
+    (write_byte_tokenizer if kind == "bytes" else write_tokenizer)(model, config["vocab_size"])
     # BOS + words (+ EOS where the trainer appends one) stays within max_length.
     words = spec["seq"] - 2
     rng = random.Random(0)
@@ -109,7 +142,7 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
     data.parent.mkdir(parents=True, exist_ok=True)
     with data.open("w") as handle:
         for _ in range(max(16, spec["steps"] * 2 * spec.get("batch", 1))):
-            text = " ".join(f"t{rng.randrange(len(SPECIALS), config['vocab_size'])}" for _ in range(words))
+            text = sample_text(rng, words, config["vocab_size"], kind)
             handle.write(json.dumps({"text": text}) + "\n")
     trainer_config = {
         "jobName": "bench-slice",
@@ -254,6 +287,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                     "peakHostGiBPerProcess",
                     "peakHostAnonGiBPerProcess",
                     "loadSeconds",
+                    "family",
+                    "lora",
                 )
             }
         )

@@ -8,7 +8,7 @@ carry the same message text, and tests feed the same wrong specs to both.
 
 from typing import Annotated, Final, Literal, Self
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
 from pydantic.config import JsonDict
 
 from .base import (
@@ -140,13 +140,19 @@ class LoraSpec(ApiModel):
     alpha: Annotated[int, Field(ge=1, le=4096)] = Field(default=16, description="LoRA scaling numerator.")
     dropout: Annotated[float, Field(ge=0, le=1)] = Field(default=0.05, description="Dropout on the LoRA path.")
     target_modules: Annotated[
-        list[Annotated[str, Field(min_length=1, max_length=128)]], Field(min_length=1, max_length=64)
+        list[Annotated[str, Field(min_length=1, max_length=128)]],
+        Field(min_length=1, max_length=64),
+        # A list, or one name as PEFT takes it (`targetModules: all-linear`). A structural schema has
+        # no list-or-string type and CEL cannot see an untyped node, so the CRD admits any value
+        # here; the operator (and `ftjob validate`) refuse a wrong one in one line naming the field,
+        # before any child exists.
+        WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True}),
     ] = Field(
         default=list(DEFAULT_TARGET_MODULES),
         description="Linear modules of each decoder layer that get adapters: q_proj, k_proj, v_proj, o_proj, "
         "gate_proj, up_proj, down_proj (mapped onto a family's fused projections, e.g. Phi-3's qkv_proj and "
-        "gate_up_proj), or all-linear: every linear layer but the head (also as a plain string in the "
-        "manifest's models and ftjob; the CRD stores a list).",
+        "gate_up_proj), or all-linear: every linear layer but the head; a list, or one name as a plain "
+        "string (targetModules: all-linear).",
     )
 
     @field_validator("target_modules", mode="before")

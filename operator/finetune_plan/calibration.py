@@ -42,6 +42,10 @@ SHORT_HEADROOM_GIB: Final = 1.0
 # Loss over the full sequence holds log-softmax output, its gradient and the logits'
 # gradient at once (the trainer drops the model output's own logits before backward).
 LOGITS_COPIES: Final = 3.0
+# A soft-capped loss (Gemma 2, Gemma 3) keeps tanh's output for its backward: one block more.
+# Planned without it, an 8-layer Gemma-2-9B-shaped slice at 2048 tokens measured 12.35 GiB against
+# a plan of 11.01 (bench/results/2026-12-01-h200-families.json); the block is 1.95 GiB there.
+SOFTCAP_SAVED_COPIES: Final = 1.0
 # Backward of the MLP holds about two intermediate-sized gradients at once.
 MLP_GRADIENT_FLOATS: Final = 2.0
 

@@ -151,7 +151,8 @@ def full_layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
     if recipe.lora_dropout:
         floats += cal.DROPOUT_FLOATS_PER_INPUT * shape.lora_input_width(recipe.lora_targets)
     saved = recipe.tokens * floats * recipe.compute_bytes
-    return saved + cal.ATTENTION_MATRIX_COPIES_SAVED * attention_matrix_bytes(shape, recipe)
+    copies = cal.ATTENTION_MATRIX_COPIES_SAVED + (cal.SOFTCAP_SAVED_COPIES if shape.attention_softcap else 0.0)
+    return saved + copies * attention_matrix_bytes(shape, recipe)
 
 
 def layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
@@ -168,17 +169,21 @@ def layer_pass_temporaries(shape: ModelShape, recipe: Recipe) -> float:
     recomputed activations."""
     dequantised = shape.largest_linear_params * recipe.compute_bytes if recipe.quantization != "none" else 0.0
     mlp_grads = cal.MLP_GRADIENT_FLOATS * recipe.tokens * shape.intermediate * recipe.compute_bytes
-    attention = cal.ATTENTION_MATRIX_COPIES_BACKWARD * attention_matrix_bytes(shape, recipe)
+    attention_copies = cal.ATTENTION_MATRIX_COPIES_BACKWARD + (
+        cal.SOFTCAP_SAVED_COPIES if shape.attention_softcap else 0.0
+    )
+    attention = attention_copies * attention_matrix_bytes(shape, recipe)
     recompute = full_layer_activation_bytes(shape, recipe) if recipe.gradient_checkpointing else 0.0
     return dequantised + max(mlp_grads, attention) + recompute
 
 
 def logits_bytes(shape: ModelShape, recipe: Recipe) -> float:
     """Transient bytes of the loss: FP32 logits for the whole sequence, or for one chunk."""
+    copies = cal.LOGITS_COPIES + (cal.SOFTCAP_SAVED_COPIES if shape.logit_softcap else 0.0)
     if recipe.loss_chunk_tokens and recipe.loss_chunk_tokens < recipe.max_length:
         chunk = recipe.batch_size * recipe.loss_chunk_tokens * shape.vocab * FP32
-        return cal.LOGITS_COPIES * chunk + recipe.tokens * shape.hidden * FP32
-    return cal.LOGITS_COPIES * recipe.tokens * shape.vocab * FP32
+        return copies * chunk + recipe.tokens * shape.hidden * FP32
+    return copies * recipe.tokens * shape.vocab * FP32
 
 
 @dataclass(frozen=True)

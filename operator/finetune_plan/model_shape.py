@@ -28,6 +28,10 @@ class ModelShape:
     # The linear modules of one decoder layer (Phi-3 fuses q/k/v and gate/up) and the family.
     linears: tuple[str, ...] = LLAMA_LINEARS
     family: Family | None = None
+    # Soft-capping (cap * tanh(x / cap)) keeps its tanh for the backward: one more block of the
+    # logits (final_logit_softcapping) or of each attention matrix (attn_logit_softcapping).
+    logit_softcap: bool = False
+    attention_softcap: bool = False
 
     @property
     def attention_width(self) -> int:
@@ -117,6 +121,8 @@ def shape_from_config(config: Mapping[str, Any], name: str = "") -> ModelShape:
         name=name or str(config.get("_name_or_path") or config.get("model_type") or ""),
         linears=family.linears,
         family=family,
+        logit_softcap=any(kind == "softcap" and config.get(key) for kind, key in family.logits),
+        attention_softcap=family.kernel == "eager" and bool(config.get("attn_logit_softcapping")),
     )
 
 

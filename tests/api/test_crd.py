@@ -57,7 +57,9 @@ def test_defaults_enums_and_rules_are_carried() -> None:
         "minimum": 1,
         "type": "integer",
     } | {k: v for k, v in lora["properties"]["r"].items() if k == "x-kubernetes-validations"}
-    assert lora["properties"]["targetModules"]["minItems"] == 1
+    # A list or one name: untyped in the CRD (no structural list-or-string), checked by the operator.
+    assert lora["properties"]["targetModules"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert lora["properties"]["targetModules"]["default"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert spec["properties"]["quantization"]["properties"]["type"]["enum"] == ["nf4", "fp4", "none"]
     assert spec["properties"]["training"]["properties"]["learningRate"]["exclusiveMinimum"] is True
     rules = [r["rule"] for r in spec["properties"]["model"]["properties"]["source"]["x-kubernetes-validations"]]

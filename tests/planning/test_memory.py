@@ -160,3 +160,36 @@ def test_the_pods_host_figure_adds_the_stated_margin() -> None:
     assert shortfall(need, 35 * 2**30) is None
     message = shortfall(need, 34 * 2**30)
     assert message is not None and "spec.resources.memory 34.0 GiB" in message and "35Gi" in message
+
+
+GEMMA_2_9B = {
+    "model_type": "gemma2",
+    "architectures": ["Gemma2ForCausalLM"],
+    "hidden_size": 3584,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 42,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 256,
+    "vocab_size": 256000,
+    "final_logit_softcapping": 30.0,
+    "attn_logit_softcapping": 50.0,
+    "tie_word_embeddings": True,
+}
+
+
+def test_soft_capping_keeps_one_more_block_of_logits_and_of_each_attention_matrix() -> None:
+    """Hand arithmetic: tanh's saved output is one block of 2048 x 256000 fp32 logits (1.953 GiB)
+    and, under eager attention, one 16 x 2048 x 2048 fp32 matrix (0.25 GiB) per layer pass."""
+    capped = shape_from_config(GEMMA_2_9B)
+    plain = shape_from_config({**GEMMA_2_9B, "final_logit_softcapping": None, "attn_logit_softcapping": None})
+    assert capped.logit_softcap and capped.attention_softcap
+    assert not plain.logit_softcap and not plain.attention_softcap
+    recipe = Recipe(max_length=2048)
+    block = 2048 * 256000 * 4
+    assert mem.logits_bytes(capped, recipe) - mem.logits_bytes(plain, recipe) == pytest.approx(block)
+    assert block / GIB == pytest.approx(1.953, abs=0.001)
+    matrix = 16 * 2048 * 2048 * 4
+    assert mem.attention_matrix_bytes(capped, recipe) == matrix
+    grown = mem.full_layer_activation_bytes(capped, recipe) - mem.full_layer_activation_bytes(plain, recipe)
+    assert grown == pytest.approx(matrix)
