@@ -230,9 +230,12 @@ class Recipe:
         log.info("LoRA on %s: %d LoRA layers", ", ".join(self.lora["modules"]), self.lora["layers"])
         self.head = install_loss_head(model, self.decided.loss_chunk_tokens)
         self.train_samples, self.eval_samples = split(self.data.samples, self.spec.dataset.eval_fraction, training.seed)
-        self.rows: list[Row] = make_rows(self.train_samples, self.tokenizer, training.max_length, training.packing)
+        train_on = self.spec.dataset.train_on
+        self.rows: list[Row] = make_rows(
+            self.train_samples, self.tokenizer, training.max_length, training.packing, train_on
+        )
         self.eval_rows = (
-            make_rows(self.eval_samples, self.tokenizer, training.max_length, training.packing)
+            make_rows(self.eval_samples, self.tokenizer, training.max_length, training.packing, train_on)
             if self.eval_samples
             else None
         )
