@@ -153,7 +153,7 @@ def test_zero_trained_tokens_is_an_error_and_a_cut_reply_a_warning() -> None:
     # Cut inside the second reply: line 1 keeps part of its targets (a warning), line 2 all of them.
     report = check_records(records, "messages", tokenizer=tokenizer, max_length=len(whole.input_ids) - 3)
     assert report.ok
-    (cut,) = [w for w in report.warnings if "lose assistant text" in w]
+    (cut,) = [w for w in report.warnings if "cuts the assistant's text" in w]
     assert "line 1 (" in cut and "line 2" not in cut
     # Cut before the first reply: nothing left to learn from.
     short = first_reply_end - len(expected_targets(FAMILIES["qwen2.5"], tokenizer, [CHAT[1]["content"]])) - 1
@@ -197,3 +197,34 @@ def test_check_data_cli_names_a_template_that_rewrites_turns_in_one_line(tmp_pat
     assert_one_line_error(
         result, "line 2: chat_template: the model's chat template does not keep prefixes", on_stdout=True
     )
+
+
+@pytest.mark.trainer
+def test_the_trainer_stops_at_its_start_on_a_template_that_rewrites_turns(tmp_path: Path, tiny_assets: Path) -> None:
+    from finetune_api.reasons import ExitReason
+    from tests.trainer.conftest import JobDir
+
+    tiny = tiny_assets / "models" / "tiny-llama"
+    model = tmp_path / "models" / "tiny-llama"
+    model.mkdir(parents=True)
+    for item in tiny.iterdir():
+        if "token" not in item.name and item.suffix != ".jinja":  # the weights and config, not the tokenizer
+            (model / item.name).symlink_to(item)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny))
+    tokenizer.chat_template = DROPS_REASONING
+    tokenizer.save_pretrained(str(model))
+    (tmp_path / "datasets").mkdir()
+    write_chat(tmp_path / "datasets" / "chat.jsonl", [CHAT, thinking("a")])
+    (tmp_path / "outputs").mkdir()
+    job = JobDir(tmp_path)
+    job.spec_changes = {
+        "dataset": {"source": {"pvc": {"claimName": "datasets", "path": "chat.jsonl"}}, "format": "messages"}
+    }
+    run = job.run()
+    assert run.code == ExitReason.InvalidData
+    assert "line 2: chat_template: the model's chat template does not keep prefixes" in run.termination
+    assert len(run.termination.strip().splitlines()) == 1
+    assert "Traceback" not in run.stderr
+    assert not run.of("progress")

@@ -47,7 +47,8 @@ class DataProblem:
 
 @dataclass(frozen=True)
 class SampleCount:
-    """One checked sample as the trainer will see it: its tokens and the targets of its loss."""
+    """One checked sample as the trainer will see it (after maxLength cuts it): its tokens and
+    the targets of its loss."""
 
     where: str
     tokens: int
@@ -261,8 +262,9 @@ def _check_tokens(
             _sample_problem(where, tokens.problem, report)
             continue
         total, full = len(tokens.input_ids), trained(tokens.labels)
-        kept = sum(trained(labels) for _, labels in pieces(tokens.input_ids, tokens.labels, max_length, packing))
-        report.counts.append(SampleCount(where, total, kept))
+        rows = pieces(tokens.input_ids, tokens.labels, max_length, packing)
+        kept = sum(trained(labels) for _, labels in rows)
+        report.counts.append(SampleCount(where, sum(len(ids) for ids, _ in rows), kept))
         report.longest = max(report.longest, total)
         if kept == 0:
             rule = f" with trainOn {train_on}" if "messages" in sample else ""
@@ -277,7 +279,8 @@ def _check_tokens(
     if cut:
         shown = ", ".join(cut[:MAX_LISTED]) + (f" and {len(cut) - MAX_LISTED} more" if len(cut) > MAX_LISTED else "")
         report.warnings.append(
-            f"{len(cut)} sample(s) lose assistant text to maxLength {max_length} (trained tokens kept): {shown}"
+            f"maxLength {max_length} cuts the assistant's text of {len(cut)} sample(s) "
+            f"(trained tokens left of all): {shown}"
         )
     if report.over_length:
         fate = "packing splits them across sequences" if packing else f"they are truncated to {max_length} tokens"
