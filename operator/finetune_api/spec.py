@@ -125,6 +125,7 @@ DATASET_FORMATS: Final[dict[DatasetFormat, str]] = {
 # The formats rendered with the model's chat template: the ones `trainOn` chooses the loss of.
 CONVERSATION_FORMATS: Final = ("messages", "sharegpt")
 TrainOn = Literal["assistant", "lastAssistant", "all"]
+DEFAULT_TRAIN_ON: Final[TrainOn] = "assistant"
 TRAIN_ON_NEEDS_CONVERSATIONS = "trainOn is for the conversation formats (messages, sharegpt)"
 
 
@@ -162,11 +163,6 @@ class DatasetSpec(ApiModel):
         if value is not None and info.data.get("format", CONVERSATION_FORMATS[0]) not in CONVERSATION_FORMATS:
             raise ValueError(TRAIN_ON_NEEDS_CONVERSATIONS)
         return value
-
-    @property
-    def loss_on(self) -> TrainOn:
-        """What a conversation trains on: the field, or its default."""
-        return self.train_on or "assistant"
 
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")

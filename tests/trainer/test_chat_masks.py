@@ -18,7 +18,7 @@ from finetune_trainer.data.batches import make_rows
 from finetune_trainer.data.checks import check_records
 from finetune_trainer.data.records import Record
 from finetune_trainer.data.tokens import IGNORE, tokenize
-from tests.fixtures.chat_templates import DROPS_REASONING, FAMILIES, Family, family_tokenizer
+from tests.fixtures.chat_templates import DROPS_REASONING, FAMILIES, MISTRAL, Family, family_tokenizer
 from tests.support.cli import assert_one_line_error, ftjob
 
 SYSTEM = {"role": "system", "content": "You are a helpful support agent."}
@@ -110,6 +110,17 @@ def test_packing_keeps_each_samples_mask(family: tuple[Family, Any]) -> None:
     found = sorted((ids, labels[1:]) for row in packed for ids, labels in members(row))
     assert found == sorted((row.input_ids, row.labels[1:]) for row in alone)
     assert sum(r.targets for r in packed) == sum(r.targets for r in alone)
+
+
+def test_sharegpt_trains_as_the_same_messages_do(family: tuple[Family, Any]) -> None:
+    chosen, tokenizer = family
+    names = {"system": "system", "user": "human", "assistant": "gpt"}
+    shared = {"conversations": [{"from": names[m["role"]], "value": m["content"]} for m in conversation(chosen)]}
+    as_sharegpt = check_records([Record("line 1", shared)], "sharegpt", tokenizer=tokenizer, max_length=512)
+    as_messages = check_records(
+        [Record("line 1", {"messages": conversation(chosen)})], "messages", tokenizer=tokenizer, max_length=512
+    )
+    assert as_sharegpt.counts == as_messages.counts and as_sharegpt.ok
 
 
 def test_gemma_refuses_a_system_turn_by_line() -> None:
@@ -228,3 +239,19 @@ def test_the_trainer_stops_at_its_start_on_a_template_that_rewrites_turns(tmp_pa
     assert len(run.termination.strip().splitlines()) == 1
     assert "Traceback" not in run.stderr
     assert not run.of("progress")
+
+
+class SlowTokenizer:
+    """What a tokenizer without tokenizer.json looks like to the check: no character offsets."""
+
+    is_fast = False
+    chat_template = MISTRAL
+    eos_token_id, bos_token_id = 2, 1
+    bos_token, eos_token = "<s>", "</s>"
+    all_special_tokens = ("<s>", "</s>")
+
+
+def test_a_slow_tokenizer_is_refused_for_conversations_in_one_line() -> None:
+    report = check_records([Record("line 1", {"messages": CHAT})], "messages", tokenizer=SlowTokenizer(), max_length=64)
+    (problem,) = report.problems
+    assert str(problem).startswith("tokenizer: tokenizer.json: format messages needs a fast tokenizer")

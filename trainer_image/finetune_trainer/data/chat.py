@@ -21,9 +21,10 @@ import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-# spec.dataset.trainOn (finetune_api.spec.TrainOn); unset means assistant.
-TRAIN_ON = ("assistant", "lastAssistant", "all")
-DEFAULT_TRAIN_ON = "assistant"
+from finetune_api.spec import DEFAULT_TRAIN_ON
+
+__all__ = ["DEFAULT_TRAIN_ON", "TEMPLATE_FIELD", "Rendered", "render", "special_marks", "trained_tokens"]
+
 # The field of a problem that is the template's, not the sample's: it is reported once.
 TEMPLATE_FIELD = "chat_template"
 

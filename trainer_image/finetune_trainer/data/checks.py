@@ -197,6 +197,16 @@ def check_records(
                     "tokenizer", "chat_template", f"format {fmt} needs a chat template and the tokenizer has none"
                 )
             )
+        elif fmt in ("messages", "sharegpt") and not getattr(tokenizer, "is_fast", True):
+            # The assistant's spans are characters of the render; only a fast tokenizer maps them to tokens.
+            report.problems.append(
+                DataProblem(
+                    "tokenizer",
+                    "tokenizer.json",
+                    f"format {fmt} needs a fast tokenizer (the model folder's tokenizer.json) to find the "
+                    "assistant's tokens, and this one is a slow one",
+                )
+            )
     for record in records:
         report.total += 1
         if record.problem is not None:
