@@ -122,14 +122,47 @@ DATASET_FORMATS: Final[dict[DatasetFormat, str]] = {
 }
 
 
+# The formats rendered with the model's chat template: the ones `trainOn` chooses the loss of.
+CONVERSATION_FORMATS: Final = ("messages", "sharegpt")
+TrainOn = Literal["assistant", "lastAssistant", "all"]
+DEFAULT_TRAIN_ON: Final[TrainOn] = "assistant"
+TRAIN_ON_NEEDS_CONVERSATIONS = "trainOn is for the conversation formats (messages, sharegpt)"
+
+
 class DatasetSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.trainOn) || self.format in " + str(list(CONVERSATION_FORMATS)),
+                    TRAIN_ON_NEEDS_CONVERSATIONS,
+                    ".trainOn",
+                )
+            ]
+        }
+    )
+
     source: DatasetSource = Field(description="Where the training data comes from.")
     format: DatasetFormat = Field(
         description=", ".join(f"{name} ({holds})" if holds else name for name, holds in DATASET_FORMATS.items()) + "."
     )
+    train_on: TrainOn | None = Field(
+        default=None,
+        description="The tokens of a conversation the loss is taken on (messages and sharegpt; assistant when "
+        "unset): assistant = every assistant turn with the end-of-turn token that closes it, lastAssistant = "
+        "the last assistant turn only, all = every token. The spans come from the model's own chat template. "
+        "completion and alpaca always train on the answer only, text on everything.",
+    )
     eval_fraction: Annotated[float, Field(gt=0, le=0.5)] | None = Field(
         default=None, description="Fraction of samples held out to report eval loss."
     )
+
+    @field_validator("train_on")
+    @classmethod
+    def _train_on_conversations(cls, value: TrainOn | None, info: ValidationInfo) -> TrainOn | None:
+        if value is not None and info.data.get("format", CONVERSATION_FORMATS[0]) not in CONVERSATION_FORMATS:
+            raise ValueError(TRAIN_ON_NEEDS_CONVERSATIONS)
+        return value
 
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")

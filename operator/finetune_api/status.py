@@ -38,6 +38,10 @@ class Progress(ApiModel):
     learning_rate: float | None = None
     tokens_per_second: float | None = None
     eta_seconds: float | None = None
+    tokens: int | None = Field(default=None, description="Tokens processed so far (what tokensPerSecond counts).")
+    trained_tokens: int | None = Field(
+        default=None, description="Of those, the targets of the loss (dataset.trainOn; answers only for completion)."
+    )
     updated_at: Timestamp | None = None
     lora_modules: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=64)] | None = Field(
         default=None, description="Modules of each decoder layer with LoRA (fused names and all-linear resolved)."

@@ -2,13 +2,19 @@
 
 With --tokenizer, a model folder whose family the trainer does not train is refused in one line.
 Prints every bad record as `FILE: line N: field: problem` and exits 1; a clean file prints a
-one-line summary (and over-length warnings) and exits 0.
+one-line summary (samples, tokens, and the trained tokens: the targets of the loss, by the
+trainer's own rule and `--train-on`) plus its warnings, and exits 0. `--json` prints one object
+per sample on stdout instead (`{"line": N, "tokens": T, "trainedTokens": K}`); the problems, the
+warnings and the summary then go to stderr.
 """
 
 import argparse
+import json
+import sys
 from pathlib import Path
+from typing import Any, get_args
 
-from finetune_api.spec import DATASET_FORMATS
+from finetune_api.spec import CONVERSATION_FORMATS, DATASET_FORMATS, TrainOn
 
 from .errors import CliError
 from .family import family_line
@@ -24,9 +30,15 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     )
     parser.add_argument("file", metavar="FILE")
     parser.add_argument("--format", required=True, choices=tuple(DATASET_FORMATS))
-    parser.add_argument("--tokenizer", metavar="PATH", help="model folder: also check special tokens and lengths")
+    parser.add_argument("--tokenizer", metavar="PATH", help="model folder: also count tokens, check lengths")
     parser.add_argument("--max-length", type=int, default=2048, help="tokens per sample (spec.training.maxLength)")
     parser.add_argument("--packing", action="store_true", help="as with spec.training.packing")
+    parser.add_argument(
+        "--train-on",
+        choices=get_args(TrainOn),
+        help="spec.dataset.trainOn, for messages and sharegpt (default assistant)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per sample (needs --tokenizer)")
     parser.set_defaults(handler=run)
 
 
@@ -52,7 +64,23 @@ def _load_tokenizer(path: str) -> tuple[object, object | None]:
     return tokenizer, model_config
 
 
+def _options(args: argparse.Namespace) -> None:
+    if args.train_on is not None and args.format not in CONVERSATION_FORMATS:
+        raise CliError(f"--train-on is for the conversation formats ({', '.join(CONVERSATION_FORMATS)})")
+    if args.json and not args.tokenizer:
+        raise CliError("--json prints each sample's tokens: it needs --tokenizer")
+
+
+def _summary(args: argparse.Namespace, report: Any) -> str:
+    line = f"{args.file}: {len(report.samples)} samples OK ({args.format})"
+    if not args.tokenizer:
+        return line
+    rule = f", trainOn {args.train_on or 'assistant'}" if args.format in CONVERSATION_FORMATS else ""
+    return f"{line}: {report.tokens} tokens, {report.trained_tokens} trained{rule}"
+
+
 def run(args: argparse.Namespace) -> int:
+    _options(args)
     seam = trainer("ftjob check-data")
     tokenizer, model_config = _load_tokenizer(args.tokenizer) if args.tokenizer else (None, None)
     try:
@@ -63,15 +91,22 @@ def run(args: argparse.Namespace) -> int:
             model_config=model_config,
             max_length=args.max_length if tokenizer is not None else None,
             packing=args.packing,
+            train_on=args.train_on,
         )
     except seam.DataSourceError as exc:
         raise CliError(str(exc)) from None
+    # With --json, stdout holds the samples alone, so it can be piped into jq.
+    notes = sys.stderr if args.json else sys.stdout
+    if args.json:
+        for count in report.counts:
+            print(json.dumps(count.json(), separators=(",", ":")))
     for problem in report.problems:
-        print(f"{args.file}: {problem}")
+        print(f"{args.file}: {problem}", file=notes)
     for warning in report.warnings:
-        print(f"{args.file}: warning: {warning}")
+        print(f"{args.file}: warning: {warning}", file=notes)
     if report.problems:
-        print(f"{args.file}: {len(report.problems)} problem(s) in {report.total} records")
+        if len(report.problems) > 1:  # one problem (a template's) stays one line
+            print(f"{args.file}: {len(report.problems)} problem(s) in {report.total} records", file=notes)
         return 1
-    print(f"{args.file}: {len(report.samples)} samples OK ({args.format})")
+    print(_summary(args, report), file=notes)
     return 0

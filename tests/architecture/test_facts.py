@@ -8,7 +8,7 @@ import argparse
 from typing import Any, get_args
 
 from finetune_api.multinode import several_nodes
-from finetune_api.spec import DATASET_FORMATS, DatasetFormat, DatasetSpec, ResourcesSpec
+from finetune_api.spec import DATASET_FORMATS, DatasetFormat, DatasetSpec, ResourcesSpec, TrainOn
 from finetune_api.status import FineTuneJobStatus
 from finetune_cli.main import build_parser
 from finetune_operator.status import OWNED_FIELDS
@@ -33,6 +33,7 @@ def test_the_dataset_format_table_names_every_format_of_the_api_in_its_order() -
 
 def test_check_data_offers_the_formats_of_the_api() -> None:
     assert _choices("check-data", "--format") == tuple(DATASET_FORMATS)
+    assert _choices("check-data", "--train-on") == get_args(TrainOn)
 
 
 def test_the_trainer_parses_every_format_of_the_api_and_no_other() -> None:
@@ -48,13 +49,22 @@ class CharTokenizer:
     bos_token, eos_token = "<s>", "</s>"
     all_special_tokens = ("<s>", "</s>")
 
-    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
+    def __call__(
+        self, text: str | list[str], add_special_tokens: bool = True, return_offsets_mapping: bool = False
+    ) -> dict[str, Any]:
         if isinstance(text, list):
-            return {"input_ids": [self(t, add_special_tokens)["input_ids"] for t in text]}
-        return {"input_ids": ([1] if add_special_tokens else []) + [ord(c) for c in text]}
+            each = [self(t, add_special_tokens, return_offsets_mapping) for t in text]
+            return {key: [e[key] for e in each] for key in each[0]} if each else {"input_ids": []}
+        out: dict[str, Any] = {"input_ids": ([1] if add_special_tokens else []) + [ord(c) for c in text]}
+        if return_offsets_mapping:
+            out["offset_mapping"] = ([(0, 0)] if add_special_tokens else []) + [(i, i + 1) for i in range(len(text))]
+        return out
 
-    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool) -> list[int]:
-        return [ord(c) for m in messages for c in m["role"] + m["content"]]
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool, add_generation_prompt: bool) -> str:
+        """`role:content` lines, the generation prompt `assistant:`."""
+        return "".join(f"{m['role']}:{m['content']}\n" for m in messages) + (
+            "assistant:" if add_generation_prompt else ""
+        )
 
 
 def test_the_data_check_counts_the_tokens_the_trainer_trains_on() -> None:
@@ -65,9 +75,11 @@ def test_the_data_check_counts_the_tokens_the_trainer_trains_on() -> None:
     ]
     got = tokenize(samples, CharTokenizer())
     # By hand: BOS + the prompt, then the completion and EOS, loss on those only.
-    assert got[0] == ([1, 97, 98, 99, 100, 101, 0], [IGNORE, IGNORE, IGNORE, 99, 100, 101, 0], 3)
-    assert got[1] == ([1, 102, 103, 104, 105, 0], [1, 102, 103, 104, 105, 0], 0)
-    assert got[2].input_ids == got[2].labels and len(got[2].input_ids) == len("userj" + "assistantk")
+    assert got[0][:3] == ([1, 97, 98, 99, 100, 101, 0], [IGNORE, IGNORE, IGNORE, 99, 100, 101, 0], 3)
+    assert got[1][:3] == ([1, 102, 103, 104, 105, 0], [1, 102, 103, 104, 105, 0], 0)
+    # A conversation trains the assistant's text only (no special token here to close the turn).
+    assert got[2].input_ids == [ord(c) for c in "user:j\nassistant:k\n"]
+    assert [label for label in got[2].labels if label != IGNORE] == [ord("k")]
     # In chunks as one by one, and from the trainer's split (a `datasets.Dataset`, whose slices are columns).
     assert [t for s in samples for t in tokenize([s], CharTokenizer())] == got
     from datasets import Dataset

@@ -80,6 +80,11 @@ WRONG_SPECS = [
         "resources.nodes must be 1 with training.parallelism deviceMap",
     ),
     (
+        "trainOn for a format without turns",
+        {"dataset": {"trainOn": "assistant"}},
+        "spec.dataset.trainOn: trainOn is for the conversation formats (messages, sharegpt)",
+    ),
+    (
         "priority without a queue",
         {"placement": {"workloadPriorityClassName": "high"}},
         "workloadPriorityClassName needs queueName",

@@ -70,6 +70,11 @@ def test_progress_and_last_checkpoint_land_on_the_finetunejob(
     assert progress["percent"] == 100.0
     assert progress["loss"] == run.losses[30]
     assert {"epoch", "learningRate", "tokensPerSecond", "etaSeconds", "updatedAt"} <= set(progress)
+    summary_counts = json.loads((job_dir.output / "summary.json").read_text())
+    assert (progress["tokens"], progress["trainedTokens"]) == (
+        summary_counts["tokens"],
+        summary_counts["trainedTokens"],
+    )
     last = status["lastCheckpoint"]
     assert last["step"] == 30
     assert last["path"] == str(job_dir.checkpoints / "checkpoint-30")

@@ -61,6 +61,9 @@ def test_tiny_llama_learns_through_the_full_recipe(reference_run: tuple[JobDir, 
     assert start["resumeFrom"] is None
     progress = run.of("progress")[-1]
     assert set(progress) >= {"step", "totalSteps", "epoch", "loss", "lr", "tokensPerSecond", "etaSeconds"}
+    # Alpaca trains on the answers: fewer targets than tokens, the same counts in the summary.
+    assert (progress["tokens"], progress["trainedTokens"]) == (summary["tokens"], summary["trainedTokens"])
+    assert 0 < summary["trainedTokens"] < summary["tokens"]
 
 
 def test_unreachable_api_server_never_stops_training(reference_run: tuple[JobDir, Run]) -> None:
@@ -85,6 +88,9 @@ def test_sigkill_mid_training_resumes_from_last_complete_checkpoint(
     assert resumed.of("start")[0]["resumeFrom"]["step"] == 10
     assert max(resumed.losses) == FINAL_STEP
     assert_same_curve(resumed, reference_run[1], from_step=10)
+    # The counts carry over the resume: the checkpoint holds them.
+    last, reference = resumed.of("progress")[-1], reference_run[1].of("progress")[-1]
+    assert (last["tokens"], last["trainedTokens"]) == (reference["tokens"], reference["trainedTokens"])
 
 
 def test_sigkill_inside_a_checkpoint_write_is_ignored_on_resume(

@@ -67,6 +67,7 @@ class StepFigures:
     loss: float
     tokens: int
     lr: float
+    trained: int = 0  # the step's targets of the loss, over every rank
 
 
 @dataclass
@@ -165,7 +166,7 @@ class Loop:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepFigures(loss=loss, tokens=int(tokens), lr=lr)
+        return StepFigures(loss=loss, tokens=int(tokens), lr=lr, trained=int(targets))
 
     def evaluate(self) -> float | None:
         """Token-weighted eval loss over the held-out rows, split over the ranks.

@@ -56,7 +56,9 @@ class Progress:
         self.spikes = LossSpikes()
         self.started: float | None = None
         self.start_step = 0
-        self.tokens = 0
+        self.tokens = 0  # processed by this process since `begin`: the rate's count
+        self.run_tokens = 0  # the run's, resumed ones included
+        self.trained_tokens = 0  # the run's targets of the loss
         self.last: dict[str, Any] = {}
         self.first_loss: float | None = None
         self.eval_loss: float | None = None
@@ -68,18 +70,26 @@ class Progress:
 
             self._writer = SummaryWriter(log_dir=str(tensorboard))  # type: ignore[no-untyped-call]
 
-    def begin(self, step: int) -> None:
-        """Called before the first step this process runs (after a resume, too)."""
+    def begin(self, step: int, *, tokens: int = 0, trained: int = 0) -> None:
+        """Called before the first step this process runs (after a resume, too, with the
+        checkpoint's counts)."""
         self.started = time.monotonic()
         self.start_step = step
+        self.run_tokens, self.trained_tokens = tokens, trained
 
-    def step(self, step: int, *, loss: float, lr: float, tokens: int, epoch: float, report: bool) -> None:
+    def step(
+        self, step: int, *, loss: float, lr: float, tokens: int, epoch: float, report: bool, trained: int = 0
+    ) -> None:
         self.tokens += tokens
+        self.run_tokens += tokens
+        self.trained_tokens += trained
         if self.first_loss is None:
             self.first_loss = loss
         if self._writer is not None:
             self._writer.add_scalar("train/loss", loss, step)
             self._writer.add_scalar("train/learning_rate", lr, step)
+            self._writer.add_scalar("train/tokens", self.run_tokens, step)
+            self._writer.add_scalar("train/trained_tokens", self.trained_tokens, step)
         if not report:
             return
         elapsed = time.monotonic() - (self.started or time.monotonic())
@@ -94,7 +104,10 @@ class Progress:
             "etaSeconds": round((self.total_steps - step) * elapsed / done, 1) if done > 0 else None,
             # seconds since this process's first step: lets a benchmark drop warm-up steps
             "elapsedSeconds": round(elapsed, 3),
-            "tokens": self.tokens,
+            # The run's counts: every token processed (what tokensPerSecond counts), and the
+            # targets of the loss among them (trainOn, completion-only formats, padding rows).
+            "tokens": self.run_tokens,
+            "trainedTokens": self.trained_tokens,
         }
         self.last = progress
         emit("progress", **progress)
@@ -130,6 +143,8 @@ class Progress:
             "learningRate": p["lr"],
             "tokensPerSecond": p["tokensPerSecond"],
             "etaSeconds": p["etaSeconds"],
+            "tokens": p["tokens"],
+            "trainedTokens": p["trainedTokens"],
             "loraModules": self.lora["modules"] if self.lora else None,
             "loraLayers": self.lora["layers"] if self.lora else None,
         }

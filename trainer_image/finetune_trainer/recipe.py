@@ -138,6 +138,7 @@ class Recipe:
         self.output = Path(config.paths.output)
         self.step = 0
         self.tokens = 0
+        self.trained_tokens = 0  # targets of the loss, beside all tokens processed
         self.partial: Partial | None = None
         self.resume_from: Checkpoint | None = None
         self.evaluated_at: int | None = None
@@ -230,9 +231,12 @@ class Recipe:
         log.info("LoRA on %s: %d LoRA layers", ", ".join(self.lora["modules"]), self.lora["layers"])
         self.head = install_loss_head(model, self.decided.loss_chunk_tokens)
         self.train_samples, self.eval_samples = split(self.data.samples, self.spec.dataset.eval_fraction, training.seed)
-        self.rows: list[Row] = make_rows(self.train_samples, self.tokenizer, training.max_length, training.packing)
+        train_on = self.spec.dataset.train_on
+        self.rows: list[Row] = make_rows(
+            self.train_samples, self.tokenizer, training.max_length, training.packing, train_on
+        )
         self.eval_rows = (
-            make_rows(self.eval_samples, self.tokenizer, training.max_length, training.packing)
+            make_rows(self.eval_samples, self.tokenizer, training.max_length, training.packing, train_on)
             if self.eval_samples
             else None
         )
@@ -274,6 +278,7 @@ class Recipe:
                     resume.path, self.adapter, self.optimizer, self.scheduler
                 )
         self.resume_from = resume
+        self.trained_tokens = int(saved.get("trainedTokens", 0))
         if resume is not None:
             log.info(
                 "resuming from %s (%s), written by %s process(es) in %s",
@@ -353,7 +358,7 @@ class Recipe:
         """The optimizer steps to the end, checkpointing and evaluating along the way; a stop
         request (SIGTERM) ends it with a checkpoint of the point reached."""
         resume = self.resume_from
-        self.progress.begin(self.step)
+        self.progress.begin(self.step, tokens=self.tokens, trained=self.trained_tokens)
         self.clock = CheckpointClock(self.spec.checkpoints.every_minutes)
         self.saved_at = resume.step if resume is not None and not resume.micro else None
         self.stop.arm()
@@ -384,6 +389,7 @@ class Recipe:
         self.step += 1
         step = self.step
         self.tokens += figures.tokens
+        self.trained_tokens += figures.trained
         if self.main:
             report = step % training.logging_steps == 0 or step in {1, total}
             self.progress.step(
@@ -391,6 +397,7 @@ class Recipe:
                 loss=figures.loss,
                 lr=figures.lr,
                 tokens=figures.tokens,
+                trained=figures.trained,
                 epoch=self.schedule.epoch_of(step),
                 report=report,
             )
@@ -446,7 +453,9 @@ class Recipe:
         its optimizer and scheduler, the progress and any partial step, in every mode."""
         micro = partial.micro_done if partial else 0
         staging = self.store.begin(step, micro) / checkpoint_name(step, micro)
-        progress_now = SavedProgress(step, self.tokens, self.ranks.world_size, self.launch.parallelism)
+        progress_now = SavedProgress(
+            step, self.tokens, self.ranks.world_size, self.launch.parallelism, self.trained_tokens
+        )
         save_state(staging, self.adapter, self.optimizer, self.scheduler, progress_now, partial=partial)
         test_hooks.die_in_save(step)
         checkpoint = self.store.commit(step, micro)
@@ -484,6 +493,7 @@ class Recipe:
             "evalLoss": progress.eval_loss,
             "tokensPerSecond": progress.last.get("tokensPerSecond"),
             "tokens": self.tokens,
+            "trainedTokens": self.trained_tokens,
             "adapterPath": str(self.adapter_path),
             "mergedPath": str(self.merged) if self.merged else None,
             "resumedFrom": checkpoint_ref(self.resume_from) if self.resume_from else None,

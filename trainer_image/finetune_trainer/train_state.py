@@ -122,6 +122,7 @@ class Progress:
     tokens: int
     world_size: int
     parallelism: str
+    trained_tokens: int = 0  # targets of the loss so far (a checkpoint before it was counted: 0)
 
 
 def save(
@@ -139,6 +140,7 @@ def save(
     state = {
         "step": progress.step,
         "tokens": progress.tokens,
+        "trainedTokens": progress.trained_tokens,
         "worldSize": progress.world_size,
         "parallelism": progress.parallelism,
     }

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .tokens import IGNORE, tokenize
+from .tokens import IGNORE, pieces, tokenize, trained
 
 
 @dataclass(frozen=True)
@@ -31,30 +31,27 @@ class Row:
     @property
     def targets(self) -> int:
         """Tokens that count in the loss (a label, shifted by one for next-token prediction)."""
-        return sum(1 for label in self.labels[1:] if label != IGNORE)
+        return trained(self.labels)
 
 
-def _pieces(ids: list[int], labels: list[int], max_length: int, split: bool) -> list[tuple[list[int], list[int]]]:
-    if len(ids) <= max_length:
-        return [(ids, labels)]
-    if not split:
-        return [(ids[:max_length], labels[:max_length])]
-    return [(ids[i : i + max_length], labels[i : i + max_length]) for i in range(0, len(ids), max_length)]
-
-
-def make_rows(samples: Sequence[dict[str, Any]], tokenizer: Any, max_length: int, packing: bool) -> list[Row]:
-    """One row per sample (truncated), or samples packed into rows of at most max_length."""
-    pieces: list[tuple[list[int], list[int]]] = []
-    for ids, labels, _ in tokenize(samples, tokenizer):
-        pieces.extend(_pieces(ids, labels, max_length, split=packing))
+def make_rows(
+    samples: Sequence[dict[str, Any]], tokenizer: Any, max_length: int, packing: bool, train_on: str | None = None
+) -> list[Row]:
+    """One row per sample (truncated), or samples packed into rows of at most max_length; each
+    packed sample keeps its own labels, so a packed row's targets are exactly its samples'."""
+    cut: list[tuple[list[int], list[int]]] = []
+    for number, (ids, labels, _, problem) in enumerate(tokenize(samples, tokenizer, train_on), start=1):
+        if problem is not None:  # the data check refuses these before any row is made
+            raise ValueError(f"sample {number}: {problem[0]}: {problem[1]}")
+        cut.extend(pieces(ids, labels, max_length, split=packing))
     if not packing:
-        return [Row(ids, labels, list(range(len(ids)))) for ids, labels in pieces]
+        return [Row(ids, labels, list(range(len(ids)))) for ids, labels in cut]
     # Best-fit decreasing, ties broken by sample order so every process packs alike.
-    order = sorted(range(len(pieces)), key=lambda i: (-len(pieces[i][0]), i))
+    order = sorted(range(len(cut)), key=lambda i: (-len(cut[i][0]), i))
     bins: list[list[int]] = []
     room: list[int] = []
     for index in order:
-        size = len(pieces[index][0])
+        size = len(cut[index][0])
         best = -1
         for b, free in enumerate(room):
             if size <= free and (best < 0 or free < room[best]):
@@ -65,7 +62,7 @@ def make_rows(samples: Sequence[dict[str, Any]], tokenizer: Any, max_length: int
         else:
             bins[best].append(index)
             room[best] -= size
-    return [_packed_row([pieces[i] for i in sorted(members)]) for members in bins]
+    return [_packed_row([cut[i] for i in sorted(members)]) for members in bins]
 
 
 def _packed_row(members: list[tuple[list[int], list[int]]]) -> Row:

@@ -10,9 +10,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .chat import DEFAULT_TRAIN_ON, TEMPLATE_FIELD
 from .formats import normalise
 from .records import Record
-from .tokens import tokenize
+from .tokens import Tokens, pieces, tokenize, trained
+
+# Samples named in one warning line; the rest are counted.
+MAX_LISTED = 20
+UNCUT = 2**62
 
 # Special-token spellings of the common model families; finding one in the data that this
 # tokenizer does not treat as special means the data was prepared for another model.
@@ -40,6 +45,22 @@ class DataProblem:
         return f"{self.where}: {self.field}: {self.message}" if self.field else f"{self.where}: {self.message}"
 
 
+@dataclass(frozen=True)
+class SampleCount:
+    """One checked sample as the trainer will see it (after maxLength cuts it): its tokens and
+    the targets of its loss."""
+
+    where: str
+    tokens: int
+    trained_tokens: int
+
+    def json(self) -> dict[str, Any]:
+        """`{"line": N, ...}` for a line of a JSON Lines file; a record elsewhere keeps its name."""
+        kind, _, number = self.where.partition(" ")
+        place: dict[str, Any] = {"line": int(number)} if kind == "line" and number.isdigit() else {"where": self.where}
+        return {**place, "tokens": self.tokens, "trainedTokens": self.trained_tokens}
+
+
 @dataclass
 class DataReport:
     total: int = 0
@@ -48,6 +69,15 @@ class DataReport:
     warnings: list[str] = field(default_factory=list)
     over_length: int = 0
     longest: int = 0
+    counts: list[SampleCount] = field(default_factory=list)  # with a tokenizer: every sample tokenised
+
+    @property
+    def tokens(self) -> int:
+        return sum(c.tokens for c in self.counts)
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(c.trained_tokens for c in self.counts)
 
     @property
     def ok(self) -> bool:
@@ -60,6 +90,8 @@ class DataReport:
             "problems": len(self.problems),
             "overMaxLength": self.over_length,
             "longestTokens": self.longest,
+            "tokens": self.tokens,
+            "trainedTokens": self.trained_tokens,
             "warnings": self.warnings,
         }
 
@@ -150,6 +182,7 @@ def check_records(
     model_config: Any | None = None,
     max_length: int | None = None,
     packing: bool = False,
+    train_on: str | None = None,
 ) -> DataReport:
     report = DataReport()
     wheres: list[str] = []
@@ -162,6 +195,16 @@ def check_records(
             report.problems.append(
                 DataProblem(
                     "tokenizer", "chat_template", f"format {fmt} needs a chat template and the tokenizer has none"
+                )
+            )
+        elif fmt in ("messages", "sharegpt") and not getattr(tokenizer, "is_fast", True):
+            # The assistant's spans are characters of the render; only a fast tokenizer maps them to tokens.
+            report.problems.append(
+                DataProblem(
+                    "tokenizer",
+                    "tokenizer.json",
+                    f"format {fmt} needs a fast tokenizer (the model folder's tokenizer.json) to find the "
+                    "assistant's tokens, and this one is a slow one",
                 )
             )
     for record in records:
@@ -182,36 +225,73 @@ def check_records(
         wheres.append(record.where)
     if report.total == 0:
         report.problems.append(DataProblem("dataset", "", "no records found"))
-    if (
-        tokenizer is not None
-        and max_length is not None
-        and report.samples
-        and not any(p.where == "tokenizer" for p in report.problems)
-    ):
-        _check_lengths(report, wheres, tokenizer, max_length, packing)
+    if tokenizer is not None and report.samples and not any(p.where == "tokenizer" for p in report.problems):
+        # No maxLength given: nothing is cut.
+        length = max_length if max_length is not None else UNCUT
+        _check_tokens(
+            report, wheres, tokenizer, max_length=length, packing=packing, train_on=train_on or DEFAULT_TRAIN_ON
+        )
     return report
 
 
-def _check_lengths(report: DataReport, wheres: list[str], tokenizer: Any, max_length: int, packing: bool) -> None:
-    # Counted with the trainer's own rule: (prompt tokens, total tokens) of each sample.
-    lengths = [(tokens.prompt, len(tokens.input_ids)) for tokens in tokenize(report.samples, tokenizer)]
+def _sample_problem(where: str, problem: tuple[str, str], report: DataReport) -> None:
+    if problem[0] != TEMPLATE_FIELD:
+        report.problems.append(DataProblem(where, *problem))
+    elif not any(p.field == TEMPLATE_FIELD for p in report.problems):
+        # The template's own fault: named once, at the first sample where it shows.
+        report.problems.append(DataProblem(where, *problem))
+
+
+def _no_targets(tokens: Tokens, full: int, max_length: int, packing: bool, rule: str) -> tuple[str, str]:
+    """Why a sample has nothing to learn from, as (field, message)."""
+    if tokens.prompt >= max_length and not packing:
+        return (
+            "prompt",
+            f"prompt alone is {tokens.prompt} tokens, at or over maxLength {max_length}: "
+            "truncation would leave no answer token to learn from (a NaN loss)",
+        )
+    if full == 0:
+        return ("", f"0 trained tokens{rule}: nothing in this sample is a target of the loss")
+    return (
+        "",
+        f"0 trained tokens: maxLength {max_length} cuts all {full} of them "
+        f"(the sample is {len(tokens.input_ids)} tokens)",
+    )
+
+
+def _check_tokens(
+    report: DataReport, wheres: list[str], tokenizer: Any, *, max_length: int, packing: bool, train_on: str
+) -> None:
+    """Counted with the trainer's own rule and cut: tokens and trained tokens of every sample."""
     keep: list[dict[str, Any]] = []
-    for where, sample, (prompt, total) in zip(wheres, report.samples, lengths, strict=True):
+    cut: list[str] = []
+    for where, sample, tokens in zip(
+        wheres, report.samples, tokenize(report.samples, tokenizer, train_on), strict=True
+    ):
+        if tokens.problem is not None:
+            _sample_problem(where, tokens.problem, report)
+            continue
+        total, full = len(tokens.input_ids), trained(tokens.labels)
+        rows = pieces(tokens.input_ids, tokens.labels, max_length, packing)
+        kept = sum(trained(labels) for _, labels in rows)
+        report.counts.append(SampleCount(where, sum(len(ids) for ids, _ in rows), kept))
         report.longest = max(report.longest, total)
-        if prompt >= max_length and not packing:
-            report.problems.append(
-                DataProblem(
-                    where,
-                    "prompt",
-                    f"prompt alone is {prompt} tokens, at or over maxLength {max_length}: "
-                    "truncation would leave no answer token to learn from (a NaN loss)",
-                )
-            )
+        if kept == 0:
+            rule = f" with trainOn {train_on}" if "messages" in sample else ""
+            report.problems.append(DataProblem(where, *_no_targets(tokens, full, max_length, packing, rule)))
             continue
         if total > max_length:
             report.over_length += 1
+        if kept < full and "messages" in sample:
+            cut.append(f"{where} ({kept} of {full})")
         keep.append(sample)
     report.samples = keep
+    if cut:
+        shown = ", ".join(cut[:MAX_LISTED]) + (f" and {len(cut) - MAX_LISTED} more" if len(cut) > MAX_LISTED else "")
+        report.warnings.append(
+            f"maxLength {max_length} cuts the assistant's text of {len(cut)} sample(s) "
+            f"(trained tokens left of all): {shown}"
+        )
     if report.over_length:
         fate = "packing splits them across sequences" if packing else f"they are truncated to {max_length} tokens"
         report.warnings.append(

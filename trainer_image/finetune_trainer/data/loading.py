@@ -47,6 +47,7 @@ def check_dataset(config: TrainerConfig, tokenizer: Any, model_config: Any) -> D
             model_config=model_config,
             max_length=spec.training.max_length,
             packing=spec.training.packing,
+            train_on=spec.dataset.train_on,
         )
     except DataSourceError as exc:
         raise TrainerFailure(ExitReason.InvalidData, f"spec.dataset: {exc}") from None
@@ -62,7 +63,13 @@ def check_dataset(config: TrainerConfig, tokenizer: Any, model_config: Any) -> D
             f"{len(report.problems)} problem(s) in {config.paths.dataset}: {shown}"
             + (f"; and {more} more" if more > 0 else ""),
         )
-    log.info("data: %d records, %d samples ready", report.total, len(report.samples))
+    log.info(
+        "data: %d records, %d samples ready: %d tokens, %d trained",
+        report.total,
+        len(report.samples),
+        report.tokens,
+        report.trained_tokens,
+    )
     return report
 
 
