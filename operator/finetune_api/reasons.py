@@ -22,6 +22,10 @@ class ExitReason(IntEnum):
     # rendezvous within the bound (a pod unscheduled, crashed, or unreachable). Each attempt that
     # ends so counts against backoffLimit, so a gang that can never form fails instead of looping.
     RendezvousTimeout = 4
+    # Retryable once and not counted: the GPU ran out of memory for the first time; the trainer
+    # recorded a tighter plan with the same math (finetune_plan.tighter) on the output volume, and
+    # the next attempt resumes with it from the last checkpoint. A second time is OutOfMemory.
+    OutOfMemoryRetry = 5
     # Not retryable: the same input fails the same way on every attempt.
     InvalidConfig = 10
     InvalidData = 11
@@ -46,8 +50,9 @@ NON_RETRYABLE: Final = frozenset(
 )
 
 
-# Exits that are nobody's fault: the Job retries them without counting an attempt.
-UNCOUNTED: Final = frozenset({ExitReason.Interrupted})
+# Exits that are nobody's fault: the Job retries them without counting an attempt. The OOM retry
+# happens once per job (its record on the output volume says so), so it cannot loop.
+UNCOUNTED: Final = frozenset({ExitReason.Interrupted, ExitReason.OutOfMemoryRetry})
 
 
 def termination_message(reason: ExitReason, message: str) -> str:

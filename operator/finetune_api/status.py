@@ -94,6 +94,14 @@ class NodesStatus(ApiModel):
     total: int | None = Field(default=None, description="spec.resources.nodes: the pods of one attempt.")
 
 
+class OomRetry(ApiModel):
+    """The one retry after the GPU ran out of memory: the attempt that ran out, and what it said
+    (where, its measured peak against the plan, and the tighter plan the next attempt runs)."""
+
+    pod: Annotated[str, Field(max_length=253)] | None = Field(default=None, description="The pod that ran out.")
+    message: Message | None = None
+
+
 @dataclass(frozen=True)
 class WrittenBy:
     """Marks a status field written by someone other than the operator (it leaves the schema alone)."""
@@ -116,6 +124,9 @@ class FineTuneJobStatus(ApiModel):
     output: OutputPaths | None = None
     queue: QueueStatus | None = None
     nodes: NodesStatus | None = None
+    oom_retry: OomRetry | None = Field(
+        default=None, description="Set once the GPU ran out of memory and the job was retried with a tighter plan."
+    )
     message: Message | None = None
 
 

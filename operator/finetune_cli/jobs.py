@@ -101,6 +101,9 @@ def describe(job: dict[str, Any]) -> str:
         lines.append(f"Reason:      {failure_text(status)}")
     elif status.get("message"):
         lines.append(f"Message:     {one_line(status['message'])}")
+    retried = status.get("oomRetry") or {}
+    if retried.get("message"):
+        lines.append(f"OOM retry:   {one_line(retried['message'])}")
     queue = status.get("queue") or {}
     if queue:
         lines.append(f"Queue:       {queue_text(queue)}")

@@ -15,6 +15,10 @@ Rules that users rely on:
   trainer starts); a pod the scheduler cannot place is named with how many of the gang wait,
   e.g. `Unschedulable: 1 of 2 pods pending: 0/5 nodes are available: ...`; `restarts` counts
   gang attempts (failed pods over nodes, rounded up: one failed pod fails its peers' collectives).
+- An attempt that ran out of GPU memory the first time (the trainer's OutOfMemoryRetry) is
+  followed by one on a tighter plan: `status.oomRetry` keeps what the trainer said (where, the
+  peak against the plan, the tighter plan), one Event says it, and the message says it while
+  the retry runs. A second OOM fails the job with the trainer's OutOfMemory.
 - A queued job (spec.placement.queueName) says what Kueue says, in Kueue's words: Queued with
   its reason and message while the Workload waits, Admitted, Preempted (by whom, when the
   preemptor is a job the operator knows) while the evicted pod stops, then Queued again.
@@ -47,6 +51,8 @@ CONDITION_ORDER: tuple[str, ...] = get_args(ConditionType)
 # Before Kueue has made the job's Workload (or where Kueue does not run at all).
 NO_WORKLOAD = "NoWorkload"
 NO_WORKLOAD_MESSAGE = "waiting for Kueue to make the job's Workload (is Kueue managing batch/v1 Jobs?)"
+# The trainer's exit after its first OOM: the Job retries it with a tighter plan.
+RETRIED_OOM = ExitReason.OutOfMemoryRetry.name
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,17 @@ def _failure(job: Mapping[str, Any], cond: Mapping[str, Any], pods: Sequence[Map
         detail = f"; last: {last.reason + ': ' if last.reason else ''}{last.message}" if last else ""
         return "BackoffLimitExceeded", f"{attempts} attempt(s) failed{detail}"
     return job_reason, job_message
+
+
+def oom_retry(pods: Sequence[Mapping[str, Any]], current: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The attempt that ran out of GPU memory and was retried (once per job), as status.oomRetry;
+    the recorded one when its pod is gone."""
+    for pod in reversed(failed_pods(pods)):
+        failure = pod_failure(pod)
+        if failure.reason == RETRIED_OOM:
+            return {"pod": (pod.get("metadata") or {}).get("name"), "message": failure.message}
+    kept = current.get("oomRetry")
+    return dict(kept) if kept else None
 
 
 # --- conditions ----------------------------------------------------------------------------
@@ -341,6 +358,9 @@ def compute(obs: Observation) -> Outcome:
         failures = -(-failures // obs.nodes)  # one gang attempt fails a pod per node, or fewer
     restarts = max(failures - 1, 0) if failed is not None else failures
     status["restarts"] = restarts
+    retried = oom_retry(obs.pods, current)
+    if retried is not None:
+        status["oomRetry"] = retried
 
     admission = obs.admission if obs.queued else None
     if obs.queued:
@@ -399,6 +419,9 @@ def compute(obs: Observation) -> Outcome:
             waiting = "waiting to retry" if restarts else "waiting for the trainer pod"
             conds["Running"] = _condition("Running", False, "Pending", message or waiting, obs)
     status["phase"] = phase
+    if retried is not None and message is None and phase == "Running":
+        # Said while the retry runs (a Pending job's message is the scheduler's: an Event each).
+        message = str(retried.get("message") or "")
     if message:
         status["message"] = message
     return _finish(obs, status, conds)
@@ -421,6 +444,9 @@ def transitions(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Tra
                 "Warning", "Restarted", f"attempt {new_restarts} failed; the next one resumes from the last checkpoint"
             )
         )
+    retried = after.get("oomRetry")
+    if retried and not before.get("oomRetry"):
+        out.append(Transition("Warning", RETRIED_OOM, str(retried.get("message") or "out of GPU memory; retrying")))
     old_queue, new_queue = before.get("queue") or {}, after.get("queue") or {}
     if int(new_queue.get("preemptions") or 0) > int(old_queue.get("preemptions") or 0):
         # One Event per preemption, whether or not a reconcile saw the pod stopping.

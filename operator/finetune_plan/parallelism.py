@@ -8,7 +8,7 @@ the mode the trainer runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, cast
 
@@ -65,10 +65,12 @@ def choose(
     epoch_tokens: int | None = None,
     model_name: str = "",
     product: GpuProduct | None = None,
+    loss_chunks: Sequence[int] = TRAINER_LOSS_CHUNKS,
 ) -> LaunchPlan:
     """The launch for `spec` on `gpus` visible GPUs of `gpu_memory_bytes` each (the smallest,
     when they differ; default: the product's), named `gpu_name` by torch (default: the spec's
-    `resources.gpuProduct`); `product` replaces the looked-up product (what-if figures).
+    `resources.gpuProduct`); `product` replaces the looked-up product (what-if figures);
+    `loss_chunks` the loss chunk sizes to try (a retry after an OOM names the one it runs).
 
     On the CPU: the spec's parallelism (auto: dataParallel) with `resources.processes`
     processes (deviceMap: one). On GPUs: the planner's mode (auto: the fastest of dataParallel
@@ -95,7 +97,7 @@ def choose(
         mode=cast(ModeChoice, modes.to_planner(spec.training.parallelism)),
         epoch_tokens=epoch_tokens,
         allowed_modes=AUTO_MODES,
-        loss_chunks=TRAINER_LOSS_CHUNKS,
+        loss_chunks=loss_chunks,
     )
     parallelism = cast(Parallelism, modes.to_spec(plan.mode))
     return LaunchPlan(parallelism, modes.processes(parallelism, gpus), plan)

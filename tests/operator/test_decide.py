@@ -225,3 +225,69 @@ def test_enough_memory_or_none_or_an_unknown_model_creates_the_job() -> None:
         ({"gpus": 1, "gpuProduct": "Tesla-P40", "memory": "2Gi"}, {"source": {"hub": {"id": "org/unknown"}}}),
     ):
         assert decide(seen(finetunejob(model=model, resources=resources))).create, resources
+
+
+# --- an attempt out of GPU memory: one retry on a tighter plan, then Failed ----------------------
+
+RETRY_SAID = (
+    "OutOfMemory at step 5 (peak 21.20 GiB of plan 21.90 GiB on cuda:0): retrying once with a tighter plan: "
+    "loss chunks 512, micro-batch 1 x 4, eval micro-batch 1, gradient checkpointing on"
+)
+
+
+def job_pod(suffix: str, phase: str, **kwargs: Any) -> dict[str, Any]:
+    made = bodies.pod(f"{OWNER.name}-{suffix}", phase, **kwargs)
+    made["metadata"]["ownerReferences"] = [{"kind": "Job", "name": OWNER.name, "uid": "job-uid", "controller": True}]
+    return made
+
+
+RETRIED = job_pod(
+    "a", "Failed", exit_code=5, term_message=f"OutOfMemoryRetry: {RETRY_SAID}", created="2026-01-01T00:00:01Z"
+)
+
+
+def test_the_first_oom_is_said_once_in_an_event_and_in_the_message_while_the_retry_runs() -> None:
+    running = {"phase": "Running", "observedGeneration": 1}
+    pods = [RETRIED, job_pod("b", "Running", node="local-0", created="2026-01-01T00:00:05Z")]
+    actions = decide(seen(finetunejob(status=running), job=batch_job(), pods=pods))
+    assert actions.phase == "Running"
+    assert actions.status_patch is not None
+    assert actions.status_patch["message"] == RETRY_SAID
+    assert actions.status_patch["oomRetry"] == {"pod": "tiny-a", "message": RETRY_SAID}
+    assert "restarts" not in actions.status_patch or actions.status_patch["restarts"] == 0  # not counted
+    assert [(e.type, e.reason, e.message) for e in actions.events] == [("Warning", "OutOfMemoryRetry", RETRY_SAID)]
+    # Written, and seen again (or after the failed pod is gone): no second Event, nothing to write.
+    written = finetunejob(status={**running, **actions.status_patch})
+    for later in (pods, pods[1:]):
+        again = decide(seen(written, job=batch_job(), pods=later))
+        assert not again.events and again.status_patch is None
+
+
+def test_a_second_oom_fails_the_job_with_the_plan_and_the_peak_and_keeps_the_retry_on_record() -> None:
+    final = (
+        "at step 7 (peak 21.80 GiB of plan 21.40 GiB on cuda:0): CUDA out of memory; again on the retry's tighter "
+        "plan (loss chunks 512, micro-batch 1 x 4, eval micro-batch 1, gradient checkpointing on): lower ..."
+    )
+    pods = [
+        RETRIED,
+        job_pod("b", "Failed", exit_code=14, term_message=f"OutOfMemory: {final}", created="2026-01-01T00:00:05Z"),
+    ]
+    job = batch_job()
+    job["status"] = {"failed": 1, "conditions": [bodies.cond("Failed", "PodFailurePolicy", "exit code 14")]}
+    retrying = {"phase": "Running", "observedGeneration": 1, "oomRetry": {"pod": "tiny-a", "message": RETRY_SAID}}
+    actions = decide(seen(finetunejob(status={**retrying, "message": RETRY_SAID}), job=job, pods=pods))
+    assert actions.phase == "Failed" and actions.status_patch is not None
+    failed = next(c for c in actions.status_patch["conditions"] if c["type"] == "Failed")
+    assert (failed["reason"], failed["message"]) == ("OutOfMemory", final)
+    assert actions.status_patch["message"] == f"OutOfMemory: {final}"
+    assert "oomRetry" not in actions.status_patch  # unchanged: still on record
+    assert [e.reason for e in actions.events] == ["OutOfMemory"]
+
+
+def test_between_the_oom_and_the_retry_the_pending_job_says_nothing_of_scheduling() -> None:
+    running = {"phase": "Running", "observedGeneration": 1}
+    pods = [RETRIED, job_pod("b", "Pending", created="2026-01-01T00:00:05Z")]
+    actions = decide(seen(finetunejob(status=running), job=batch_job(), pods=pods))
+    assert actions.phase == "Pending" and actions.status_patch is not None
+    assert "message" not in actions.status_patch
+    assert [e.reason for e in actions.events] == ["OutOfMemoryRetry", "Pending"]

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
@@ -22,6 +22,9 @@ from finetune_api.reasons import TERMINATION_LOG, ExitReason, termination_messag
 from finetune_api.trainer_config import TrainerConfig
 
 from .failures import TrainerFailure
+
+if TYPE_CHECKING:
+    from .launch_plan import Decision
 
 log = logging.getLogger("finetune_trainer")
 
@@ -161,6 +164,23 @@ def _run(args: argparse.Namespace) -> None:
         return
     _check_nproc(args.nproc)
     decision = decide_pod(config)
+    try:
+        _train_pod(args, config, decision)
+    except Exception as exc:
+        message = _out_of_memory(exc)
+        if message is None:
+            raise
+        from .oom_retry import settle
+
+        # The pod's command made the launch decision, so it decides the one retry.
+        raise settle(config, decision.savers(config), retried=decision.retry is not None, message=message) from None
+
+
+def _train_pod(args: argparse.Namespace, config: TrainerConfig, decision: "Decision") -> None:
+    """Train the decision in this process, or in the processes the launcher starts."""
+    from .recipe import train
+    from .stopping import StopRequest
+
     # The plan's process count, unless `--nproc` says otherwise (CPU runs).
     processes = args.nproc or decision.launch.processes
     from .launcher import nodes_from_env
@@ -173,6 +193,16 @@ def _run(args: argparse.Namespace) -> None:
     reason, message = launch(args.config, processes, decision)
     if reason is not None:
         raise TrainerFailure(reason, message)
+
+
+def _out_of_memory(exc: Exception) -> str | None:
+    """What a rank said of running out of GPU memory (a rank in training says where and its
+    peak: recipe.Recipe._out_of_memory), or None for every other failure."""
+    if isinstance(exc, TrainerFailure):
+        return exc.message if exc.reason == ExitReason.OutOfMemory else None
+    if _is_out_of_memory(exc):
+        return f"before training: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    return None
 
 
 def _check_nproc(nproc: int | None) -> None:

@@ -6,7 +6,8 @@ the trainer will really run (probed as the trainer probes it). The launcher writ
 `Decision` to a file (`hand_down`) whose path its workers find in `DECISION_ENV`; each worker
 `receive`s it instead of deciding again, so every process trains the plan the launcher launched.
 `ftjob plan` calls the same `choose()`; the operator's grace period is worked out on its own,
-before the pod exists (`finetune_plan.grace`).
+before the pod exists (`finetune_plan.grace`). After an attempt ran out of GPU memory, the
+decision carries the retry's tighter savers (`oom_retry`), and every process trains with them.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
 from finetune_plan.inputs import as_mapping
 from finetune_plan.model_shape import ModelConfigError
-from finetune_plan.parallelism import LaunchPlan, choose
+from finetune_plan.parallelism import TRAINER_LOSS_CHUNKS, LaunchPlan, choose
+from finetune_plan.tighter import Savers, apply, savers_of
 
 from . import families
 from .failures import TrainerFailure
 from .hardware import Attention, Hardware, ResolvedPrecision, choose_attention, detect, resolve_precision
 from .model_loading import DTYPES, load_model_config
+from .oom_retry import recorded
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +48,23 @@ class Decision:
 
     launch: LaunchPlan
     attention: Attention
+    # The tighter savers of the one retry after an OOM (`oom_retry`); None: the spec's own.
+    retry: Savers | None = None
 
     @property
     def loss_chunk_tokens(self) -> int:
+        if self.retry is not None:
+            return self.retry.loss_chunk_tokens
         plan = self.launch.plan
         return plan.recipe.loss_chunk_tokens if plan is not None else 0
+
+    def savers(self, config: TrainerConfig) -> Savers:
+        """The memory savers this attempt runs with."""
+        return self.retry or savers_of(config.spec, self.loss_chunk_tokens)
+
+    def applied(self, config: TrainerConfig) -> TrainerConfig:
+        """`config` with the retry's micro-batch, accumulation and checkpointing in its spec."""
+        return config if self.retry is None else config.model_copy(update={"spec": apply(config.spec, self.retry)})
 
 
 def head_dim(model_config: Any) -> int:
@@ -59,7 +74,13 @@ def head_dim(model_config: Any) -> int:
     return int(model_config.hidden_size // model_config.num_attention_heads)
 
 
-def decide(config: TrainerConfig, hardware: Hardware, model_config: Any, attention: Attention) -> LaunchPlan:
+def decide(
+    config: TrainerConfig,
+    hardware: Hardware,
+    model_config: Any,
+    attention: Attention,
+    loss_chunks: tuple[int, ...] = TRAINER_LOSS_CHUNKS,
+) -> LaunchPlan:
     """The launch for this pod; raises WontFit (before any weight loads) when the plan says no."""
     gpus = hardware.gpus
     try:
@@ -72,6 +93,7 @@ def decide(config: TrainerConfig, hardware: Hardware, model_config: Any, attenti
             # SDPA runs the memory-efficient kernel; eager materialises the attention matrix.
             attention="memory_efficient" if attention == "sdpa" else "materialised",
             model_name=config.paths.model,
+            loss_chunks=loss_chunks,
         )
     except ModelConfigError as exc:
         raise TrainerFailure(ExitReason.InvalidConfig, str(exc)) from None
@@ -111,13 +133,20 @@ def _probe_child() -> None:
 
 
 def decide_pod(config: TrainerConfig) -> Decision:
-    """The pod's decision, made once per run by the pod's command."""
+    """The pod's decision, made once per run by the pod's command; after an OOM, with the
+    retry's savers, planned again (the loss chunk as the retry names it)."""
     hardware = detect(config.spec)
     precision = resolve_precision(config.spec.precision, hardware)
     model_config = load_model_config(config)
     family = families.check(model_config, config.spec)  # a model it cannot train: InvalidConfig, one line
     attention = families.kernel(family, probe_attention(hardware, model_config, precision))
-    return Decision(decide(config, hardware, model_config, attention), attention)
+    retry = recorded(Path(config.paths.output)) if config.spec.resources.nodes == 1 else None
+    if retry is None:
+        return Decision(decide(config, hardware, model_config, attention), attention)
+    tightened = config.model_copy(update={"spec": apply(config.spec, retry)})
+    log.info("retrying after running out of GPU memory with %s", retry.describe())
+    launch = decide(tightened, hardware, model_config, attention, (retry.loss_chunk_tokens,))
+    return Decision(launch, attention, retry)
 
 
 def hand_down(decision: Decision, folder: Path) -> None:

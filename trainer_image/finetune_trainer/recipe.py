@@ -28,7 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
+from finetune_plan.memory import GIB
 
 from . import families, test_hooks
 from .checkpoints import Checkpoint, CheckpointStore, checkpoint_name
@@ -56,6 +58,7 @@ from .loop import Loop, StepFigures
 from .loss_head import install as install_loss_head
 from .model_loading import DTYPES, load_model, load_model_config, load_tokenizer
 from .modes import for_run
+from .oom_retry import at_step
 from .optim import make_optimizer, make_scheduler
 from .precision_guard import GuardReport, fail_if_half, recast_to_fp32, scan_tensors
 from .preflight import memory_plan
@@ -129,7 +132,8 @@ class Recipe:
     ) -> None:
         self.started = time.time()
         self.memory = HostMemory().start()
-        self.config = config
+        # The retry after an OOM trains its tighter micro-batch, accumulation and checkpointing.
+        self.config = config = decision.applied(config) if decision is not None else config
         self.spec = config.spec
         self.ranks = ranks
         self.main = ranks.is_main
@@ -142,6 +146,7 @@ class Recipe:
         self.partial: Partial | None = None
         self.resume_from: Checkpoint | None = None
         self.evaluated_at: int | None = None
+        self.evaluating = False
         self.reporter: StatusReporter | None = None
 
     def run(self) -> dict[str, Any] | None:
@@ -326,7 +331,7 @@ class Recipe:
             packed=training.packing,
             seed=training.seed,
             max_grad_norm=training.max_grad_norm,
-            eval_batch_size=training.batch_size,
+            eval_batch_size=self.decided.savers(self.config).eval_batch_size,
             mode=self.mode,
             guard=self.guard,
         )
@@ -364,6 +369,7 @@ class Recipe:
         self.stop.arm()
         try:
             while self.step < self.schedule.total_steps:
+                test_hooks.out_of_memory_at(self.step + 1, tightened=self.decided.retry is not None)
                 outcome = self.loop.step(self.step, resume=self.partial, stop=lambda: self.stop.requested)
                 self.partial = None
                 if isinstance(outcome, Partial):
@@ -376,12 +382,27 @@ class Recipe:
             self.peaks = self.mode.peaks(self.hardware, self.ranks, self.device)
             self.host_peaks = _host_peaks(self.ranks, self.device, self.memory)
             topology.barrier(self.ranks)
+        except torch.OutOfMemoryError as exc:
+            self.cleanup()
+            raise self._out_of_memory(exc) from None
         except BaseException:
             # The run ends here (Interrupted, NonFiniteLoss...): send the last status and stop the
             # reporter's thread now. Left running into the interpreter's teardown, mid-request, it
             # ended a pod with SIGABRT instead of the exit code its Job's failure policy reads.
             self.cleanup()
             raise
+
+    def _out_of_memory(self, exc: torch.OutOfMemoryError) -> TrainerFailure:
+        """OutOfMemory with where it happened and the peak this rank measured, against its GPU's
+        figure in the plan (the pod's command settles the retry: `oom_retry.settle`)."""
+        where = f"in the evaluation at step {self.step}" if self.evaluating else f"at step {self.step + 1}"
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        plan = self.launch.plan
+        if not self.hardware.on_gpu or plan is None:
+            return TrainerFailure(ExitReason.OutOfMemory, at_step(where, self.memory.anon_peak_gib, None, "", detail))
+        peak = torch.cuda.max_memory_allocated(self.device) / GIB
+        planned = plan.per_gpu[min(self.device.index or 0, len(plan.per_gpu) - 1)].total / GIB
+        return TrainerFailure(ExitReason.OutOfMemory, at_step(where, peak, planned, str(self.device), detail))
 
     def _after_step(self, figures: StepFigures) -> None:
         """Count a finished step, report it, and checkpoint, evaluate or stop where due."""
@@ -434,7 +455,9 @@ class Recipe:
     def evaluate(self) -> None:
         """The held-out loss now (collective: every rank calls it); rank 0 reports it."""
         self.evaluated_at = self.step
+        self.evaluating = True
         eval_loss = self.loop.evaluate()
+        self.evaluating = False
         if self.main and eval_loss is not None:
             self.progress.evaluated(self.step, eval_loss)
 
@@ -508,6 +531,8 @@ class Recipe:
             "hardware": self.hardware.describe(),
             "gpuStack": self.facts,
             "memoryPlan": {"source": self.plan.source, **self.plan.summary},
+            # The tighter savers this run took after an OOM (oom_retry.py), else None.
+            "oomRetry": self.decided.retry.describe() if self.decided.retry is not None else None,
             "precisionGuard": self.guard.summary() if self.guard is not None else None,
             "data": self.data.summary(),
             "lossSpikes": progress.spikes.spikes,

@@ -22,6 +22,10 @@ SIGTERM_AT = "FINETUNE_TEST_SIGTERM_AT"
 # "STEP": while rank 0 writes that step's checkpoint, SIGTERM reaches every rank, twice
 SIGTERM_IN_SAVE = "FINETUNE_TEST_SIGTERM_IN_SAVE"
 STEP_DELAY = "FINETUNE_TEST_STEP_DELAY"  # seconds to sleep per step, to widen kill windows
+# "STEP": rank 0 runs out of GPU memory as that step (1-based) begins, on the spec's own plan;
+# OOM_AGAIN_AT: the same on the tighter plan of the retry after an OOM (oom_retry.py)
+OOM_AT = "FINETUNE_TEST_OOM_AT"
+OOM_AGAIN_AT = "FINETUNE_TEST_OOM_AGAIN_AT"
 
 
 def _int(name: str) -> int | None:
@@ -85,3 +89,11 @@ def signal_after_micro(step: int, micro: int) -> None:
         os.kill(os.getppid() if under_launcher else os.getpid(), signal.SIGTERM)
         if under_launcher:
             time.sleep(1.0)  # the launcher passes it on to every rank before they next agree
+
+
+def out_of_memory_at(step: int, *, tightened: bool) -> None:
+    """Raise the error PyTorch's allocator raises when a GPU is full (the CPU has none to fill)."""
+    if _int(OOM_AGAIN_AT if tightened else OOM_AT) == step and _rank() == 0:
+        import torch
+
+        raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 1.00 GiB (injected at step {step})")

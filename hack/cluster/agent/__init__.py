@@ -31,6 +31,9 @@ Decisions a kubelet would make differently, on purpose:
   /etc/hosts that names its peers in place of cluster DNS (see network.py); the pods still share
   the host's network namespace.
 - Probes are not run; a running container is Ready.
+- A ConfigMap `node-agent-test-env-<Job name>` adds its `FINETUNE_TEST_*` keys to the
+  environment of every container of that Job's pods: the trainer's fault hooks
+  (finetune_trainer/test_hooks.py) for a job run through the operator, which never sets them.
 - Logs go to `.cache/cluster/pods/<namespace>_<pod>_<uid>/<container>.log`; the agent serves
   them as the kubelet's containerLogs endpoint, so `kubectl logs` works.
 - restartPolicy Always/OnFailure restart the container with back-off 1 s, 2 s, ... 30 s

@@ -50,6 +50,10 @@ CONFIG_RETRY_SECONDS = 2.0
 MAX_BACKOFF_SECONDS = 30
 # Mount points of the staged sources (see ContainerPlan.staging); empty folders on the host.
 STAGING_ROOT = Path("/run/finetune-node-agent")
+# Not a kubelet's: a test's fault hooks reach the pods of its namespace through this ConfigMap
+# (keys starting with TEST_ENV_PREFIX only).
+TEST_ENV_CONFIGMAP = "node-agent-test-env"
+TEST_ENV_PREFIX = "FINETUNE_TEST_"
 
 
 @dataclass(frozen=True)
@@ -152,12 +156,24 @@ class PodRun(threading.Thread):
             "KUBERNETES_SERVICE_PORT_HTTPS": port,
             "KUBERNETES_PORT": f"tcp://127.0.0.1:{port}",
         }
+        env.update(self._test_env())
         token = token_mount(container, self.pod)
         if token is not None:
             # Next to the token, inside the volume: visible in the pod whatever else it mounts.
             self._write_kubeconfig(token[1], volumes[token[0]].path / "kubeconfig")
             env["KUBECONFIG"] = f"{token[1]}/kubeconfig"
         return env
+
+    def _test_env(self) -> dict[str, str]:
+        """The trainer's fault hooks (`FINETUNE_TEST_*`) for the pods of Job J, from the ConfigMap
+        `TEST_ENV_CONFIGMAP-J` of its namespace: the operator never puts them in a pod, and a test
+        needs one inside the trainer of a job it runs through the operator (an OOM at a step)."""
+        labels = (self.pod.get("metadata") or {}).get("labels") or {}
+        job = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
+        if not job:
+            return {}
+        data = self.ctx.kube.lookup("configmap", self.namespace, f"{TEST_ENV_CONFIGMAP}-{job}") or {}
+        return {k: v for k, v in data.items() if k.startswith(TEST_ENV_PREFIX)}
 
     def _write_kubeconfig(self, mount: str, path: Path) -> None:
         """A kubeconfig that reads the pod's own mounted token and CA, as in-cluster config would."""

@@ -1,0 +1,63 @@
+"""An OOM on the CPU, injected at a step (test_hooks.OOM_AT): the pod's command exits
+OutOfMemoryRetry with the step, the peak and the tighter plan; the next run resumes from the last
+checkpoint on that plan and trains the adapter an uninterrupted run trains; a second OOM is
+final, OutOfMemory, with the plan and the peak. (Through the operator: tests/operator/test_e2e_oom.py.)"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from finetune_api.reasons import ExitReason
+from tests.support.training import ADAPTER_TOLERANCE, max_difference
+
+from .conftest import JobDir, make_job_dir
+
+pytestmark = pytest.mark.trainer
+
+# No LoRA dropout and no checkpointing, batch 2: the notch turns on the loss chunks and
+# checkpointing, and splits the micro-batch to 1 x 4, all without changing the math.
+SPEC = {
+    "lora": {"dropout": 0.0},
+    "training": {"maxSteps": 8, "batchSize": 2, "gradientAccumulation": 2, "gradientCheckpointing": False},
+    "checkpoints": {"everySteps": 3, "keep": 2},
+}
+
+
+def adapter(job: JobDir) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(job.output / "adapter" / "adapter_model.safetensors"))
+
+
+def test_the_first_oom_retries_once_on_a_tighter_plan_to_the_uninterrupted_adapter_and_a_second_fails(
+    tmp_path: Path, tiny_assets: Path
+) -> None:
+    jobs = {}
+    for name in ("steady", "oom", "twice"):
+        (tmp_path / name).mkdir()
+        jobs[name] = make_job_dir(tmp_path / name, tiny_assets)
+        jobs[name].spec_changes = SPEC
+    assert jobs["steady"].run().code == 0
+
+    first = jobs["oom"].run(env={"FINETUNE_TEST_OOM_AT": "5"})
+    assert first.code == ExitReason.OutOfMemoryRetry, first.stderr[-3000:]
+    assert first.termination.startswith("OutOfMemoryRetry: OutOfMemory at step 5 (peak "), first.termination
+    assert "of host memory" in first.termination
+    assert "retrying once with a tighter plan: loss chunks 512, micro-batch 1 x 4" in first.termination
+    assert "gradient checkpointing on" in first.termination
+    second = jobs["oom"].run(env={"FINETUNE_TEST_OOM_AT": "5"})
+    assert second.code == 0, second.stderr[-3000:]
+    assert second.of("start")[0]["resumeFrom"]["step"] == 3
+    summary = json.loads((jobs["oom"].output / "summary.json").read_text())
+    assert summary["finalStep"] == 8
+    assert summary["oomRetry"].startswith("loss chunks 512, micro-batch 1 x 4")
+    assert max_difference(adapter(jobs["oom"]), adapter(jobs["steady"])) <= ADAPTER_TOLERANCE
+
+    again = {"FINETUNE_TEST_OOM_AT": "5", "FINETUNE_TEST_OOM_AGAIN_AT": "7"}
+    assert jobs["twice"].run(env=again).code == ExitReason.OutOfMemoryRetry
+    final = jobs["twice"].run(env=again)
+    assert final.code == ExitReason.OutOfMemory, final.stderr[-3000:]
+    assert final.termination.startswith("OutOfMemory: at step 7 (peak "), final.termination
+    assert "again on the retry's tighter plan (loss chunks 512, micro-batch 1 x 4" in final.termination
+    assert "\n" not in final.termination
