@@ -61,3 +61,23 @@ def test_the_first_oom_retries_once_on_a_tighter_plan_to_the_uninterrupted_adapt
     assert final.termination.startswith("OutOfMemory: at step 7 (peak "), final.termination
     assert "again on the retry's tighter plan (loss chunks 512, micro-batch 1 x 4" in final.termination
     assert "\n" not in final.termination
+
+
+def test_two_processes_take_the_retry_the_launcher_hands_down(tmp_path: Path, tiny_assets: Path) -> None:
+    """The launcher decides the retry once and every rank trains its micro-batch (rank 0 ran out)."""
+    two = {**SPEC, "resources": {"gpus": 0, "cpu": "2", "processes": 2}}
+    jobs = {}
+    for name in ("steady", "oom"):
+        (tmp_path / name).mkdir()
+        jobs[name] = make_job_dir(tmp_path / name, tiny_assets)
+        jobs[name].spec_changes = two
+    assert jobs["steady"].run().code == 0
+    first = jobs["oom"].run(env={"FINETUNE_TEST_OOM_AT": "5"})
+    assert first.code == ExitReason.OutOfMemoryRetry, first.stderr[-3000:]
+    assert first.termination.startswith("OutOfMemoryRetry: OutOfMemory on rank 0 at step 5 (peak "), first.termination
+    second = jobs["oom"].run(env={"FINETUNE_TEST_OOM_AT": "5"})
+    assert second.code == 0, second.stderr[-3000:]
+    summary = json.loads((jobs["oom"].output / "summary.json").read_text())
+    assert (summary["worldSize"], summary["resumedFrom"]["step"]) == (2, 3)
+    assert summary["oomRetry"].startswith("loss chunks 512, micro-batch 1 x 4")
+    assert max_difference(adapter(jobs["oom"]), adapter(jobs["steady"])) <= ADAPTER_TOLERANCE

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -78,6 +79,8 @@ def settle(config: TrainerConfig, ran: Savers, *, retried: bool, message: str) -
     """What the pod ends with after a rank ran out of memory `message` (see `at_step`) with the
     savers `ran`: the one retry, once, else OutOfMemory with the plan and the peak."""
     output = Path(config.paths.output)
+    # The launcher names the rank first (`rank 1: at step 4 ...`): `on rank 1 at step 4 ...`.
+    message = re.sub(r"^rank (\d+): ", r"on rank \1 ", message)
     if retried or (output / RECORD).exists():
         return TrainerFailure(
             ExitReason.OutOfMemory, f"{message}; again on the retry's tighter plan ({ran.describe()}): {ADVICE}"
