@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from finetune_api.reasons import ExitReason
+from finetune_plan.tighter import Savers
 from tests.support.training import ADAPTER_TOLERANCE, max_difference
 
 from .conftest import JobDir, make_job_dir
@@ -81,3 +82,26 @@ def test_two_processes_take_the_retry_the_launcher_hands_down(tmp_path: Path, ti
     assert (summary["worldSize"], summary["resumedFrom"]["step"]) == (2, 3)
     assert summary["oomRetry"].startswith("loss chunks 512, micro-batch 1 x 4")
     assert max_difference(adapter(jobs["oom"]), adapter(jobs["steady"])) <= ADAPTER_TOLERANCE
+
+
+def test_the_record_spends_the_retry_once_and_only_for_the_settings_it_tightened(job_dir: JobDir) -> None:
+    from finetune_plan.tighter import savers_of
+    from finetune_trainer.entry import load_config
+    from finetune_trainer.oom_retry import RECORD, recorded, settle
+
+    job_dir.spec_changes = SPEC
+    config = load_config(str(job_dir.config_path()))
+    ran = savers_of(config.spec, 0)
+    where = "at step 5 (peak 1.00 GiB of host memory; no GPU plan on the CPU): CUDA out of memory"
+    first = settle(config, ran, retried=False, message=where)
+    assert (first.reason, recorded(config)) == (ExitReason.OutOfMemoryRetry, Savers(512, True, 1, 4, 1))
+    assert settle(config, ran, retried=False, message=where).reason == ExitReason.OutOfMemory
+    # The same output folder under other settings (a job made again): the record is not its own.
+    job_dir.spec_changes = {**SPEC, "training": {**SPEC["training"], "batchSize": 4}}
+    other = load_config(str(job_dir.config_path()))
+    assert recorded(other) is None
+    assert settle(other, savers_of(other.spec, 0), retried=False, message=where).reason == ExitReason.OutOfMemoryRetry
+    # An unreadable record spends the retry: an OOM cannot loop on it.
+    (job_dir.output / RECORD).write_text("{")
+    assert recorded(other) is None
+    assert settle(other, savers_of(other.spec, 0), retried=False, message=where).reason == ExitReason.OutOfMemory

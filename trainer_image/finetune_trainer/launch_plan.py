@@ -140,7 +140,7 @@ def decide_pod(config: TrainerConfig) -> Decision:
     model_config = load_model_config(config)
     family = families.check(model_config, config.spec)  # a model it cannot train: InvalidConfig, one line
     attention = families.kernel(family, probe_attention(hardware, model_config, precision))
-    retry = recorded(Path(config.paths.output)) if config.spec.resources.nodes == 1 else None
+    retry = recorded(config) if config.spec.resources.nodes == 1 else None
     if retry is None:
         return Decision(decide(config, hardware, model_config, attention), attention)
     tightened = config.model_copy(update={"spec": apply(config.spec, retry)})

@@ -44,28 +44,49 @@ def at_step(where: str, peak_gib: float, planned_gib: float | None, device: str,
     return f"{where} ({peak}): {detail}"
 
 
-def recorded(output: Path) -> Savers | None:
-    """The savers the retry runs with, when an earlier attempt of this job ran out of memory."""
-    path = output / RECORD
+def _training(config: TrainerConfig) -> dict[str, object]:
+    """The spec's own settings a record tightens: a record made for others is not this job's
+    (a FineTuneJob made again, with other settings, on the same output folder)."""
+    training = config.spec.training
+    return {
+        "batchSize": training.batch_size,
+        "gradientAccumulation": training.gradient_accumulation,
+        "gradientCheckpointing": training.gradient_checkpointing,
+    }
+
+
+def _read(config: TrainerConfig) -> tuple[bool, Savers | None]:
+    """(whether the retry is spent, its savers): a record for other settings spends nothing, an
+    unreadable one spends the retry without a plan (so an OOM cannot loop on it)."""
+    path = Path(config.paths.output) / RECORD
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        return Savers(**raw["savers"])
+        if raw.get("training") != _training(config):
+            log.warning("%s was written for other training settings; ignored", path)
+            return False, None
+        return True, Savers(**raw["savers"])
     except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        # Not a retry plan any more, but the retry was spent: `settle` sees the file and fails.
+        return False, None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         log.warning("%s is unreadable (%s); running the spec's own plan", path, exc)
-        return None
+        return True, None
 
 
-def _write(output: Path, savers: Savers, message: str) -> bool:
+def recorded(config: TrainerConfig) -> Savers | None:
+    """The savers the retry runs with, when an earlier attempt of this job ran out of memory."""
+    return _read(config)[1]
+
+
+def _write(config: TrainerConfig, savers: Savers, message: str) -> bool:
     """The record, whole or not at all (a torn one would read as no retry at all)."""
+    output = Path(config.paths.output)
     path = output / RECORD
     staging = path.with_suffix(".tmp")
+    record = {"training": _training(config), "savers": asdict(savers), "message": message}
     try:
         output.mkdir(parents=True, exist_ok=True)
         with staging.open("w", encoding="utf-8") as out:
-            json.dump({"savers": asdict(savers), "message": message}, out)
+            json.dump(record, out)
             out.flush()
             os.fsync(out.fileno())
         staging.replace(path)
@@ -78,10 +99,9 @@ def _write(output: Path, savers: Savers, message: str) -> bool:
 def settle(config: TrainerConfig, ran: Savers, *, retried: bool, message: str) -> TrainerFailure:
     """What the pod ends with after a rank ran out of memory `message` (see `at_step`) with the
     savers `ran`: the one retry, once, else OutOfMemory with the plan and the peak."""
-    output = Path(config.paths.output)
     # The launcher names the rank first (`rank 1: at step 4 ...`): `on rank 1 at step 4 ...`.
     message = re.sub(r"^rank (\d+): ", r"on rank \1 ", message)
-    if retried or (output / RECORD).exists():
+    if retried or _read(config)[0]:
         return TrainerFailure(
             ExitReason.OutOfMemory, f"{message}; again on the retry's tighter plan ({ran.describe()}): {ADVICE}"
         )
@@ -94,6 +114,6 @@ def settle(config: TrainerConfig, ran: Savers, *, retried: bool, message: str) -
     if notch is None:
         return TrainerFailure(ExitReason.OutOfMemory, f"{message} ({plan}); no tighter plan keeps the math: {ADVICE}")
     said = f"OutOfMemory {message}: retrying once with a tighter plan: {notch.describe()}"
-    if not _write(output, notch, said):
+    if not _write(config, notch, said):
         return TrainerFailure(ExitReason.OutOfMemory, f"{message} ({plan}); the retry could not be recorded: {ADVICE}")
     return TrainerFailure(ExitReason.OutOfMemoryRetry, said)
