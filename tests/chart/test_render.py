@@ -189,10 +189,27 @@ def test_operator_rules_cannot_read_secrets_or_touch_nodes() -> None:
             assert not ({"nodes"} & resources and verbs - {"get", "list", "watch"}), rule
 
 
-def test_namespaced_mode_defaults_to_the_release_namespace() -> None:
-    objects = render(sets=["watch.mode=namespaced"])
-    assert [r["metadata"]["namespace"] for r in by_kind(objects, "Role")] == ["finetune-system"]
-    assert env_of(one(objects, "Deployment"))["FINETUNE_NAMESPACES"] == "finetune-system"
+def test_namespaced_mode_needs_namespaces_the_operator_may_write_in() -> None:
+    """The release namespace is one the operator never writes in: namespaced mode names its own."""
+    for sets in (["watch.mode=namespaced"], ["watch.mode=namespaced", "watch.namespaces={team-a,kube-system}"]):
+        result = helm(*template_args(sets=sets), check=False)
+        assert result.returncode != 0 and "watch.namespaces: " in result.stderr, result.stderr
+        assert "goroutine" not in result.stderr
+    objects = render(sets=["watch.mode=namespaced", "watch.namespaces={team-a}"])
+    assert [r["metadata"]["namespace"] for r in by_kind(objects, "Role")] == ["team-a"]
+    assert env_of(one(objects, "Deployment"))["FINETUNE_NAMESPACES"] == "team-a"
+
+
+def test_excluded_namespaces_reach_the_operator_and_the_fence_from_one_value() -> None:
+    from finetune_operator import settings
+
+    objects = render(sets=["watch.excludedNamespaces={platform,vault}"])
+    expected = ["kube-system", "kube-public", "kube-node-lease", "finetune-system", "platform", "vault"]
+    parsed = settings.from_env(env_of(one(objects, "Deployment")))
+    assert list(parsed.excluded_namespaces) == expected
+    kinds = _named(objects, "ValidatingAdmissionPolicy", "-fence-kinds")
+    (variable,) = [v for v in kinds["spec"]["variables"] if v["name"] == "excludedNamespaces"]
+    assert json.loads(variable["expression"]) == expected
 
 
 def _named(objects: list[dict[str, Any]], kind: str, suffix: str, namespace: str | None = None) -> dict[str, Any]:
@@ -468,7 +485,8 @@ def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) 
         chart_values["trainer"].update(yaml.safe_load(path.read_text()).get("trainer", {}))
     account = one(objects, "ServiceAccount")["metadata"]
     user = f"system:serviceaccount:{account['namespace']}:{account['name']}"
-    expected = operator_fence_policies(user, chart_values["trainer"]["allowedImages"])
+    trainer = chart_values["trainer"]
+    expected = operator_fence_policies(user, trainer["allowedImages"], trainer["hubEnv"])
     fence = [
         o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy") and "-fence-" in o["metadata"]["name"]
     ]
@@ -487,6 +505,9 @@ def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) 
     (images,) = [v for v in jobs["spec"]["variables"] if v["name"] == "allowedImages"]
     env = env_of(one(objects, "Deployment"))
     assert json.loads(images["expression"]) == json.loads(env["FINETUNE_ALLOWED_IMAGES"])
+    # So do the Hub variables' values.
+    (hub_env,) = [v for v in jobs["spec"]["variables"] if v["name"] == "hubEnv"]
+    assert json.loads(hub_env["expression"]) == json.loads(env["FINETUNE_HUB_ENV"]) == trainer["hubEnv"]
     off = render(sets=["rbac.operatorFencePolicy=false"])
     assert not [o for o in off if "-fence-" in o["metadata"]["name"]]
 
