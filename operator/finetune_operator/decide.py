@@ -15,12 +15,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from finetune_api import images
 from finetune_api.contract import TERMINAL_PHASES
 from finetune_api.problems import problems_from
 from finetune_api.spec import FineTuneJobSpec
 from finetune_plan.pod import memory_refusal, pod_plan
 
-from . import images, workloads
+from . import workloads
 from .builders import job as job_builder
 from .builders import multinode, paths
 from .builders import pvc as pvc_builder

@@ -12,11 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from finetune_api import images
 from finetune_api.base import LABEL_KEY_PATTERN, QUANTITY_PATTERN
 from finetune_api.constants import DEFAULT_IMAGE
 from finetune_api.contract import HUB_ENDPOINT_ENV
-
-from . import images
 
 DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},

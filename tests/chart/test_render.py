@@ -513,7 +513,8 @@ def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) 
 
 
 def test_the_default_trainer_image_is_allowed_and_a_wider_list_reaches_the_operator() -> None:
-    from finetune_operator import images, settings
+    from finetune_api import images
+    from finetune_operator import settings
 
     parsed = settings.check(settings.from_env(env_of(one(render(), "Deployment"))))
     assert images.allowed(parsed.trainer_image, parsed.allowed_images)

@@ -24,7 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from finetune_api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from finetune_operator.images import DEFAULT_ALLOWED_IMAGES
+from finetune_api.images import DEFAULT_ALLOWED_IMAGES
 from finetune_operator.settings import SYSTEM_NAMESPACES
 
 REPO = Path(__file__).resolve().parents[2]
