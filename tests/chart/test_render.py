@@ -238,13 +238,18 @@ def test_network_policy_allows_only_the_api_server_and_dns() -> None:
     assert proxy["ports"] == [{"protocol": "TCP", "port": 3128}]
 
 
-def test_network_policies_are_on_by_default_and_render_without_a_cluster() -> None:
-    """`helm template` cannot look the API server's addresses up: the trainer may then reach the
-    API server's ports on any address, and still nothing else but DNS."""
+def test_network_policies_are_on_by_default_and_render_without_a_cluster_only_with_the_api_servers_address() -> None:
+    """`helm template` cannot look the API server's addresses up: the chart refuses, in one line,
+    rather than open the API server's ports on any address (which would reopen HTTPS to the
+    private ranges the Hub rule leaves out); given them, the trainer reaches them and DNS only."""
+    refused = helm(*template_args(offline=False), check=False)
+    assert refused.returncode != 0 and "goroutine" not in refused.stderr
+    assert "trainer.networkPolicy.apiServerCIDRs: the API server's addresses could not be looked up" in refused.stderr
+    assert helm(*template_args(offline=False, sets=["trainer.networkPolicy.enabled=false"])).returncode == 0
     objects = render()
     trainer = _named(objects, "NetworkPolicy", "-trainer")["spec"]
     api, dns = trainer["egress"]
-    assert api["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
+    assert api["to"] == [{"ipBlock": {"cidr": "10.96.0.1/32"}}]
     assert {p["port"] for p in api["ports"]} == {443, 6443}
     assert dns["to"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
     _named(objects, "NetworkPolicy", "-trainer-hub")
