@@ -386,6 +386,8 @@ def test_operator_pod_admits_only_its_ports_from_the_named_namespaces() -> None:
         ("trainer.tmpSize=huge", "tmpSize"),
         ("trainer.allowedImages=null", "allowedImages"),
         ("trainer.allowedImages={reg.example.com/*/trainer}", "allowedImages"),
+        ("trainer.hubEnv.LD_PRELOAD=/x.so", "hubEnv"),
+        ("watch.excludedNamespaces={Not_A_Name}", "excludedNamespaces"),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_value(setting: str, named: str) -> None:

@@ -123,3 +123,10 @@ def test_the_fence_excludes_the_namespaces_the_operator_does() -> None:
     kinds = _source_policy("finetune-fence-kinds")
     assert _literal(kinds, "excludedNamespaces") == [*SYSTEM_NAMESPACES, SYSTEM_NAMESPACE]
     assert set(SYSTEM_NAMESPACES) <= set(Settings().excluded_namespaces)
+
+
+def test_the_charts_schema_admits_the_hub_variables_the_fence_and_the_operator_know() -> None:
+    schema = json.loads((FENCE_POLICY_FILE.parents[1] / "values.schema.json").read_text())
+    hub_env = schema["properties"]["trainer"]["properties"]["hubEnv"]
+    assert list(hub_env["properties"]) == list(contract.HUB_ENDPOINT_ENV)
+    assert hub_env["additionalProperties"] is False
