@@ -157,9 +157,8 @@ def namespace_refusal(namespace: str, settings: Settings) -> str | None:
 def _refused(spec: FineTuneJobSpec, current: Body, seen: Observed) -> tuple[str, str] | None:
     """(message, reason) of a refusal decided before any Job exists: a namespace the operator
     never writes in, an image outside the allow-list, or `resources.memory` below what the pod's
-    plan needs. Checked before the first
-    Job, and again for as long as the job stays Failed for one of them (a job that ran is never
-    failed by a narrower list)."""
+    plan needs. Checked before the first Job, and again for as long as the job stays Failed for
+    one of them (a job that ran is never failed by a narrower list)."""
     conditions = current.get("conditions") or []
     failed_for_it = any(c.get("type") == "Failed" and c.get("reason") in REFUSALS for c in conditions)
     if current.get("phase") in TERMINAL_PHASES and not failed_for_it:

@@ -376,6 +376,19 @@ def test_a_job_changed_in_one_way_is_refused_naming_its_rule(
     assert "finetune-operator fence, rule " + rule in message, message
 
 
+def test_a_job_made_under_an_earlier_hub_endpoint_can_still_be_suspended(
+    kube: client.ApiClient, fenced: Fenced
+) -> None:
+    """trainer.hubEnv changed after a Job was made: the pod template cannot change, and the
+    operator must still suspend and resume it (job-hub-env, like job-image, judges creation)."""
+    job = _real_job(fenced.owner, "hub")
+    job["metadata"]["name"] = "earlier"
+    _set_env(job, {"name": "HF_ENDPOINT", "value": "https://hub.before.example"})
+    job["spec"]["suspend"] = True
+    client.BatchV1Api(kube).create_namespaced_job(fenced.namespace, job)
+    fenced.batch.patch_namespaced_job("earlier", fenced.namespace, {"spec": {"suspend": False}}, dry_run="All")
+
+
 # --- namespaces the operator never writes in ------------------------------------------------
 
 
