@@ -33,6 +33,12 @@ TMP_MOUNT: Final = "/tmp"
 # Hub downloads are cached on the output claim, so a retry does not download the model again.
 HUB_CACHE_DIR: Final = ".hf-cache"
 HUB_CACHE: Final = f"{OUTPUT_MOUNT}/{HUB_CACHE_DIR}"
+# Every folder a trainer container mounts something at; the operator fence admits no other, so a
+# Job cannot lay a claim over the trainer's own code.
+MOUNT_PATHS: Final = (CONFIG_DIR, OUTPUT_MOUNT, SHM_MOUNT, TMP_MOUNT, MODEL_MOUNT, DATASET_MOUNT)
+# The container's command, and it has no args: the fence pins both to these (the chart's
+# files/operator-fence-policy.yaml, held to this by tests/operator/test_fence_file.py).
+TRAINER_COMMAND: Final = ("python", "-m", "finetune_trainer", "--config", CONFIG_PATH)
 
 # --- what the trainer writes inside its output folder (status.output points here) -------------
 
@@ -88,6 +94,24 @@ OFFLINE: Final = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 ALLOCATOR: Final = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 # torch.compile / Triton need compute capability 7.0 (Pascal is 6.1), and on the CPU a compiler.
 COMPILER_OFF: Final = {"TORCHDYNAMO_DISABLE": "1"}
+
+
+# The Hub token reaches the pod only as one of these, each from key HUB_TOKEN_KEY of a Secret.
+HUB_TOKEN_ENV: Final = "HF_TOKEN"
+DATASET_HUB_TOKEN_ENV: Final = "HF_DATASET_TOKEN"
+HUB_TOKEN_KEY: Final = "token"
+# Where the Hub is and how to reach it: the platform sets these once (the chart's
+# `trainer.hubEnv`), on Hub jobs only, and the fence admits them at those values alone, since a
+# Hub token sent to another endpoint is a stolen token.
+HUB_ENDPOINT_ENV: Final = (
+    "HF_ENDPOINT",
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "NO_PROXY",
+    "https_proxy",
+    "http_proxy",
+    "no_proxy",
+)
 
 
 def library_environment(*, hub: bool, compiler: bool) -> dict[str, str]:

@@ -480,7 +480,14 @@ class FineTuneJobSpec(ApiModel):
     output: OutputSpec = Field(description="Where the adapter, checkpoints and logs go.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="GPUs, CPU and memory.")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Scheduling constraints.")
-    image: ShortString | None = Field(default=None, description="Trainer image; the operator's default if unset.")
+    image: ShortString | None = Field(
+        default=None,
+        description=(
+            "Trainer image; the operator's default if unset. It must be in the platform's image"
+            " allow-list (the chart's trainer.allowedImages): outside it the job ends Failed with"
+            " reason ImageNotAllowed and gets no Job. `ftjob validate --values` checks it first."
+        ),
+    )
     suspend: bool = Field(
         default=False, description="Suspend the job (pods removed; resume continues from the last checkpoint)."
     )

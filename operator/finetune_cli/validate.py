@@ -7,15 +7,22 @@ decoder layers, is one line and exit 1, as the trainer would refuse it at start.
 `resources.memory` below the pod's planned host memory (for a model the planner knows by name, or
 the one given) is refused as the operator refuses it.
 
-Exit status: 0 valid, 1 a problem with the spec or the model, 3 valid but the pod's memory would
-not hold its trainers.
+With `--values` (the chart's values file of the cluster the job is for) each job's image (its
+`spec.image`, or the chart's `trainer.image` when unset) is checked against the chart's
+`trainer.allowedImages`, as the operator checks it: outside the list is `ImageNotAllowed`, exit 1.
+
+Exit status: 0 valid, 1 a problem with the spec, the model or the image, 3 valid but the pod's
+memory would not hold its trainers.
 """
 
 import argparse
 from pathlib import Path
 from typing import Any
 
-from finetune_api import ManifestError, ParsedDocument, parse_file
+import yaml
+
+from finetune_api import ManifestError, ParsedDocument, images, parse_file
+from finetune_api.constants import DEFAULT_IMAGE
 from finetune_api.problems import format_problems
 from finetune_plan.pod import memory_refusal, pod_plan
 
@@ -36,7 +43,44 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     parser.add_argument(
         "--model-config", metavar="PATH", help="the model's config.json (or its folder): also check its family"
     )
+    parser.add_argument(
+        "--values",
+        metavar="PATH",
+        help="the chart's values file: also check each job's image against trainer.allowedImages",
+    )
     parser.set_defaults(handler=run)
+
+
+def read_allow_list(path: Path) -> tuple[str, tuple[str, ...]]:
+    """(default trainer image, allowed image patterns) from a chart values file; the chart's own
+    defaults for what it leaves out."""
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise CliError(f"--values {path}: {str(exc).splitlines()[0]}") from None
+    trainer = values.get("trainer") if isinstance(values, dict) else None
+    trainer = trainer if isinstance(trainer, dict) else {}
+    image = trainer.get("image", DEFAULT_IMAGE)
+    patterns = trainer.get("allowedImages", list(images.DEFAULT_ALLOWED_IMAGES))
+    if not isinstance(image, str) or not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise CliError(f"--values {path}: trainer.image must be a string and trainer.allowedImages a list of strings")
+    for pattern in patterns:
+        if problem := images.pattern_problem(pattern):
+            raise CliError(f"--values {path}: trainer.allowedImages pattern {pattern!r}: {problem}")
+    return image, tuple(patterns)
+
+
+def image_problems(path: str, documents: list[ParsedDocument], allow_list: tuple[str, tuple[str, ...]]) -> list[str]:
+    """`FILE: ImageNotAllowed: ...` lines for jobs whose image the operator would refuse."""
+    default, patterns = allow_list
+    lines = []
+    for doc in documents:
+        if doc.job is None:
+            continue
+        image = doc.job.spec.image or default
+        if not images.allowed(image, patterns):
+            lines.append(f"{_source(path, documents, doc)}: ImageNotAllowed: {images.refusal(image, patterns)}")
+    return lines
 
 
 def validate_file(path: str, model_config: dict[str, Any] | None = None, notes: list[str] | None = None) -> list[str]:
@@ -88,6 +132,7 @@ def fit_problems(path: str, documents: list[ParsedDocument], model_config: dict[
 
 def run(args: argparse.Namespace) -> int:
     model_config = read_json(Path(args.model_config), "--model-config") if args.model_config else None
+    allow_list = read_allow_list(Path(args.values)) if args.values else None
     code = 0
     for path in args.files:
         notes: list[str] = []
@@ -98,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
             code = 1
             continue
         problems = spec_problems(path, documents, model_config, notes)
+        if allow_list is not None:
+            problems += image_problems(path, documents, allow_list)
         if problems:
             code = 1
             for line in problems:

@@ -15,12 +15,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from finetune_api import images
 from finetune_api.contract import TERMINAL_PHASES
 from finetune_api.problems import problems_from
 from finetune_api.spec import FineTuneJobSpec
 from finetune_plan.pod import memory_refusal, pod_plan
 
-from . import images, workloads
+from . import workloads
 from .builders import job as job_builder
 from .builders import multinode, paths
 from .builders import pvc as pvc_builder
@@ -29,6 +30,7 @@ from .settings import Settings
 from .status import (
     IMAGE_NOT_ALLOWED,
     INVALID,
+    NAMESPACE_NOT_ALLOWED,
     REFUSALS,
     WONT_FIT,
     Observation,
@@ -142,15 +144,28 @@ def owned_by(child: Body, uid: str | None) -> bool:
     return uid is not None and any(r.get("uid") == uid for r in refs)
 
 
-def _refused(spec: FineTuneJobSpec, current: Body, settings: Settings) -> tuple[str, str] | None:
-    """(message, reason) of a refusal decided before any Job exists: an image outside the
-    allow-list, or `resources.memory` below what the pod's plan needs. Checked before the first
-    Job, and again for as long as the job stays Failed for one of them (a job that ran is never
-    failed by a narrower list)."""
+def namespace_refusal(namespace: str, settings: Settings) -> str | None:
+    """Why the operator makes nothing in this namespace (the fence refuses its children there too)."""
+    if namespace not in settings.excluded_namespaces:
+        return None
+    return (
+        f"namespace {namespace!r} is one the operator never writes in "
+        f"({', '.join(settings.excluded_namespaces)}); create the FineTuneJob in a team namespace"
+    )
+
+
+def _refused(spec: FineTuneJobSpec, current: Body, seen: Observed) -> tuple[str, str] | None:
+    """(message, reason) of a refusal decided before any Job exists: a namespace the operator
+    never writes in, an image outside the allow-list, or `resources.memory` below what the pod's
+    plan needs. Checked before the first Job, and again for as long as the job stays Failed for
+    one of them (a job that ran is never failed by a narrower list)."""
     conditions = current.get("conditions") or []
     failed_for_it = any(c.get("type") == "Failed" and c.get("reason") in REFUSALS for c in conditions)
     if current.get("phase") in TERMINAL_PHASES and not failed_for_it:
         return None
+    settings = seen.settings
+    if (namespace := namespace_refusal(seen.namespace, settings)) is not None:
+        return namespace, NAMESPACE_NOT_ALLOWED
     image = image_refusal(spec, settings)
     if image is not None:
         return image, IMAGE_NOT_ALLOWED
@@ -193,7 +208,7 @@ def decide(seen: Observed) -> Actions:
             # Admission let the spec through but refused a child (e.g. a malformed affinity): a
             # spec problem, reported once as Failed, not a retry loop.
             invalid = seen.rejected
-        elif seen.job is None and (refused := _refused(spec, current, seen.settings)) is not None:
+        elif seen.job is None and (refused := _refused(spec, current, seen)) is not None:
             # Decided before any child exists: the job ends Failed and no Job is ever made.
             invalid, invalid_reason = refused
         elif seen.job is None and current.get("phase") not in TERMINAL_PHASES:

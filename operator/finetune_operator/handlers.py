@@ -84,6 +84,8 @@ class Operator:
 
     def _prepare_identities(self) -> None:
         for namespace in self.settings.namespaces:
+            if namespace in self.settings.excluded_namespaces:
+                continue  # its jobs end Failed (NamespaceNotAllowed), and the fence refuses writes there
             try:
                 self.reconciler.identities.ensure(namespace)
             except Exception as exc:  # the namespace's first job tries again

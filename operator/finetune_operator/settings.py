@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from finetune_api import images
 from finetune_api.base import LABEL_KEY_PATTERN, QUANTITY_PATTERN
 from finetune_api.constants import DEFAULT_IMAGE
-
-from . import images
+from finetune_api.contract import HUB_ENDPOINT_ENV
 
 DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
@@ -41,6 +41,10 @@ ENV_ALLOWED_IMAGES = "FINETUNE_ALLOWED_IMAGES"
 ENV_TMP_SIZE = "FINETUNE_TMP_SIZE"
 ENV_EPHEMERAL_STORAGE_REQUEST = "FINETUNE_EPHEMERAL_STORAGE_REQUEST"
 ENV_SHM_MEMORY_FRACTION = "FINETUNE_SHM_MEMORY_FRACTION"
+ENV_HUB_ENV = "FINETUNE_HUB_ENV"
+ENV_EXCLUDED_NAMESPACES = "FINETUNE_EXCLUDED_NAMESPACES"
+# Namespaces the operator never writes in, whatever the chart adds (it adds its own namespace).
+SYSTEM_NAMESPACES: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
 # Test hook only (acceptance: operator killed between two creates). Names the child kind after
 # whose creation the process exits hard, e.g. "Job". Never set it in production.
 ENV_CRASH_AFTER = "FINETUNE_TEST_CRASH_AFTER"
@@ -75,6 +79,10 @@ class Settings:
     # Patterns of the images jobs may run (images.py); the default image must be one of them.
     allowed_images: tuple[str, ...] = images.DEFAULT_ALLOWED_IMAGES
     trainer_uid: int = 1000
+    # HF_ENDPOINT and proxy variables of Hub jobs; the fence admits them at these values only.
+    hub_env: Mapping[str, str] = field(default_factory=dict)
+    # A FineTuneJob in one of these ends Failed (NamespaceNotAllowed); the fence refuses its children.
+    excluded_namespaces: tuple[str, ...] = SYSTEM_NAMESPACES
     namespaces: tuple[str, ...] = field(default_factory=tuple)
     metrics_port: int = 8000
     health_port: int = 8080
@@ -136,6 +144,18 @@ def _allowed_images(name: str, raw: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _hub_env(name: str, raw: str) -> dict[str, str]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"{name}: not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise SettingsError(f"{name}: expected a JSON object of variable names to strings")
+    if unknown := sorted(set(value) - set(HUB_ENDPOINT_ENV)):
+        raise SettingsError(f"{name}: {', '.join(unknown)} not among {', '.join(HUB_ENDPOINT_ENV)}")
+    return value
+
+
 def _fraction(name: str, raw: str) -> float:
     try:
         value = float(raw)
@@ -189,6 +209,12 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         updates["trainer_uid"] = int(v)
     if ENV_NAMESPACES in env:
         updates["namespaces"] = _namespaces(env[ENV_NAMESPACES])
+    if v := env.get(ENV_HUB_ENV):
+        updates["hub_env"] = _hub_env(ENV_HUB_ENV, v)
+    if ENV_EXCLUDED_NAMESPACES in env:
+        updates["excluded_namespaces"] = tuple(
+            dict.fromkeys((*SYSTEM_NAMESPACES, *_namespaces(env[ENV_EXCLUDED_NAMESPACES])))
+        )
     if v := env.get(ENV_METRICS_PORT):
         updates["metrics_port"] = _port(ENV_METRICS_PORT, v)
     if v := env.get(ENV_HEALTH_PORT):

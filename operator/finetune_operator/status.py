@@ -43,9 +43,11 @@ OWNED_FIELDS = operator_fields()
 # outside the platform's allow-list (images.py).
 INVALID = "Invalid"
 IMAGE_NOT_ALLOWED = "ImageNotAllowed"
+# A FineTuneJob in a namespace the operator never writes in (Settings.excluded_namespaces).
+NAMESPACE_NOT_ALLOWED = "NamespaceNotAllowed"
 WONT_FIT = ExitReason.WontFit.name  # the trainer's reason, here decided before any pod: host memory
 # Failures decided before any Job exists.
-REFUSALS = frozenset({IMAGE_NOT_ALLOWED, WONT_FIT})
+REFUSALS = frozenset({NAMESPACE_NOT_ALLOWED, IMAGE_NOT_ALLOWED, WONT_FIT})
 # Conditions in the order the API lists their types.
 CONDITION_ORDER: tuple[str, ...] = get_args(ConditionType)
 # Before Kueue has made the job's Workload (or where Kueue does not run at all).

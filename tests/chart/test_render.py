@@ -189,10 +189,27 @@ def test_operator_rules_cannot_read_secrets_or_touch_nodes() -> None:
             assert not ({"nodes"} & resources and verbs - {"get", "list", "watch"}), rule
 
 
-def test_namespaced_mode_defaults_to_the_release_namespace() -> None:
-    objects = render(sets=["watch.mode=namespaced"])
-    assert [r["metadata"]["namespace"] for r in by_kind(objects, "Role")] == ["finetune-system"]
-    assert env_of(one(objects, "Deployment"))["FINETUNE_NAMESPACES"] == "finetune-system"
+def test_namespaced_mode_needs_namespaces_the_operator_may_write_in() -> None:
+    """The release namespace is one the operator never writes in: namespaced mode names its own."""
+    for sets in (["watch.mode=namespaced"], ["watch.mode=namespaced", "watch.namespaces={team-a,kube-system}"]):
+        result = helm(*template_args(sets=sets), check=False)
+        assert result.returncode != 0 and "watch.namespaces: " in result.stderr, result.stderr
+        assert "goroutine" not in result.stderr
+    objects = render(sets=["watch.mode=namespaced", "watch.namespaces={team-a}"])
+    assert [r["metadata"]["namespace"] for r in by_kind(objects, "Role")] == ["team-a"]
+    assert env_of(one(objects, "Deployment"))["FINETUNE_NAMESPACES"] == "team-a"
+
+
+def test_excluded_namespaces_reach_the_operator_and_the_fence_from_one_value() -> None:
+    from finetune_operator import settings
+
+    objects = render(sets=["watch.excludedNamespaces={platform,vault}"])
+    expected = ["kube-system", "kube-public", "kube-node-lease", "finetune-system", "platform", "vault"]
+    parsed = settings.from_env(env_of(one(objects, "Deployment")))
+    assert list(parsed.excluded_namespaces) == expected
+    kinds = _named(objects, "ValidatingAdmissionPolicy", "-fence-kinds")
+    (variable,) = [v for v in kinds["spec"]["variables"] if v["name"] == "excludedNamespaces"]
+    assert json.loads(variable["expression"]) == expected
 
 
 def _named(objects: list[dict[str, Any]], kind: str, suffix: str, namespace: str | None = None) -> dict[str, Any]:
@@ -221,13 +238,18 @@ def test_network_policy_allows_only_the_api_server_and_dns() -> None:
     assert proxy["ports"] == [{"protocol": "TCP", "port": 3128}]
 
 
-def test_network_policies_are_on_by_default_and_render_without_a_cluster() -> None:
-    """`helm template` cannot look the API server's addresses up: the trainer may then reach the
-    API server's ports on any address, and still nothing else but DNS."""
+def test_network_policies_are_on_by_default_and_render_without_a_cluster_only_with_the_api_servers_address() -> None:
+    """`helm template` cannot look the API server's addresses up: the chart refuses, in one line,
+    rather than open the API server's ports on any address (which would reopen HTTPS to the
+    private ranges the Hub rule leaves out); given them, the trainer reaches them and DNS only."""
+    refused = helm(*template_args(offline=False), check=False)
+    assert refused.returncode != 0 and "goroutine" not in refused.stderr
+    assert "trainer.networkPolicy.apiServerCIDRs: the API server's addresses could not be looked up" in refused.stderr
+    assert helm(*template_args(offline=False, sets=["trainer.networkPolicy.enabled=false"])).returncode == 0
     objects = render()
     trainer = _named(objects, "NetworkPolicy", "-trainer")["spec"]
     api, dns = trainer["egress"]
-    assert api["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
+    assert api["to"] == [{"ipBlock": {"cidr": "10.96.0.1/32"}}]
     assert {p["port"] for p in api["ports"]} == {443, 6443}
     assert dns["to"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
     _named(objects, "NetworkPolicy", "-trainer-hub")
@@ -364,6 +386,8 @@ def test_operator_pod_admits_only_its_ports_from_the_named_namespaces() -> None:
         ("trainer.tmpSize=huge", "tmpSize"),
         ("trainer.allowedImages=null", "allowedImages"),
         ("trainer.allowedImages={reg.example.com/*/trainer}", "allowedImages"),
+        ("trainer.hubEnv.LD_PRELOAD=/x.so", "hubEnv"),
+        ("watch.excludedNamespaces={Not_A_Name}", "excludedNamespaces"),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_value(setting: str, named: str) -> None:
@@ -468,7 +492,8 @@ def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) 
         chart_values["trainer"].update(yaml.safe_load(path.read_text()).get("trainer", {}))
     account = one(objects, "ServiceAccount")["metadata"]
     user = f"system:serviceaccount:{account['namespace']}:{account['name']}"
-    expected = operator_fence_policies(user, chart_values["trainer"]["allowedImages"])
+    trainer = chart_values["trainer"]
+    expected = operator_fence_policies(user, trainer["allowedImages"], trainer["hubEnv"])
     fence = [
         o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy") and "-fence-" in o["metadata"]["name"]
     ]
@@ -487,12 +512,16 @@ def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) 
     (images,) = [v for v in jobs["spec"]["variables"] if v["name"] == "allowedImages"]
     env = env_of(one(objects, "Deployment"))
     assert json.loads(images["expression"]) == json.loads(env["FINETUNE_ALLOWED_IMAGES"])
+    # So do the Hub variables' values.
+    (hub_env,) = [v for v in jobs["spec"]["variables"] if v["name"] == "hubEnv"]
+    assert json.loads(hub_env["expression"]) == json.loads(env["FINETUNE_HUB_ENV"]) == trainer["hubEnv"]
     off = render(sets=["rbac.operatorFencePolicy=false"])
     assert not [o for o in off if "-fence-" in o["metadata"]["name"]]
 
 
 def test_the_default_trainer_image_is_allowed_and_a_wider_list_reaches_the_operator() -> None:
-    from finetune_operator import images, settings
+    from finetune_api import images
+    from finetune_operator import settings
 
     parsed = settings.check(settings.from_env(env_of(one(render(), "Deployment"))))
     assert images.allowed(parsed.trainer_image, parsed.allowed_images)

@@ -105,6 +105,23 @@ def test_an_image_outside_the_allow_list_fails_the_job_and_creates_nothing() -> 
     assert decide(seen(running, job=batch_job())).phase != "Failed"
 
 
+def test_a_job_in_a_namespace_the_operator_never_writes_in_fails_and_creates_nothing() -> None:
+    for namespace in ("kube-system", "kube-public", "kube-node-lease"):
+        job_body = finetunejob()
+        job_body["metadata"]["namespace"] = namespace
+        observed = Observed(namespace=namespace, name=OWNER.name, settings=SETTINGS, now=NOW, body=job_body)
+        actions = decide(observed)
+        assert not actions.create and actions.phase == "Failed", namespace
+        assert actions.status_patch is not None
+        failed = next(c for c in actions.status_patch["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "NamespaceNotAllowed"
+        assert f"namespace '{namespace}' is one the operator never writes in" in failed["message"]
+    # The chart adds its own namespace and more; a team namespace is untouched.
+    extra = Settings(excluded_namespaces=(*SETTINGS.excluded_namespaces, "finetune-system"))
+    team = Observed(namespace=OWNER.namespace, name=OWNER.name, settings=extra, now=NOW, body=finetunejob())
+    assert decide(team).create
+
+
 def test_a_terminal_job_whose_job_is_gone_keeps_its_verdict_and_gets_no_new_job() -> None:
     done = {"phase": "Succeeded", "observedGeneration": 1, "completionTime": NOW}
     actions = decide(seen(finetunejob(status=done)))

@@ -1,11 +1,11 @@
-"""The trainer image allow-list rule (images.py): the cases here are also sent to the real API
+"""The trainer image allow-list rule (finetune_api/images.py): the cases here are also sent to the real API
 server against the fence policy's CEL form of the rule (tests/security/test_fence.py), so the
 operator and admission cannot disagree on them."""
 
 import pytest
 
+from finetune_api import images
 from finetune_api.constants import DEFAULT_IMAGE
-from finetune_operator import images
 from finetune_operator.decide import image_refusal
 from finetune_operator.settings import Settings
 from tests.support.images import CASES, PATTERNS

@@ -8,8 +8,8 @@ from typing import Any
 import yaml
 
 from finetune_api.constants import GROUP, MAX_NAME_LENGTH, PLURAL, TRAINER_SERVICE_ACCOUNT
+from finetune_api.images import DEFAULT_ALLOWED_IMAGES
 from finetune_operator.builders import rbac
-from finetune_operator.images import DEFAULT_ALLOWED_IMAGES
 from tests.support.harness import (
     FENCE_POLICY_FILE,
     OPERATOR_USER,

@@ -69,10 +69,15 @@ def test_allow_list_and_disk_settings_come_from_env():
             "FINETUNE_SHM_MEMORY_FRACTION": "0.25",
             "FINETUNE_TMP_SIZE": "20Gi",
             "FINETUNE_EPHEMERAL_STORAGE_REQUEST": "2Gi",
+            "FINETUNE_HUB_ENV": '{"HF_ENDPOINT": "https://hub.internal.example"}',
+            "FINETUNE_EXCLUDED_NAMESPACES": "finetune-system,kube-system,vault",
         }
     )
     assert s.allowed_images == ("ghcr.io/finetune-operator/trainer", "registry.example.com/ml/*")
     assert (s.shm_memory_fraction, s.tmp_size, s.ephemeral_storage_request) == (0.25, "20Gi", "2Gi")
+    assert s.hub_env == {"HF_ENDPOINT": "https://hub.internal.example"}
+    # The system namespaces stay excluded whatever the list says.
+    assert s.excluded_namespaces == ("kube-system", "kube-public", "kube-node-lease", "finetune-system", "vault")
 
 
 @pytest.mark.parametrize(
@@ -84,6 +89,8 @@ def test_allow_list_and_disk_settings_come_from_env():
         ("FINETUNE_SHM_MEMORY_FRACTION", "2", r"FINETUNE_SHM_MEMORY_FRACTION: 2.0 is not a fraction in \(0, 1\]"),
         ("FINETUNE_SHM_MEMORY_FRACTION", "half", "FINETUNE_SHM_MEMORY_FRACTION: expected a number"),
         ("FINETUNE_TMP_SIZE", "big", "FINETUNE_TMP_SIZE: 'big' is not a Kubernetes quantity"),
+        ("FINETUNE_HUB_ENV", '["HF_ENDPOINT"]', "FINETUNE_HUB_ENV: expected a JSON object"),
+        ("FINETUNE_HUB_ENV", '{"LD_PRELOAD": "x"}', "FINETUNE_HUB_ENV: LD_PRELOAD not among HF_ENDPOINT"),
     ],
 )
 def test_bad_security_values_name_the_variable(name, value, fragment):

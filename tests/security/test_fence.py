@@ -28,12 +28,14 @@ from kubernetes.client.exceptions import ApiException
 from finetune_api.constants import API_VERSION, KIND, TRAINER_SERVICE_ACCOUNT
 from finetune_api.spec import FineTuneJobSpec
 from finetune_operator.builders import job as job_builder
+from finetune_operator.builders import multinode as multinode_builder
 from finetune_operator.builders import pvc as pvc_builder
 from finetune_operator.builders import rbac as rbac_builder
 from finetune_operator.children import Owner
 from finetune_operator.settings import Settings
 from tests.fixtures.cluster import Cluster, token_client
 from tests.support.harness import (
+    FENCE_HUB_ENV,
     OPERATOR_SA,
     SYSTEM_NAMESPACE,
     Jobs,
@@ -45,6 +47,7 @@ from tests.support.harness import (
 from tests.support.images import CASES, PATTERNS
 from tests.support.install import admission_policies_install
 from tests.support.specs import body as spec_body
+from tests.support.specs import gpu_spec
 
 pytestmark = pytest.mark.cluster
 
@@ -144,7 +147,7 @@ def test_a_privileged_job_is_refused(fenced: Fenced) -> None:
 def test_a_job_with_a_host_path_is_refused(fenced: Fenced) -> None:
     job = fenced.job()
     _pod(job)["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
-    _pod(job)["containers"][0]["volumeMounts"].append({"name": "host", "mountPath": "/host"})
+    # Not mounted: mounted anywhere but the trainer's folders, job-mounts would refuse it first.
     _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-host-path")
 
 
@@ -184,7 +187,251 @@ def test_a_root_or_unconfined_job_is_refused(fenced: Fenced) -> None:
     _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-seccomp")
     job = fenced.job()
     _pod(job)["containers"][0]["securityContext"]["capabilities"] = {"drop": ["ALL"], "add": ["NET_ADMIN"]}
-    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-restricted")
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-capabilities")
+
+
+# --- the Job the operator makes is the only Job it can make ----------------------------------
+
+HUB_TOKENS = {
+    "model": {"source": {"hub": {"id": "org/private", "tokenSecret": "hub-token"}}},
+    "dataset": {"source": {"hub": {"id": "org/data", "tokenSecret": "data-token"}}, "format": "alpaca"},
+}
+# The operator's real Jobs, as the chart's settings make them (its Hub endpoint included).
+REAL_JOBS: dict[str, dict[str, Any]] = {
+    "one-node": spec_body(),
+    "multi-node": {**gpu_spec(), "resources": {"gpus": 4, "nodes": 2, "cpu": "2", "memory": "8Gi"}},
+    "hub": spec_body(**HUB_TOKENS),
+    "kueue": spec_body(placement={"queueName": "team-a"}),
+}
+FENCE_SETTINGS = Settings(hub_env=FENCE_HUB_ENV)
+
+
+def _real_job(owner: Owner, kind: str) -> dict[str, Any]:
+    return multinode_builder.indexed_job(owner, FineTuneJobSpec.model_validate(REAL_JOBS[kind]), FENCE_SETTINGS)
+
+
+@pytest.mark.parametrize("kind", REAL_JOBS)
+def test_the_operators_real_jobs_are_admitted(fenced: Fenced, kind: str) -> None:
+    assert fenced.refusal(fenced.batch.create_namespaced_job, _real_job(fenced.owner, kind)) is None
+
+
+def _container(job: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = _pod(job)["containers"][0]
+    return container
+
+
+def _context(job: dict[str, Any], pod: bool = False) -> dict[str, Any]:
+    context: dict[str, Any] = _pod(job)["securityContext"] if pod else _container(job)["securityContext"]
+    return context
+
+
+def _set_env(job: dict[str, Any], entry: dict[str, Any]) -> None:
+    env = [e for e in _container(job)["env"] if e["name"] != entry["name"]]
+    _container(job)["env"] = [*env, entry]
+
+
+def _secret(name: str, key: str) -> dict[str, Any]:
+    return {"secretKeyRef": {"name": name, "key": key}}
+
+
+def _second(job: dict[str, Any], name: str) -> dict[str, Any]:
+    return {**copy.deepcopy(_container(job)), "name": name}
+
+
+# (what the variant changes, the change, the rule that must refuse it). The issue's seven first.
+VARIANTS: list[tuple[str, Callable[[dict[str, Any]], object], str]] = [
+    (
+        "another-command",
+        lambda j: _container(j).update(
+            command=["sh", "-c", "cat /var/run/secrets/kubernetes.io/serviceaccount/token > /dev/termination-log"]
+        ),
+        "job-command",
+    ),
+    (
+        "hub-endpoint-elsewhere",
+        lambda j: _set_env(j, {"name": "HF_ENDPOINT", "value": "https://collector.example"}),
+        "job-hub-env",
+    ),
+    ("env-from-secret", lambda j: _container(j).update(envFrom=[{"secretRef": {"name": "db"}}]), "job-env-from"),
+    (
+        "hub-token-from-another-key",
+        lambda j: _set_env(j, {"name": "HF_TOKEN", "valueFrom": _secret("db", "password")}),
+        "job-env-secrets",
+    ),
+    ("apparmor-unconfined", lambda j: _context(j).update(appArmorProfile={"type": "Unconfined"}), "job-apparmor"),
+    (
+        "unsafe-sysctl",
+        lambda j: _context(j, pod=True).update(sysctls=[{"name": "kernel.msgmax", "value": "65536"}]),
+        "job-sysctls",
+    ),
+    (
+        "proc-mount-unmasked",
+        lambda j: (_context(j).update(procMount="Unmasked"), _pod(j).update(hostUsers=False)),
+        "job-proc-mount",
+    ),
+    # What else runs, and what it is given.
+    ("init-container", lambda j: _pod(j).update(initContainers=[_second(j, "init")]), "job-containers"),
+    ("extra-container", lambda j: _pod(j)["containers"].append(_second(j, "sidecar")), "job-containers"),
+    ("args", lambda j: _container(j).update(args=["--config", "/mnt/output/evil.json"]), "job-command"),
+    ("working-dir", lambda j: _container(j).update(workingDir="/mnt/output"), "job-command"),
+    (
+        "post-start-hook",
+        lambda j: _container(j).update(lifecycle={"postStart": {"exec": {"command": ["sh"]}}}),
+        "job-hooks",
+    ),
+    ("exec-probe", lambda j: _container(j).update(livenessProbe={"exec": {"command": ["sh"]}}), "job-hooks"),
+    (
+        "mount-over-code",
+        lambda j: _container(j)["volumeMounts"].append({"name": "output", "mountPath": "/usr/lib/python3"}),
+        "job-mounts",
+    ),
+    ("another-env-name", lambda j: _set_env(j, {"name": "LD_PRELOAD", "value": "/mnt/output/x.so"}), "job-env-names"),
+    (
+        "other-variable-from-secret",
+        lambda j: _set_env(j, {"name": "HOME", "valueFrom": _secret("db", "token")}),
+        "job-env-secrets",
+    ),
+    (
+        "variable-from-config-map",
+        lambda j: _set_env(j, {"name": "HOME", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}),
+        "job-env-secrets",
+    ),
+    # Pod Security restricted, each control, for the pod and for the container.
+    ("apparmor-pod", lambda j: _context(j, pod=True).update(appArmorProfile={"type": "Unconfined"}), "job-apparmor"),
+    (
+        "apparmor-annotation",
+        lambda j: j["spec"]["template"]["metadata"]["annotations"].update(
+            {"container.apparmor.security.beta.kubernetes.io/trainer": "unconfined"}
+        ),
+        "job-apparmor",
+    ),
+    ("selinux-type-pod", lambda j: _context(j, pod=True).update(seLinuxOptions={"type": "spc_t"}), "job-selinux"),
+    ("selinux-user-container", lambda j: _context(j).update(seLinuxOptions={"user": "system_u"}), "job-selinux"),
+    ("selinux-role-container", lambda j: _context(j).update(seLinuxOptions={"role": "sysadm_r"}), "job-selinux"),
+    ("host-users", lambda j: _pod(j).update(hostUsers=False), "job-host-users"),
+    # The API server itself asks hostNetwork of a hostProcess pod; job-host-process is named first.
+    (
+        "host-process-pod",
+        lambda j: (
+            _context(j, pod=True).update(windowsOptions={"hostProcess": True}),
+            _pod(j).update(hostNetwork=True),
+        ),
+        "job-host-process",
+    ),
+    (
+        "host-process-container",
+        lambda j: (_context(j).update(windowsOptions={"hostProcess": True}), _pod(j).update(hostNetwork=True)),
+        "job-host-process",
+    ),
+    (
+        "projected-volume",
+        lambda j: _pod(j)["volumes"].append({"name": "x", "projected": {"sources": []}}),
+        "job-volume-kinds",
+    ),
+    (
+        "config-map-volume",
+        lambda j: _pod(j)["volumes"].append({"name": "x", "configMap": {"name": "c"}}),
+        "job-volume-kinds",
+    ),
+    ("host-path", lambda j: _pod(j)["volumes"].append({"name": "x", "hostPath": {"path": "/"}}), "job-host-path"),
+    (
+        "capabilities-add",
+        lambda j: _context(j).update(capabilities={"drop": ["ALL"], "add": ["SYS_ADMIN"]}),
+        "job-capabilities",
+    ),
+    ("capabilities-kept", lambda j: _context(j).update(capabilities={}), "job-capabilities"),
+    ("privilege-escalation", lambda j: _context(j).update(allowPrivilegeEscalation=True), "job-privilege-escalation"),
+    (
+        "seccomp-pod-unconfined",
+        lambda j: _context(j, pod=True).update(seccompProfile={"type": "Unconfined"}),
+        "job-seccomp",
+    ),
+    (
+        "seccomp-container-unconfined",
+        lambda j: _context(j).update(seccompProfile={"type": "Unconfined"}),
+        "job-seccomp",
+    ),
+    ("root-user-container", lambda j: _context(j).update(runAsUser=0), "job-non-root"),
+    ("run-as-root-allowed-pod", lambda j: _context(j, pod=True).update(runAsNonRoot=False), "job-non-root"),
+    ("host-pid", lambda j: _pod(j).update(hostPID=True), "job-host-namespaces"),
+    ("host-ipc", lambda j: _pod(j).update(hostIPC=True), "job-host-namespaces"),
+    (
+        "host-port",
+        lambda j: _container(j).update(ports=[{"containerPort": 8080, "hostPort": 8080}]),
+        "job-host-namespaces",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "rule"), [(v[1], v[2]) for v in VARIANTS], ids=[v[0] for v in VARIANTS])
+def test_a_job_changed_in_one_way_is_refused_naming_its_rule(
+    fenced: Fenced, change: Callable[[dict[str, Any]], object], rule: str
+) -> None:
+    """The hub job (a Hub token from its Secret, the chart's HF_ENDPOINT), otherwise right in every
+    way, changed in one: refused at admission by the fence, whose message names the rule."""
+    job = _real_job(fenced.owner, "hub")
+    change(job)
+    message = fenced.refusal(fenced.batch.create_namespaced_job, job)
+    assert message is not None, "admitted"
+    assert "finetune-operator fence, rule " + rule in message, message
+
+
+def test_a_job_made_under_an_earlier_hub_endpoint_can_still_be_suspended(
+    kube: client.ApiClient, fenced: Fenced
+) -> None:
+    """trainer.hubEnv changed after a Job was made: the pod template cannot change, and the
+    operator must still suspend and resume it (job-hub-env, like job-image, judges creation)."""
+    job = _real_job(fenced.owner, "hub")
+    job["metadata"]["name"] = "earlier"
+    _set_env(job, {"name": "HF_ENDPOINT", "value": "https://hub.before.example"})
+    job["spec"]["suspend"] = True
+    client.BatchV1Api(kube).create_namespaced_job(fenced.namespace, job)
+    fenced.batch.patch_namespaced_job("earlier", fenced.namespace, {"spec": {"suspend": False}}, dry_run="All")
+
+
+# --- namespaces the operator never writes in ------------------------------------------------
+
+
+@pytest.mark.parametrize("namespace", ["kube-system", "kube-public", "kube-node-lease", SYSTEM_NAMESPACE])
+def test_nothing_is_written_in_the_excluded_namespaces(fenced: Fenced, namespace: str) -> None:
+    owner = Owner(name="owner", namespace=namespace, uid=fenced.owner.uid)
+    there = Fenced(fenced.core.api_client, namespace, owner)
+    account, role, _ = rbac_builder.identity(namespace)
+    claim = pvc_builder.output_pvc(
+        owner, FineTuneJobSpec.model_validate(spec_body(output={"pvc": None, "storage": {"size": "1Gi"}}))
+    )
+    # (A RoleBinding there meets RBAC's escalation check first: the Role it names does not exist.)
+    for create, body in (
+        (there.batch.create_namespaced_job, _real_job(owner, "one-node")),
+        (there.core.create_namespaced_service_account, account),
+        (there.rbac.create_namespaced_role, role),
+        (there.core.create_namespaced_persistent_volume_claim, claim),
+    ):
+        message = there.refusal(create, body)
+        _assert_rule(message, "operator-namespaces")
+        assert f"in namespace {namespace}" in str(message)
+
+
+def test_a_finetunejob_in_kube_system_ends_failed_and_gets_no_job(
+    cluster: Cluster, kube: client.ApiClient, fenced: Fenced, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    folder = tmp_path_factory.mktemp("fence-kube-system")
+    proc = OperatorProcess(operator_identity(kube, cluster.kubeconfig, folder), "kube-system", folder / "op.log")
+    proc.start()
+    jobs = Jobs(kube, "kube-system")
+    try:
+        jobs.create("stray", spec_body())
+        jobs.wait_phase("stray", "Failed", 60)
+        failed = jobs.condition("stray", "Failed")
+        assert failed["reason"] == "NamespaceNotAllowed", failed
+        assert "namespace 'kube-system' is one the operator never writes in" in failed["message"]
+        assert not _job_exists(jobs, "stray"), "a Job was created in kube-system"
+        assert "Traceback" not in proc.tail(200_000)
+    finally:
+        proc.stop()
+        client.CustomObjectsApi(kube).delete_namespaced_custom_object(
+            "finetune.dev", "v1alpha1", "kube-system", "finetunejobs", "stray"
+        )
 
 
 # --- the trainer identity -------------------------------------------------------------------

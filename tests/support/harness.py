@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,7 +24,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from finetune_api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from finetune_operator.images import DEFAULT_ALLOWED_IMAGES
+from finetune_api.images import DEFAULT_ALLOWED_IMAGES
+from finetune_operator.settings import SYSTEM_NAMESPACES
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO / "charts" / "finetune-operator" / "files" / "operator-rbac.yaml"
@@ -34,6 +35,8 @@ SYSTEM_NAMESPACE = "finetune-system"
 OPERATOR_SA = "finetune-operator"
 OPERATOR_USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{OPERATOR_SA}"
 OPERATOR_ROLE = "finetune-operator-tests"
+# The tests' `trainer.hubEnv`: the fence they install admits HF_ENDPOINT at this value only.
+FENCE_HUB_ENV = {"HF_ENDPOINT": "https://hub.fence.example"}
 
 T = TypeVar("T")
 
@@ -52,19 +55,27 @@ def trainer_status_policy() -> list[dict[str, Any]]:
 
 
 def operator_fence_policies(
-    user: str = OPERATOR_USER, allowed_images: Sequence[str] = DEFAULT_ALLOWED_IMAGES
+    user: str = OPERATOR_USER,
+    allowed_images: Sequence[str] = DEFAULT_ALLOWED_IMAGES,
+    hub_env: Mapping[str, str] = FENCE_HUB_ENV,
 ) -> list[dict[str, Any]]:
     """The chart's operator fence, as the chart renders it (sans names and labels): each policy
-    of the file for this operator user and allow-list, each followed by its Deny binding."""
+    of the file for this operator user, allow-list and Hub variables, with the system namespaces
+    and the operator's own excluded, each followed by its Deny binding."""
     policies = yaml.safe_load(FENCE_POLICY_FILE.read_text())
     assert isinstance(policies, list) and policies
+    values = {
+        "allowedImages": list(allowed_images),
+        "hubEnv": dict(hub_env),
+        "excludedNamespaces": [*SYSTEM_NAMESPACES, SYSTEM_NAMESPACE],
+    }
     objects: list[dict[str, Any]] = []
     for policy in policies:
         spec = policy["spec"]
         spec["matchConditions"] = [{"name": "operator-only", "expression": f"request.userInfo.username == '{user}'"}]
         for variable in spec.get("variables") or []:
-            if variable["name"] == "allowedImages":
-                variable["expression"] = json.dumps(list(allowed_images), separators=(",", ":"))
+            if variable["name"] in values:
+                variable["expression"] = json.dumps(values[variable["name"]], separators=(",", ":"))
         name = policy["metadata"]["name"]
         binding = {
             "apiVersion": "admissionregistration.k8s.io/v1",

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "finetune-operator"
 RULES_FILE = CHART / "files" / "operator-rbac.yaml"
 ALL_ON_VALUES = REPO / "tests" / "chart" / "values-all-on.yaml"
+OFFLINE_VALUES = REPO / "tests" / "chart" / "values-offline.yaml"
 RELEASE = "ft"
 
 
@@ -53,11 +54,15 @@ def helm(
 
 
 def template_args(
-    values: Sequence[Path] = (), sets: Sequence[str] = (), namespace: str = "finetune-system"
+    values: Sequence[Path] = (), sets: Sequence[str] = (), namespace: str = "finetune-system", offline: bool = True
 ) -> list[str]:
+    """`helm template` of the chart; `offline` layers OFFLINE_VALUES (what no cluster tells
+    `helm template`) under `values`."""
     # helm built with `go install` assumes Kubernetes v1.20 when no cluster is asked; render for
     # the version the local control plane runs.
     args = ["template", RELEASE, str(CHART), "--namespace", namespace, "--kube-version", K8S_VERSION]
+    for path in [OFFLINE_VALUES] if offline else []:
+        args += ["--values", str(path)]
     for path in values:
         args += ["--values", str(path)]
     for item in sets:

@@ -1,9 +1,14 @@
 """CheckpointStore on a real filesystem: only whole checkpoints count, everything else is removed."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from finetune_trainer.checkpoints import MARKER, CheckpointStore
+import pytest
+
+from finetune_trainer.checkpoints import MARKER, CheckpointStore, _is_whole, exchange_folders
 
 
 def write_checkpoint(store: CheckpointStore, step: int, payload: bytes = b"weights") -> Path:
@@ -72,3 +77,95 @@ def test_marker_for_another_step_is_not_trusted(tmp_path: Path) -> None:
     path.rename(tmp_path / "checkpoint-50")
     assert store.complete() == []
     assert store.clean_incomplete() == ["checkpoint-50 (marker names step 10)"]
+
+
+# --- a same-step save killed between any two filesystem operations -----------------------------
+
+# Runs in a child process: stage step 20 again with new bytes, then count every filesystem
+# change commit() makes (Python's audit events, raised before each one happens) and exit hard
+# before the KILL_AT-th. Exit 0: commit finished before reaching it.
+KILLED_COMMIT = """
+import os, sys
+from pathlib import Path
+from finetune_trainer.checkpoints import CheckpointStore
+
+root, kill_at, swap = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "swap"
+store = CheckpointStore(root, keep=2, **({} if swap else {"exchange": lambda a, b: False}))
+folder = store.begin(20) / "checkpoint-20"
+folder.mkdir()
+(folder / "adapter_model.safetensors").write_bytes(b"new")
+(folder / "optimizer.pt").write_bytes(b"newnew")
+CHANGES = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree", "ctypes.call_function"}
+count = 0
+
+def hook(event, args):
+    global count
+    writes = event == "open" and (
+        isinstance(args[1], str) and any(c in args[1] for c in "wax+")
+        or isinstance(args[2], int) and args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
+    )
+    if event in CHANGES or writes:
+        count += 1
+        if count == kill_at:
+            os._exit(86)
+
+sys.addaudithook(hook)
+store.commit(20)
+os._exit(0)
+"""
+
+
+def _killed_commit(root: Path, kill_at: int, swap: bool) -> int:
+    mode = "swap" if swap else "journal"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(
+        [sys.executable, "-c", KILLED_COMMIT, str(root), str(kill_at), mode], check=False, env=env
+    ).returncode
+
+
+@pytest.mark.parametrize("swap", [True, False], ids=["swap", "journal"])
+def test_a_same_step_save_killed_anywhere_leaves_a_complete_checkpoint_of_that_step(tmp_path: Path, swap: bool) -> None:
+    """Every kill point of commit() (before its 1st, 2nd, ... filesystem change): the folder of
+    step 20 is whole at that instant (swap) or its marked copy is (journal), and after the start's
+    cleaning the newest complete checkpoint is step 20, old bytes or new, never torn."""
+    points = 0
+    for kill_at in range(1, 200):
+        root = tmp_path / f"kill-{kill_at}"
+        store = CheckpointStore(root, keep=2)
+        write_checkpoint(store, 10, b"ten")
+        write_checkpoint(store, 20, b"old")
+        code = _killed_commit(root, kill_at, swap)
+        if code == 0:
+            break
+        assert code == 86, f"the child failed before the kill point {kill_at}"
+        points += 1
+        final = root / "checkpoint-20"
+        staged = root / ".staging-20" / "checkpoint-20"
+        assert _whole(final) or (not swap and _whole(staged)), f"kill point {kill_at}: no whole step 20"
+        if swap:
+            assert _whole(final), f"kill point {kill_at}: checkpoint-20 not whole at that instant"
+        store.clean_incomplete()
+        latest = store.latest()
+        assert latest is not None and latest.step == 20, f"kill point {kill_at}: latest {latest}"
+        payload = (latest.path / "adapter_model.safetensors").read_bytes()
+        assert payload in (b"old", b"new"), f"kill point {kill_at}"
+        assert sorted(p.name for p in root.iterdir()) == ["checkpoint-10", "checkpoint-20"], kill_at
+    else:
+        pytest.fail("commit never finished")
+    # The swap and the journal each pass through several filesystem changes, each a kill point.
+    print(f"{points} kill points")
+    assert points >= 6, points
+    assert (root / "checkpoint-20" / "adapter_model.safetensors").read_bytes() == b"new"
+
+
+def _whole(folder: Path) -> bool:
+    return folder.is_dir() and _is_whole(folder, 20, 0)[0]
+
+
+def test_the_swap_is_used_where_the_filesystem_has_it(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x").write_text("a")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "x").write_text("b")
+    assert exchange_folders(tmp_path / "a", tmp_path / "b")
+    assert (tmp_path / "a" / "x").read_text() == "b" and (tmp_path / "b" / "x").read_text() == "a"

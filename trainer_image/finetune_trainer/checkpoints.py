@@ -6,17 +6,28 @@ resumes from a torn folder. Here a checkpoint is written into a staging folder, 
 a completion marker that lists every file with its size, and only then renamed into place.
 Anything without a valid marker is ignored on start and removed.
 
+Saving a step that already has a checkpoint (after a resume) never leaves that name without a
+complete checkpoint: the two folders are swapped in one step (Linux `renameat2` with
+`RENAME_EXCHANGE`), and the old one is removed from the staging folder afterwards. Where the
+filesystem cannot swap (NFS), the marked staging copy is the journal: the old folder is removed
+(marker first) and the new one renamed into place, and a start that finds a marked staging
+copy beside a `checkpoint-N` that is not whole finishes the move. Either way a kill between any
+two filesystem operations leaves a complete checkpoint of that step.
+
 `checkpoint-N` holds the state after N optimizer steps. A run stopped by SIGTERM between the
 micro-batches of step N+1 writes `checkpoint-N-micro-M` (M of them done, their summed gradients
 kept): a name of its own, so it never replaces the step checkpoint it follows, and it sorts
 after it.
 """
 
+import ctypes
+import errno
 import json
 import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +86,27 @@ def _fsync_tree(root: Path) -> dict[str, int]:
     return sizes
 
 
+# renameat2(2): relative paths from the working directory, and the flag that swaps two names.
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+# What a filesystem or kernel that cannot swap answers: fall back to the journal.
+_NO_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
+
+
+def exchange_folders(a: Path, b: Path) -> bool:
+    """Swap two folders' names in one step; False where libc, kernel or filesystem cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _NO_EXCHANGE:
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
 def _read_marker(folder: Path) -> dict[str, Any] | None:
     try:
         data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
@@ -105,9 +137,11 @@ def _is_whole(folder: Path, step: int, micro: int) -> tuple[bool, str]:
 class CheckpointStore:
     """The `<output>/checkpoints` folder: staging, commit, listing, retention, cleaning."""
 
-    def __init__(self, root: Path, keep: int) -> None:
+    def __init__(self, root: Path, keep: int, exchange: Callable[[Path, Path], bool] = exchange_folders) -> None:
         self.root = root
         self.keep = keep
+        # How a same-step save swaps folders; returning False means this filesystem cannot.
+        self.exchange = exchange
 
     def complete(self) -> list[Checkpoint]:
         found: list[Checkpoint] = []
@@ -132,9 +166,13 @@ class CheckpointStore:
         removed: list[str] = []
         if not self.root.is_dir():
             return removed
+        # Staging folders sort first: a move they finish makes their checkpoint whole below.
         for entry in sorted(self.root.iterdir()):
             parsed = _parse(entry.name)
             if entry.name.startswith(STAGING_PREFIX):
+                if self._finish_move(entry):
+                    removed.append(f"{entry.name} (moved into place)")
+                    continue
                 why = "unfinished write"
             elif parsed and entry.is_dir():
                 whole, why = _is_whole(entry, *parsed)
@@ -165,14 +203,31 @@ class CheckpointStore:
         _fsync_path(marker)
         _fsync_path(written)
         final = self.root / name
-        if final.exists():
-            # Same step saved again after a resume: the new one replaces it, never half of it.
-            self._remove(final)
-        written.rename(final)
+        # Same step saved again after a resume: swapped in whole; else the journal's move.
+        if not (final.exists() and self.exchange(written, final)):
+            self._move_into_place(written, final)
         _fsync_path(self.root)
         shutil.rmtree(staging, ignore_errors=True)
         self.rotate()
         return Checkpoint(step, final, stamp, micro)
+
+    def _move_into_place(self, written: Path, final: Path) -> None:
+        # The marked copy in staging stands for the step while the old folder goes.
+        if final.exists():
+            self._remove(final)
+        written.rename(final)
+
+    def _finish_move(self, staging: Path) -> bool:
+        """A staging folder whose checkpoint is marked whole, where the checkpoint of its name is
+        not: a move killed halfway (the journal), finished now. False: nothing to finish."""
+        name = PREFIX + staging.name.removeprefix(STAGING_PREFIX)
+        parsed, written, final = _parse(name), staging / name, self.root / name
+        if parsed is None or not _is_whole(written, *parsed)[0] or _is_whole(final, *parsed)[0]:
+            return False
+        self._move_into_place(written, final)
+        _fsync_path(self.root)
+        shutil.rmtree(staging, ignore_errors=True)
+        return True
 
     def _staging(self, step: int, micro: int) -> Path:
         return self.root / f"{STAGING_PREFIX}{checkpoint_name(step, micro).removeprefix(PREFIX)}"

@@ -53,11 +53,23 @@ app.kubernetes.io/part-of: finetune-operator
 
 {{/* The namespaces the operator watches in namespaced mode, as a list. */}}
 {{- define "finetune-operator.watchedNamespaces" -}}
-{{- if .Values.watch.namespaces }}
-{{- toYaml (uniq .Values.watch.namespaces) }}
-{{- else }}
-{{- toYaml (list .Release.Namespace) }}
+{{- if not .Values.watch.namespaces }}
+{{- fail "watch.namespaces: list the namespaces to watch in namespaced mode (the release namespace is one the operator never writes in)" }}
 {{- end }}
+{{- $excluded := include "finetune-operator.excludedNamespaces" . | fromYamlArray }}
+{{- range .Values.watch.namespaces }}
+{{- if has . $excluded }}
+{{- fail (printf "watch.namespaces: %s is a namespace the operator never writes in (%s)" . (join ", " $excluded)) }}
+{{- end }}
+{{- end }}
+{{- toYaml (uniq .Values.watch.namespaces) }}
+{{- end }}
+
+{{/* Namespaces the operator never writes in: the system ones, the release's, and
+     watch.excludedNamespaces. The operator (FINETUNE_EXCLUDED_NAMESPACES) fails a FineTuneJob
+     there, and the fence (operator-namespaces) refuses every write there. */}}
+{{- define "finetune-operator.excludedNamespaces" -}}
+{{- toYaml (concat (list "kube-system" "kube-public" "kube-node-lease" .Release.Namespace) (.Values.watch.excludedNamespaces | default list) | uniq) }}
 {{- end }}
 
 {{/* The operator's rules: files/operator-rbac.yaml is their single source (the tests load it too). */}}

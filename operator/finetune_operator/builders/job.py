@@ -4,17 +4,24 @@ from typing import Any, Final
 
 from finetune_api.constants import TRAINER_SERVICE_ACCOUNT
 from finetune_api.contract import (
+    ALLOCATOR,
+    COMPILER_OFF,
     CONFIG_ANNOTATION,
     CONFIG_DIR,
     CONFIG_KEY,
-    CONFIG_PATH,
     CONTAINER,
+    DATASET_HUB_TOKEN_ENV,
     DATASET_MOUNT,
     HUB_CACHE,
+    HUB_ENDPOINT_ENV,
+    HUB_TOKEN_ENV,
+    HUB_TOKEN_KEY,
     MODEL_MOUNT,
+    OFFLINE,
     OUTPUT_MOUNT,
     SHM_MOUNT,
     TMP_MOUNT,
+    TRAINER_COMMAND,
     library_environment,
     uses_hub,
 )
@@ -30,10 +37,12 @@ from ..settings import Settings
 from .config import config_json
 from .pvc import output_claim_name
 
-COMMAND: Final = ("python", "-m", "finetune_trainer", "--config", CONFIG_PATH)
-HUB_TOKEN_ENV: Final = "HF_TOKEN"
-DATASET_HUB_TOKEN_ENV: Final = "HF_DATASET_TOKEN"
-HUB_TOKEN_KEY: Final = "token"
+COMMAND: Final = TRAINER_COMMAND
+# Every variable `environment` may write; the operator fence admits no other name.
+ENV_NAMES: Final = frozenset(
+    {"POD_NAME", "POD_NAMESPACE", "HOME", "PYTHONUNBUFFERED", "HF_HOME", HUB_TOKEN_ENV, DATASET_HUB_TOKEN_ENV}
+    | {*ALLOCATOR, *OFFLINE, *COMPILER_OFF, *HUB_ENDPOINT_ENV}
+)
 # Room for the container's logs in its ephemeral-storage limit, on top of /tmp.
 LOG_ALLOWANCE: Final = "1Gi"
 
@@ -70,7 +79,7 @@ def _secret_env(name: str, secret: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": HUB_TOKEN_KEY}}}
 
 
-def environment(spec: FineTuneJobSpec) -> list[dict[str, Any]]:
+def environment(spec: FineTuneJobSpec, settings: Settings) -> list[dict[str, Any]]:
     model_hub = spec.model.source.hub
     data_hub = spec.dataset.source.hub
     env: list[dict[str, Any]] = [
@@ -84,6 +93,7 @@ def environment(spec: FineTuneJobSpec) -> list[dict[str, Any]]:
     env += [{"name": k, "value": v} for k, v in library_environment(hub=uses_hub(spec), compiler=not pascal).items()]
     if uses_hub(spec):
         env.append({"name": "HF_HOME", "value": HUB_CACHE})
+        env += [{"name": k, "value": v} for k, v in sorted(settings.hub_env.items())]
     model_secret = model_hub.token_secret if model_hub else None
     data_secret = data_hub.token_secret if data_hub else None
     if model_secret:
@@ -229,7 +239,7 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
         "image": spec.image or settings.trainer_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": list(COMMAND),
-        "env": environment(spec),
+        "env": environment(spec, settings),
         "volumeMounts": mounts,
         "securityContext": container_security,
         "terminationMessagePath": TERMINATION_LOG,

@@ -36,6 +36,10 @@ from ..settings import Settings
 from .job import job
 
 PROTOCOL: Final = "TCP"
+# Every variable `launch_environment` may write (the fence admits these on top of job.ENV_NAMES).
+ENV_NAMES: Final = frozenset(
+    {multinode.NNODES_ENV, multinode.RDZV_ENDPOINT_ENV, multinode.NODE_DOMAIN_ENV, multinode.RDZV_TIMEOUT_ENV}
+)
 
 
 def service(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """The trainer image allow-list: which `spec.image` values a platform team lets jobs run.
 
-The same rule is checked twice, here (a job outside it ends Failed with ImageNotAllowed and no
-Job is made) and at admission by the chart's fence policy (files/operator-fence-policy.yaml),
-which refuses such a Job even if this check were bypassed. The two must agree, so the rule is
-kept small enough to write the same way in Python and in CEL:
+The same rule is checked three times: by the operator (a job outside it ends Failed with
+ImageNotAllowed and no Job is made), by `ftjob validate --values` before a job is sent, and at
+admission by the chart's fence policy (files/operator-fence-policy.yaml), which refuses such a
+Job even if the others were bypassed. Python and CEL must agree, so the rule is kept small
+enough to write the same way in both:
 
 - a pattern ending in `*` allows every image that starts with what comes before the `*`
   (`registry.example.com/ml/*`; `*` alone allows everything);
