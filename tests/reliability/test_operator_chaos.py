@@ -1,7 +1,9 @@
 """The operator SIGKILLed at random moments (and made to exit between two creates by its test
 hook) while jobs go through their whole life on fake GPU nodes.
 
-Proven: zero duplicate children (one Job per job and nothing else of its own, one trainer
+Proven: the kills were of the kinds reported (each hooked run either exited by the hook with
+its code or was SIGKILLed; an unhooked run never exited by itself), at most one JobCreated Event
+per job, zero duplicate children (one Job per job and nothing else of its own, one trainer
 ServiceAccount, Role and RoleBinding for the namespace, never a Job deleted and made again),
 zero stuck jobs, and every job's terminal status true:
 Succeeded for those whose pod succeeded, Failed with the trainer's reason for those whose pod
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from finetune_operator.crash_hook import CRASH_EXIT_CODE
 from tests.fixtures.cluster import Cluster
 from tests.reliability.cluster_kit import LOAD_SPEC
 from tests.support.harness import Jobs, OperatorProcess, wait_for
@@ -126,6 +129,7 @@ def chaos(cluster: Cluster, kube: client.ApiClient, tmp_path: Path, jobs: int, k
             "wrong_status": len(wrong_status),
             "job_created_events_over_1": sum(1 for c in created_events.values() if c > 1),
             "seconds_to_all_terminal": round(converged_s, 1),
+            "kill_modes": kill_modes(kill_log),
             "kill_log": kill_log,
             "details": {"wrong_children": wrong_children, "wrong_status": wrong_status},
         }
@@ -158,7 +162,22 @@ def _job_created_events(core: client.CoreV1Api, namespace: str) -> dict[str, int
     return counts
 
 
+def kill_modes(kill_log: list[dict[str, Any]]) -> dict[str, int]:
+    """How each operator of the run ended: by the crash hook right after creating a child, or by
+    our SIGKILL (a hooked run whose kind was already made never reaches its hook)."""
+    hook_exits = sum(1 for k in kill_log if k["hook"] is not None and k["exited"] == CRASH_EXIT_CODE)
+    return {"sigkill": sum(1 for k in kill_log if k["exited"] is None), "hook_exit": hook_exits}
+
+
 def check(result: dict[str, Any]) -> None:
+    log = result["kill_log"]
+    # An operator that exited without the hook, or with another code, died of its own accord.
+    unexplained = [k for k in log if k["exited"] is not None and (k["hook"] is None or k["exited"] != CRASH_EXIT_CODE)]
+    assert not unexplained, f"operator exits not caused by the test: {unexplained}"
+    assert result["kills"] == len(log), result
+    assert result["kill_modes"] == kill_modes(log), (result["kill_modes"], kill_modes(log))
+    assert sum(result["kill_modes"].values()) == result["kills"], result["kill_modes"]
+    assert result["job_created_events_over_1"] == 0, result
     assert result["duplicate_children"] == 0, result["details"]["wrong_children"]
     assert result["jobs_recreated"] == 0, result
     assert result["stuck"] == 0, result
@@ -175,3 +194,5 @@ def test_operator_killed_20_times_under_50_jobs(cluster: Cluster, kube: client.A
     result = chaos(cluster, kube, tmp_path, jobs=50, kills=20, seed=20)
     check(result)
     assert result["kills"] == 20
+    # The soak's claim is both kinds of death: at random moments and right after a create.
+    assert result["kill_modes"]["sigkill"] >= 1 and result["kill_modes"]["hook_exit"] >= 1, result["kill_modes"]
