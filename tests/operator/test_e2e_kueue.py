@@ -24,12 +24,11 @@ from tests.support.harness import REPO, Jobs, OperatorProcess, wait_for
 from tests.support.helm import render
 from tests.support.specs import body, gpu_spec
 from tests.support.training import (
-    ADAPTER_TOLERANCE,
     CHECKPOINTS,
     RUN_TIMEOUT,
     adapter_tensors,
+    assert_same_trained_adapter,
     host_path,
-    max_difference,
     running_pod,
     summary,
     trainer_event,
@@ -292,5 +291,4 @@ def test_a_high_priority_job_preempts_the_trainer_which_resumes_from_its_checkpo
     assert (final_adapter(training_volumes, final) / "adapter_config.json").is_file()
     steady = watch_until_done(jobs, "steady")[2]
     assert steady["phase"] == "Succeeded", steady
-    difference = max_difference(adapter_tensors(training_volumes, final), adapter_tensors(training_volumes, steady))
-    assert difference <= ADAPTER_TOLERANCE, difference
+    assert_same_trained_adapter(adapter_tensors(training_volumes, final), adapter_tensors(training_volumes, steady))

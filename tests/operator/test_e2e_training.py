@@ -13,12 +13,11 @@ from tests.support.harness import Jobs, OperatorProcess, wait_for
 from tests.support.processes import trainer_pid, worker_pid
 from tests.support.specs import body
 from tests.support.training import (
-    ADAPTER_TOLERANCE,
     CHECKPOINTS,
     RUN_TIMEOUT,
     adapter_tensors,
+    assert_same_trained_adapter,
     host_path,
-    max_difference,
     running_pod,
     summary,
     trainer_event,
@@ -140,14 +139,14 @@ def test_two_process_pods_train_in_each_mode_and_a_killed_rank_retries_to_the_sa
         assert (done["parallelism"], done["worldSize"]) == (mode, 2)
     dp = adapter_tensors(training_volumes, final["two-dp"][2])
     # dataParallel and fsdp differ only in where the frozen base lives: the same adapter.
-    assert max_difference(adapter_tensors(training_volumes, final["two-fsdp"][2]), dp) <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter_tensors(training_volumes, final["two-fsdp"][2]), dp)
 
     phases, _, status = final["two-killed"]
     assert "Failed" not in phases, f"a killed rank is retryable: {phases}"
     assert status["phase"] == "Succeeded", status
     assert status["restarts"] == 1
     assert summary(training_volumes, "two-killed")["resumedFrom"] is not None
-    assert max_difference(adapter_tensors(training_volumes, status), dp) <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter_tensors(training_volumes, status), dp)
 
 
 # --- SIGTERM: suspend keeps every micro-batch -------------------------------------------
@@ -198,4 +197,4 @@ def test_ftjob_suspend_mid_accumulation_loses_no_micro_batch_and_ends_with_the_u
     assert resumed["path"].endswith(stops[-1]["checkpoint"])
     assert resumed["microBatchesDone"] == stops[-1]["microBatchesDone"]
     steady = adapter_tensors(training_volumes, final["steady"])
-    assert max_difference(adapter_tensors(training_volumes, final["pause"]), steady) <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter_tensors(training_volumes, final["pause"]), steady)

@@ -61,6 +61,27 @@ def max_difference(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+# How far training must have moved an adapter before two equal ones mean anything: LoRA starts
+# every lora_B at zero (PEFT's default init), so two adapters that never trained are equal too.
+# A hundred tolerances: a step of the tests' recipes (learning rate 1e-2) moves lora_B by ~1e-2.
+MOVED_AT_LEAST = 100 * ADAPTER_TOLERANCE
+
+
+def movement(adapter: dict) -> float:
+    """How far the adapter is from its initial value: the largest |lora_B| (zero at init)."""
+    lora_b = [t for name, t in adapter.items() if ".lora_B." in name]
+    assert lora_b, f"no lora_B tensor among {sorted(adapter)[:4]}"
+    return max(float(t.abs().max()) for t in lora_b)
+
+
+def assert_same_trained_adapter(a: dict, b: dict) -> None:
+    """`a` equals `b` within ADAPTER_TOLERANCE, and both moved from their initial value."""
+    for which, adapter in (("first", a), ("second", b)):
+        assert movement(adapter) > MOVED_AT_LEAST, f"the {which} adapter never trained: {movement(adapter)}"
+    difference = max_difference(a, b)
+    assert difference <= ADAPTER_TOLERANCE, difference
+
+
 def trainer_event(cluster, namespace: str, pod_name: str, kind: str) -> dict | None:
     """The trainer's last `kind` event in a (possibly deleted) pod's log on the node agent."""
     found = None

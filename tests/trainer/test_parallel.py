@@ -7,7 +7,10 @@ two adapters that must be equal. 2 processes x gradient accumulation k and 1 pro
 the same micro-batches with the same dropout seeds; only the order of the gradient sums
 differs (a two-way all-reduce against a local accumulation), so they agree to float32 rounding.
 Measured on this recipe: 0.0 (the sums happen to round alike), so 1e-5 leaves room for other
-CPUs without hiding a wrong sample or a missing micro-batch (those move weights by 1e-3 or more).
+CPUs without hiding a wrong sample or a missing micro-batch: one micro-batch lost out of 24
+moves the adapter by 0.023 (test_a_resume_one_micro_batch_off_is_beyond_the_tolerance plants it).
+Equal adapters mean something only when they trained: every comparison here also checks that
+both moved from their initial value (tests/support/training.py's assert_same_trained_adapter).
 The same tolerance holds two launchers of one process each (two nodes, a c10d rendezvous on
 127.0.0.1) to one launcher of two: the same world, the same ranks, the same sums. Measured: 0.0.
 """
@@ -25,7 +28,7 @@ from safetensors.torch import load_file
 
 from finetune_api import multinode
 from finetune_api.reasons import NON_RETRYABLE, ExitReason
-from tests.support.training import ADAPTER_TOLERANCE, max_difference
+from tests.support.training import ADAPTER_TOLERANCE, assert_same_trained_adapter, max_difference, movement
 
 from .conftest import JobDir, Run, make_job_dir
 
@@ -85,7 +88,7 @@ def test_two_processes_train_the_adapter_of_one_with_twice_the_accumulation(
     one, single = run_job(tmp_path, tiny_assets, ONE)
     assert single.code == 0, single.stderr[-3000:]
     assert summary(one)["worldSize"] == 1
-    assert max_difference(adapter(two), adapter(one)) <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter(two), adapter(one))
     assert single.losses == pytest.approx(run.losses, abs=1e-4)
 
 
@@ -113,7 +116,7 @@ def test_fsdp_on_two_processes_trains_the_same_adapter(
     assert summary(job)["parallelism"] == "fsdp"
     guard = summary(job)["precisionGuard"]
     assert guard["halfParameters"] == guard["halfBuffers"] == guard["halfActivations"] == 0
-    assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter(job), adapter(two))
     # PEFT's own layout: the folder loads as an adapter anywhere.
     config = json.loads((job.output / "adapter" / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA"
@@ -130,7 +133,7 @@ def test_a_killed_rank_fails_the_pod_retryably_and_the_next_attempt_ends_alike(
     resumed = job.run()
     assert resumed.code == 0, resumed.stderr[-3000:]
     assert resumed.of("start")[0]["resumeFrom"]["step"] == 4
-    assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter(job), adapter(two))
 
 
 def test_a_rank_that_exits_unfinished_fails_the_pod_retryably_in_its_name(tmp_path: Path, tiny_assets: Path) -> None:
@@ -156,7 +159,7 @@ def test_a_checkpoint_of_two_processes_resumes_in_one(
     assert resumed.of("start")[0]["resumeFrom"]["step"] == 4
     assert resumed.of("start")[0]["worldSize"] == 1
     assert summary(job)["finalStep"] == STEPS
-    assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter(job), adapter(two))
 
 
 def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_its_reason(tmp_path: Path, tiny_assets: Path) -> None:
@@ -184,7 +187,7 @@ def test_packing_eval_and_the_merged_export_are_the_same_on_two_processes(tmp_pa
     assert summary(two)["data"] == summary(one)["data"]
     assert summary(two)["evalLoss"] == pytest.approx(summary(one)["evalLoss"], abs=1e-4)
     assert [e["step"] for e in split.of("eval")] == [e["step"] for e in single.of("eval")] == [4, 8, 12]
-    assert max_difference(adapter(two), adapter(one)) <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter(two), adapter(one))
     merged = load_file(str(two.output / "merged" / "model.safetensors"))
     reference = load_file(str(one.output / "merged" / "model.safetensors"))
     assert max_difference(merged, reference) <= ADAPTER_TOLERANCE
@@ -234,7 +237,33 @@ def test_sigterm_mid_accumulation_saves_the_point_reached_and_the_resumed_run_lo
     assert sorted(resumed.losses) == list(range(6, STEPS + 1))  # step 6 is finished, not redone
     assert losses_equal(resumed, uninterrupted)
     assert summary(job)["finalStep"] == STEPS
-    assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter(job), adapter(two))
+
+
+def test_a_resume_one_micro_batch_off_is_beyond_the_tolerance(
+    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+) -> None:
+    """The tolerance bites: the fault it exists for, planted. A run stopped after micro-batch 1
+    of step 6 resumes from a checkpoint whose carried gradients were zeroed here (what a resume
+    that forgot them would do), so step 6 applies micro-batch 2 alone: one micro-batch lost out
+    of 24. Its adapter must fall outside ADAPTER_TOLERANCE of the uninterrupted one's."""
+    import torch
+
+    two, _ = two_process_run
+    job, stopped = run_job(tmp_path, tiny_assets, ONE, env={"FINETUNE_TEST_SIGTERM_AT": "6.1"})
+    assert stopped.code == ExitReason.Interrupted, stopped.stderr[-3000:]
+    partial_file = job.checkpoints / "checkpoint-5-micro-1" / "partial_step.pt"
+    partial = torch.load(partial_file, map_location="cpu", weights_only=True)
+    assert max(float(g.abs().max()) for g in partial["grads"].values()) > 0, "micro-batch 1 left no gradient"
+    partial["grads"] = {name: torch.zeros_like(g) for name, g in partial["grads"].items()}
+    torch.save(partial, partial_file)
+    resumed = job.run()
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    assert summary(job)["finalStep"] == STEPS
+    assert movement(adapter(job)) > 100 * ADAPTER_TOLERANCE
+    difference = max_difference(adapter(job), adapter(two))
+    print(f"one micro-batch lost: max abs difference {difference} (tolerance {ADAPTER_TOLERANCE})")
+    assert difference > 10 * ADAPTER_TOLERANCE, difference
 
 
 def test_a_stop_inside_a_step_resumes_on_another_process_count_by_running_that_step_again(
@@ -248,7 +277,7 @@ def test_a_stop_inside_a_step_resumes_on_another_process_count_by_running_that_s
     assert resumed.code == 0, resumed.stderr[-3000:]
     assert "runs again from its start" in resumed.stderr
     assert summary(job)["finalStep"] == STEPS
-    assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter(job), adapter(two))
 
 
 def test_sigterm_twice_during_a_checkpoint_write_leaves_that_checkpoint_whole(
@@ -262,7 +291,7 @@ def test_sigterm_twice_during_a_checkpoint_write_leaves_that_checkpoint_whole(
     resumed = job.run()
     assert resumed.code == 0, resumed.stderr[-3000:]
     assert resumed.of("start")[0]["resumeFrom"]["step"] == 8
-    assert max_difference(adapter(job), adapter(two)) <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter(job), adapter(two))
 
 
 # --- several nodes: one launcher per pod, a c10d rendezvous on pod 0 ------------------------
@@ -320,7 +349,7 @@ def test_two_nodes_of_one_process_train_the_adapter_of_one_pod_with_two(
     assert summary(jobs[0])["ranksInStep"] is True
     difference = max_difference(adapter(jobs[0]), adapter(two))
     print(f"two nodes against one pod of two processes: max abs difference {difference}")
-    assert difference <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter(jobs[0]), adapter(two))
     assert first.losses == pytest.approx(run.losses, abs=1e-4)
     # Global rank 0 is in the pod of index 0, and it alone writes and reports.
     assert len(first.of("start")) == 1 and not second.of("start")
@@ -343,7 +372,7 @@ def test_a_killed_rank_on_the_second_node_and_the_whole_gang_resumes_from_rank_0
     assert resumed[1].code == 0, resumed[1].stderr[-3000:]
     assert resumed[0].of("start")[0]["resumeFrom"]["step"] == 4
     assert sorted(resumed[0].losses) == list(range(5, STEPS + 1))
-    assert max_difference(adapter(jobs[0]), adapter(two)) <= ADAPTER_TOLERANCE
+    assert_same_trained_adapter(adapter(jobs[0]), adapter(two))
     assert not jobs[1].output.exists(), "node 1 saw or wrote a checkpoint"
 
 
