@@ -1,0 +1,243 @@
+"""Every measured figure of the README and bench/README.md, held to the committed record it
+came from (bench/results/ and bench/results/reliability/): a figure that disagrees with its
+record, or a record the text leaves out, fails here.
+
+The figures are phrased here from the records, the way the README writes them, and looked up
+in its text; the results table is compared whole with `python -m bench.table`'s rendering.
+"""
+
+import json
+import re
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.table import HEADER, render
+from tests.reliability.test_operator_chaos import kill_modes
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+BENCH_README = (REPO / "bench" / "README.md").read_text(encoding="utf-8")
+RESULTS = REPO / "bench" / "results"
+RELIABILITY = RESULTS / "reliability"
+
+
+def record(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((RELIABILITY / name).read_text())
+    return data
+
+
+def flat(text: str) -> str:
+    """The text with its line breaks and runs of spaces as single spaces (the README wraps)."""
+    return re.sub(r"\s+", " ", text)
+
+
+def assert_stated(phrase: str, text: str = README) -> None:
+    if flat(phrase) not in flat(text):
+        pytest.fail(f"not in the text as the record says: {phrase!r}")
+
+
+# --- the GPU results table -----------------------------------------------------------------
+
+
+def test_readme_table_is_bench_table_rendering() -> None:
+    start = README.index(HEADER)
+    end = README.index("\n\n", start)
+    assert README[start:end] == render()
+
+
+# --- bench/README.md's measured table ------------------------------------------------------
+
+
+def _bench_rows() -> list[list[str]]:
+    section = BENCH_README[BENCH_README.index("## Measured") :]
+    table = section[section.index("\n| ") + 1 : section.index("\n\n", section.index("\n| "))]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+
+
+def _peaks_cell(ours: dict[str, Any]) -> str:
+    peak = ours["peak_gib"][0]
+    plan = next(iter(ours["plan"].values()))
+    each = " each" if len(ours["peak_gib"]) > 1 else ""
+    return f"{peak:.2f}{each}; {plan:.2f}"
+
+
+def test_bench_readme_rows_are_their_records() -> None:
+    named = set()
+    for _run, cell, reference, ref_tok_s, ours_tok_s, ratio, peaks in _bench_rows():
+        name = cell.strip("`")
+        data = json.loads((RESULTS / name).read_text())
+        named.add(name)
+        assert ref_tok_s == f"{data['reference']['tok_s']:.1f}", (name, ref_tok_s)
+        assert ours_tok_s == f"{data['ours']['tok_s']:.1f}", (name, ours_tok_s)
+        assert ratio == f"{data['ratio']:.3f}x", (name, ratio)
+        assert peaks == _peaks_cell(data["ours"]), (name, peaks)
+        if split := re.search(r"split over 2: ([0-9.]+)", reference):
+            assert split.group(1) == f"{data['reference_split_same_call']['tok_s']:.1f}", name
+    comparisons = {p.name for p in RESULTS.glob("*.json") if "tok_s" in (json.loads(p.read_text()).get("ours") or {})}
+    assert comparisons - named == set(), "comparison records bench/README.md does not list"
+
+
+def test_the_no_checkpointing_figure_is_its_record() -> None:
+    data = json.loads((RESULTS / "2026-11-30-h200-1gpu-run2.json").read_text())
+    tok_s = data["ours_no_checkpointing"]["tok_s"]
+    assert_stated(f"Without gradient checkpointing, 1 GPU: {tok_s:.1f} tok/s", BENCH_README)
+
+
+# --- the reliability soak ------------------------------------------------------------------
+
+
+def _x(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def load_ratios(data: dict[str, Any]) -> str:
+    """Every round's CR-to-Job ratios to the floor, then the medians the soak judges."""
+    rounds = data["rounds"]
+    p50 = " / ".join(_x(r["latency_p50_ratio"]) for r in rounds)
+    p99 = " / ".join(_x(r["latency_p99_ratio"]) for r in rounds)
+    median50 = statistics.median(r["latency_p50_ratio"] for r in rounds)
+    median99 = statistics.median(r["latency_p99_ratio"] for r in rounds)
+    assert (median50, median99) == (data["latency_p50_ratio"], data["latency_p99_ratio"])
+    return f"per round p50 {p50}, p99 {p99}: median {_x(median50)} and {_x(median99)}"
+
+
+@pytest.mark.parametrize("day", ["2026-11-30", "2026-12-01"])
+def test_load_soak_every_round_is_stated(day: str) -> None:
+    assert_stated(load_ratios(record(f"{day}-load-500.json")))
+
+
+def test_the_one_round_load_run_is_its_record() -> None:
+    data = record("2026-11-30-load-500-make-soak-one-round.json")
+    ours, floor = data["ours"], data["floor"]
+    assert_stated(
+        f"p50 {ours['p50_s']} s against {floor['p50_s']} s ({data['latency_p50_ratio']}x), "
+        f"p99 {ours['p99_s']} s against {floor['p99_s']} s ({data['latency_p99_ratio']}x)"
+    )
+
+
+@pytest.mark.parametrize("day", ["2026-11-30", "2026-12-01"])
+def test_operator_chaos_mix_and_outcome(day: str) -> None:
+    data = record(f"{day}-operator-chaos-50x20.json")
+    modes = kill_modes(data["kill_log"])
+    assert_stated(f"{modes['sigkill']} SIGKILLs and {modes['hook_exit']} hook exits")
+    assert data["job_created_events_over_1"] == 0 and data["duplicate_children"] == 0
+    assert_stated(f"all terminal {round(data['seconds_to_all_terminal'])} s after the first kill")
+
+
+@pytest.mark.parametrize("day", ["2026-11-30", "2026-12-01"])
+def test_fuzz_admission(day: str) -> None:
+    data = record(f"{day}-fuzz-admission-1000.json")
+    assert_stated(
+        f"{data['accepted']} admitted and reconciled within {data['seconds_to_reconcile_all']} s of the last "
+        f"submission, {data['rejected']} refused at admission"
+    )
+    assert data["operator_errors"] == data["drift"] == data["unreconciled"] == 0
+
+
+def test_fuzz_phases_of_the_first_run() -> None:
+    phases = record("2026-11-30-fuzz-admission-1000.json")["phases"]
+    assert_stated(
+        f"{phases['Pending']} Pending, {phases['Queued']} Queued, {phases['Suspended']} Suspended, "
+        f"{phases['Failed']} Failed with a reason"
+    )
+
+
+@pytest.mark.parametrize("day", ["2026-11-30", "2026-12-01"])
+def test_trainer_chaos(day: str) -> None:
+    data = record(f"{day}-trainer-chaos-20.json")
+    assert_stated(f"{data['survived']}/{data['kills']} survived")
+    assert_stated(f"(max abs diff {data['adapter_max_abs_difference']}); {round(data['seconds'])} s")
+    modes = Counter(a["mode"] for a in data["attempts"])
+    if day == "2026-11-30":
+        assert_stated(
+            f"{modes['in-save']} inside checkpoint writes (each torn folder discarded), {modes['random']} past"
+        )
+        resumed = ", ".join(
+            str(a["resumed_from"]).replace("None", "none") for a in data["attempts"] if a["mode"] == "random"
+        )
+        assert_stated(f"resumed from steps {resumed}")
+    else:
+        assert_stated(
+            f"{modes['in-save']} SIGKILLs inside a checkpoint write, {modes['random']} at a random moment, "
+            f"{modes['term-in-save']} double SIGTERMs inside a write"
+        )
+
+
+@pytest.mark.parametrize(
+    "name", ["2026-11-30-apiserver-restart-5-gap150.json", "2026-12-01-apiserver-restart-5-gap150.json"]
+)
+def test_apiserver_restarts(name: str) -> None:
+    rounds = record(name)["rounds"]
+    converge = [r["converge_s"] for r in rounds]
+    lag = [r["operator_lag_s"] for r in rounds]
+    text = flat(README)
+    for low, high in ((min(converge), max(converge)), (min(lag), max(lag))):
+        assert f"{low} to {high} s" in text or f"{low}-{high} s" in text, (name, low, high)
+
+
+def test_apiserver_back_to_back() -> None:
+    data = record("2026-11-30-apiserver-restart-3-gap0.json")
+    converge = ", ".join(str(r["converge_s"]) for r in data["rounds"])
+    assert_stated(f"{converge} s, again 0.0 to {data['max_operator_lag_s']} s of operator lag")
+
+
+# --- the planner's figure for the 32-layer row ---------------------------------------------
+
+SLICE_32 = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "num_hidden_layers": 32,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
+
+
+def test_the_32_layer_rows_one_card_figure_is_todays_planner(tmp_path: Path) -> None:
+    """The README says the 32-layer slice does not fit one 22.4 GiB card, with the planner's
+    figure: today's planner, on the bench's own spec (bench/trainer_job.py) on one P40."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from bench.trainer_job import spec_for
+
+    spec = spec_for(seq=2048, steps=6, gpus=1)
+    spec["model"]["source"]["pvc"]["path"] = "slice"
+    spec["resources"]["gpuProduct"] = "Tesla-P40"
+    job = {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": "s32"}, "spec": spec}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    (tmp_path / "config.json").write_text(json.dumps(SLICE_32))
+    command = [sys.executable, "-m", "finetune_cli", "plan", str(tmp_path / "job.yaml")]
+    command += ["--model-config", str(tmp_path / "config.json"), "--json"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    plan = json.loads(out.stdout)
+    assert plan["fits"] is False and plan["gpu_memory_gib"] == 22.4, plan["message"]
+    total = max(g["total_gib"] for g in plan["per_gpu"])
+    assert_stated(
+        "a model one 22.4 GiB card cannot train "
+        f"(today's planner, for the bench's spec on one such card: {total:.1f} GiB)"
+    )
+
+
+def test_the_fsdp_loading_figures_are_the_40_layer_record() -> None:
+    ours = json.loads((RESULTS / "2026-11-30-h200-2gpu-40l-fsdp.json").read_text())["ours"]
+    seconds, anon, resident = (
+        ours["loadSeconds"],
+        ours["peakHostAnonGiBPerProcess"][0],
+        ours["peakHostGiBPerProcess"][0],
+    )
+    for text in (README, BENCH_README):
+        assert_stated(f"{round(seconds)} s from start to sharded", text)
+        assert_stated(f"{anon:.1f} GiB", text)
+        assert_stated(f"{resident:.1f} GiB", text)
