@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from finetune_api.constants import API_VERSION, GROUP, KIND, LABEL_COMPONENT, LABEL_JOB, PLURAL, VERSION
 from tests.fixtures.cluster import Cluster, wait_for, wait_pod_phase
+from tests.support.ci import require
 from tests.support.cli import PYTHONPATH, assert_one_line_error, ftjob
 from tests.support.specs import body as spec_body
 
@@ -376,10 +377,8 @@ def test_kubectl_runs_it_as_the_finetune_plugin(cluster: Cluster, finetune_crd: 
 
     kubectl = cluster.layout.bin / "kubectl"
     plugin = Path(sys.executable).parent / "kubectl-finetune"
-    if not kubectl.exists():
-        pytest.skip(f"no kubectl at {kubectl}")
-    if not plugin.exists():
-        pytest.skip(f"{plugin} is not installed (`make dev` installs the project's scripts)")
+    require(kubectl.exists(), f"kubectl at {kubectl}")
+    require(plugin.exists(), f"{plugin} (`make dev` installs the project's scripts)")
     submitted(tmp_path, namespace, "plugged")
     env = {**os.environ, "PATH": f"{plugin.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     result = subprocess.run(

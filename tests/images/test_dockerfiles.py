@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.ci import in_ci
 from tests.support.helm import CHART, REPO
 
 OPERATOR = REPO / "operator" / "Dockerfile"
@@ -140,11 +141,15 @@ def test_image_requirements_are_exact_pins_of_what_the_tests_run(requirements: P
         assert match, f"{requirements.name}:{number}: {line!r} is not an exact `name==version` pin"
         pins[re.sub(r"\[.*\]", "", match.group(1))] = match.group(2)
     mismatched = []
+    missing = []
     for name, version in pins.items():
         try:
             installed = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            continue  # e.g. a CUDA-only wheel; nothing to compare against here
+            missing.append(name)  # nothing to compare against here
+            continue
         if installed.split("+")[0] != version.split("+")[0]:
             mismatched.append(f"{name}: pinned {version}, tested with {installed}")
     assert not mismatched, "\n".join(mismatched)
+    # CI installs every pin (`make dev` takes these files as constraints): none may be absent there.
+    assert not (missing and in_ci()), f"pinned but not installed under CI: {missing}"
