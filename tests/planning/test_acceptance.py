@@ -26,7 +26,8 @@ def test_70b_fits_four_p40s_in_fsdp_mode_with_chunked_loss_at_the_examples_1664_
     """SDPA in fp32 runs PyTorch's math kernel (measured: calibration.SDPA_FP32_KEEPS_MATRIX), which
     keeps the heads x seq x seq probabilities (1 GiB per layer pass at 2048): 2048 tokens do not fit
     4 P40s in fsdp, the example's 1664 do with the loss in chunks. With 16-bit compute the
-    memory-efficient kernel keeps no matrix (a regression pin on today's figures)."""
+    memory-efficient kernel keeps no matrix. Fits or not, and the chunk size: a regression pin on
+    today's figures; the quantised weights per GPU: hand arithmetic (the comment below)."""
     assert not make_plan(
         shape_from_config(LLAMA_33_70B), Recipe(max_length=2048, attention="memory_efficient"), p40s(4), mode="fsdp"
     ).fits
@@ -43,8 +44,9 @@ def test_70b_fits_four_p40s_in_fsdp_mode_with_chunked_loss_at_the_examples_1664_
     assert not whole.fits and whole.per_gpu[0].peak_phase == "loss"
 
 
-def test_70b_in_fsdp_on_four_p40s_misses_at_2048_tokens_with_materialised_attention():
-    """Regression pin: by today's count 2048 tokens miss 4 P40s in fsdp by about 2.5 GiB."""
+def test_regression_pin_70b_in_fsdp_on_four_p40s_misses_at_2048_tokens_with_materialised_attention():
+    """Regression pin, derived from nothing else: by today's count 2048 tokens miss 4 P40s in fsdp
+    by about 2.5 GiB."""
     plan = make_plan(shape_from_config(LLAMA_33_70B), SEQ_2048, p40s(4), mode="fsdp")
     assert not plan.fits
     assert 0.2 < plan.shortfall_gib < 3.0
@@ -70,6 +72,13 @@ def test_70b_on_four_p40s_says_what_device_map_needs():
 
 
 def test_70b_does_not_fit_two_p40s_and_says_by_how_much_and_what_would():
+    """That it cannot fit: hand arithmetic. 80 layers x 441,397,248 bytes of NF4 weights (855,638,016
+    parameters at 0.5 + 1/64 + 4/(64 x 256) bytes), the fp32 embeddings and head (2 x 128256 x
+    8192 x 4 bytes) and the checkpointed layer inputs at 2048 tokens (80 x 2048 x 8192 x 4 bytes)
+    are 45.7 GiB before any transient: more than 2 x 22.4 GiB. The GPU count it names (3 or 4)
+    is a regression pin; that the planner agrees with itself there is consistency."""
+    by_hand = (80 * 441_397_248 + 2 * 128256 * 8192 * 4 + 80 * 2048 * 8192 * 4) / GIB
+    assert by_hand == pytest.approx(45.7, abs=0.05) and by_hand > 2 * 22.4
     plan = make_plan(shape_from_config(LLAMA_33_70B), SEQ_2048, p40s(2))
     assert not plan.fits
     assert plan.shortfall_gib > 1

@@ -82,11 +82,41 @@ def test_gpu_memory_override_decides_fit():
     assert not make_plan(shape, Recipe(), Hardware(1, P40, 8.0)).fits
 
 
-def test_total_is_resident_plus_larger_phase_plus_overhead():
+def test_the_last_gpu_of_70b_in_device_map_against_hand_arithmetic():
+    """Hand arithmetic for the parts of the last of 4 P40s in deviceMap at 2048 tokens (the layer
+    count it holds is the planner's): a 70B layer has 855,638,016 NF4 parameters at 0.5 + 1/64 +
+    4/(64 x 256) bytes; the fp32 head is 128256 x 8192 x 4 bytes; the whole-sequence loss keeps
+    three fp32 copies of 2048 x 128256 logits; LoRA r=8 on q/k/v/o is 409,600 parameters a layer
+    at 4 (weight) + 4 (gradient) + 2 (8-bit Adam's two states) bytes. The total is then the rule
+    `ftjob plan` prints (resident + the larger pass + context), from those hand figures plus the
+    planner's own activations, temporaries and context. Against a measurement: test_calibration.py
+    and the layer test below."""
     gpu = make_plan(SHAPE_70B, Recipe(), Hardware(4, P40, 22.4), mode="device_map").per_gpu[3]
-    resident = gpu.quantised_weights + gpu.embeddings_head + gpu.norms + gpu.lora_optimizer + gpu.activations
-    assert gpu.total == pytest.approx(resident + max(gpu.temporaries, gpu.logits) + gpu.overhead)
+    layer = 855_638_016 * (0.5 + 1 / 64 + 4 / (64 * 256))
+    assert gpu.quantised_weights == pytest.approx(gpu.layers * layer)
+    assert gpu.embeddings_head == 128256 * 8192 * 4
+    assert gpu.logits == 3 * 2048 * 128256 * 4
+    assert gpu.lora_optimizer == pytest.approx(gpu.layers * 409_600 * 10, rel=0.01)
+    resident = gpu.layers * layer + 128256 * 8192 * 4 + gpu.norms + gpu.layers * 409_600 * 10 + gpu.activations
+    total = resident + max(gpu.temporaries, 3 * 2048 * 128256 * 4) + gpu.overhead
+    assert gpu.total == pytest.approx(total, rel=0.001)
     assert gpu.headroom == pytest.approx(22.4 * GIB - gpu.total)
+
+
+def test_a_70b_layers_weights_against_the_committed_measurement():
+    """Committed measurement: bench/results/2026-11-30-h200-layer-memory.json, one 70B-shaped
+    layer loaded NF4 with double quant and LoRA r=8 on q/k/v/o on the H200 (allocator
+    statistics). The planner's layer weights plus its LoRA weights within 1% of it."""
+    import json
+    from pathlib import Path
+
+    record = json.loads(
+        (Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-11-30-h200-layer-memory.json").read_text()
+    )
+    planned = mem.layer_weight_bytes(SHAPE_70B, Recipe()) + record["lora_bytes_per_layer"]
+    assert planned == pytest.approx(record["layer_weights_bytes"], rel=0.01)
+    assert mem.head_bytes(SHAPE_70B) == record["lm_head_bytes"]
+    assert mem.embedding_bytes(SHAPE_70B, Recipe()) == record["embed_bytes"]
 
 
 def test_known_products_are_found_by_label_and_by_torch_name():
