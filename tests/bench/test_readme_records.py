@@ -241,3 +241,13 @@ def test_the_fsdp_loading_figures_are_the_40_layer_record() -> None:
         assert_stated(f"{round(seconds)} s from start to sharded", text)
         assert_stated(f"{anon:.1f} GiB", text)
         assert_stated(f"{resident:.1f} GiB", text)
+
+
+def test_the_bit_identical_claim_points_to_its_gpu_run() -> None:
+    name = "2026-12-01-h200-gpu-quantise.json"
+    data = json.loads((RESULTS / name).read_text())
+    assert data["bit_identical"] is True and data["exit_code"] == 0, data
+    assert data["command"] == "python tests/trainer/test_gpu_quantise.py"
+    for text in (README, BENCH_README):
+        assert_stated("bit-identical to those quantised on the GPU and kept there", text)
+        assert_stated(name, text)
