@@ -183,7 +183,7 @@ def _streamed(config: TrainerConfig, kwargs: dict[str, Any], mode: Mode, device:
     reader = CheckpointFiles(files)
     try:
         model = skeleton(load_model_config(config), reader, {k: kwargs[k] for k in SKELETON_KWARGS if k in kwargs})
-        found = sources(model, reader.keys())
+        found = sources(model, reader.names())
     except (KeyError, ValueError) as exc:
         found = f"cannot build the model on the meta device: {str(exc).splitlines()[0]}"
     if isinstance(found, str):

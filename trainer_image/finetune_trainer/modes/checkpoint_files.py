@@ -55,10 +55,10 @@ class CheckpointFiles:
         self.bytes_read = 0
         for path in files:
             handle = self._stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
-            for key in handle.keys():
-                self._where[key] = handle
+            stored: list[str] = handle.keys()  # safe_open's handle is not iterable
+            self._where.update(dict.fromkeys(stored, handle))
 
-    def keys(self) -> list[str]:
+    def names(self) -> list[str]:
         return list(self._where)
 
     def meta(self, key: str) -> torch.Tensor:

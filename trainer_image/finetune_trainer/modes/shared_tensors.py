@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 # A header describes a value: ("tensor", shape, dtype) or ("4bit", data header, state header, fields).
 Header = tuple[Any, ...]
@@ -72,7 +71,7 @@ def _rebuild_state(header: dict[str, Any], src: int, device: torch.device) -> An
     return state
 
 
-def receive(header: Header, src: int, device: torch.device, module: nn.Module) -> torch.Tensor:
+def receive(header: Header, src: int, device: torch.device, module: Any) -> torch.Tensor:
     """The value `header` describes, its tensors received from `src` in `describe`'s order."""
     if header[0] == "tensor":
         return _receive(header[1], header[2], src, device)
@@ -81,16 +80,14 @@ def receive(header: Header, src: int, device: torch.device, module: nn.Module) -
     _, (shape, dtype), state_header, fields = header
     data = _receive(shape, dtype, src, device)
     state = _rebuild_state(state_header, src, device)
-    param = Params4bit(
-        data, requires_grad=False, quant_state=state, module=module, bnb_quantized=True, **fields
-    )
+    param = Params4bit(data, requires_grad=False, quant_state=state, module=module, bnb_quantized=True, **fields)
     # As bitsandbytes' own quantisation does: FSDP's flat views lose the parameter's state, and
     # Linear4bit restores it from the module's.
     module.quant_state = state
     return param
 
 
-def share(value: torch.Tensor | None, src: int, device: torch.device, module: nn.Module) -> torch.Tensor:
+def share(value: torch.Tensor | None, src: int, device: torch.device, module: Any) -> torch.Tensor:
     """On `src`, `value` (sent to every rank); elsewhere, what `src` sent. Every rank calls it."""
     mine = dist.get_rank() == src
     header: list[Any] = [None]

@@ -43,11 +43,9 @@ def skeleton(model_config: Any, files: CheckpointFiles, kwargs: dict[str, Any]) 
     """The model `from_pretrained(**kwargs)` makes, on the meta device, no weight read."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)]
-    stored = {key: files.meta(key) for key in files.keys()}
-    return model_class.from_pretrained(
-        None, config=model_config, state_dict=stored, device_map={"": "meta"}, **kwargs
-    )
+    model_class: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)]
+    stored = {key: files.meta(key) for key in files.names()}
+    return model_class.from_pretrained(None, config=model_config, state_dict=stored, device_map={"": "meta"}, **kwargs)
 
 
 @contextmanager
@@ -61,8 +59,10 @@ def adapter_on_host() -> Iterator[None]:
     def _to(self: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
         device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
         if device is not None and device.type == "meta":
-            return original(self, dtype=dtype) if dtype is not None else self
-        return original(self, *args, **kwargs)  # type: ignore[no-any-return]
+            moved: nn.Module = original(self, dtype=dtype) if dtype is not None else self
+            return moved
+        kept: nn.Module = original(self, *args, **kwargs)
+        return kept
 
     nn.Module.to = _to  # type: ignore[method-assign,assignment]
     try:
@@ -143,7 +143,7 @@ def _meta_tensors(root: nn.Module) -> dict[int, tuple[torch.Tensor, list[Slot]]]
     queue = [root]
     while queue:
         module = queue.pop(0)
-        held = [(n, t, False) for n, t in module._parameters.items()]
+        held: list[tuple[str, torch.Tensor | None, bool]] = [(n, t, False) for n, t in module._parameters.items()]
         held += [(n, t, True) for n, t in module._buffers.items()]
         for name, tensor, is_buffer in held:
             if tensor is not None and tensor.is_meta:
@@ -162,7 +162,10 @@ def _place(value: torch.Tensor, tensor: torch.Tensor, slots: list[Slot]) -> None
     else:
         new = nn.Parameter(value, requires_grad=tensor.requires_grad)
     for module, name, is_buffer in slots:
-        (module._buffers if is_buffer else module._parameters)[name] = new
+        if is_buffer:
+            module._buffers[name] = new
+        else:
+            module._parameters[name] = new  # type: ignore[assignment]  # a Parameter or a Params4bit
 
 
 def _init_functions(model: nn.Module) -> dict[nn.Module, Any]:
@@ -181,7 +184,9 @@ def _init_functions(model: nn.Module) -> dict[nn.Module, Any]:
 class Stream:
     """The checkpoint's reader for one rank of an fsdp pod; `materialise` is FSDP's param_init_fn."""
 
-    def __init__(self, model: nn.Module, files: CheckpointFiles, found: dict[int, Source], device: torch.device) -> None:
+    def __init__(
+        self, model: nn.Module, files: CheckpointFiles, found: dict[int, Source], device: torch.device
+    ) -> None:
         self.files = files
         self.sources = found
         self.device = device
@@ -190,7 +195,7 @@ class Stream:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.load = [0] * self.world  # bytes each rank was given to read, over the units so far
 
-    def _make(self, tensor: torch.Tensor, source: Source, module: nn.Module) -> torch.Tensor:
+    def _make(self, tensor: torch.Tensor, source: Source, module: Any) -> torch.Tensor:
         """One tensor as today's loader makes it: read, cast to its load dtype, quantised or cast
         on to the dtype the model now has for it. The casts run on the rank's device: widening is
         exact and narrowing rounds to nearest even there as on the host, so the bits are the same."""
@@ -202,7 +207,9 @@ class Stream:
         if source.transposed:
             value = value.T
         fields = {k: getattr(tensor, k) for k in ("blocksize", "compress_statistics", "quant_type", "quant_storage")}
-        return Params4bit(value, requires_grad=False, module=module, **fields).to(self.device)
+        weight: Any = Params4bit(value, requires_grad=False, module=module, **fields)
+        quantised: torch.Tensor = weight.to(self.device)  # bitsandbytes' kernel on this device
+        return quantised
 
     def materialise(self, root: nn.Module) -> None:
         """Every meta tensor under `root`: read and made by its owner, then shared; the buffers
