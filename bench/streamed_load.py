@@ -91,10 +91,14 @@ def _differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
 
 
 def _load(config: Any, hardware: Any, mode: Any, device: Any) -> Any:
-    from finetune_trainer.model_loading import load_model
+    from finetune_trainer import families
+    from finetune_trainer.model_loading import load_model, load_model_config
     from finetune_trainer.preflight import MemoryPlan
 
-    return load_model(config, hardware, "fp32", "sdpa", MemoryPlan(None, "cpu", {}), mode=mode, device=device, seed=0)
+    # sdpa, or the kernel the family needs (Gemma 2: eager), as the trainer chooses.
+    attention = families.kernel(families.check(load_model_config(config), config.spec), "sdpa")
+    plan = MemoryPlan(None, "cpu", {})
+    return load_model(config, hardware, "fp32", attention, plan, mode=mode, device=device, seed=0)
 
 
 def _warm(config: Any) -> None:

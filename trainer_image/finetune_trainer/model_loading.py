@@ -73,7 +73,7 @@ def checkpoint_files(config: TrainerConfig) -> list[Path]:
             allow_patterns=["*.safetensors", INDEX],
         )
     except (OSError, ValueError) as exc:
-        log.warning("cannot list the model's safetensors files (%s): loading through from_pretrained", exc)
+        log.warning("cannot list the model's safetensors files in the Hub cache: %s", str(exc).splitlines()[0])
         return []
     return files_of(Path(folder))
 

@@ -31,12 +31,15 @@ DTYPES = {
 
 
 def files_of(folder: Path) -> list[Path]:
-    """The folder's safetensors files (those its index names, when it has one); [] when none."""
+    """The folder's safetensors files as from_pretrained picks them: those its index names, else
+    `model.safetensors`, else every one there (a folder may also hold another format's copy,
+    e.g. `consolidated.safetensors`); [] when none."""
     index = folder / INDEX
     if index.is_file():
         weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
         return [folder / name for name in sorted(set(weight_map.values()))]
-    return sorted(folder.glob("*.safetensors"))
+    single = folder / "model.safetensors"
+    return [single] if single.is_file() else sorted(folder.glob("*.safetensors"))
 
 
 def size_of(files: list[Path]) -> int:

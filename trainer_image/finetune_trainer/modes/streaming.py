@@ -96,7 +96,8 @@ def _model_names(model: Any, stored: list[str]) -> dict[str, str] | str:
 
 def sources(model: Any, stored: list[str]) -> dict[int, Source] | str:
     """Every model tensor's source, by the tensor's identity (tied weights share one); a reason
-    instead when the checkpoint cannot be streamed."""
+    instead when the checkpoint cannot be streamed. Buffers no checkpoint holds (rotary
+    frequencies, Gemma's embedding scale) are computed as from_pretrained computes them."""
     from transformers.pytorch_utils import Conv1D
 
     names = _model_names(model, stored)
@@ -113,9 +114,6 @@ def sources(model: Any, stored: list[str]) -> dict[int, Source] | str:
     for name, tensor in model.state_dict(keep_vars=True).items():
         if id(tensor) not in found:
             return f"the checkpoint has no tensor for {name}"
-    for name, module in model.named_modules():
-        if module._non_persistent_buffers_set and any(p is not None for p in module._parameters.values()):
-            return f"{name} computes buffers beside its weights"
     return found
 
 
@@ -161,6 +159,9 @@ def _place(value: torch.Tensor, tensor: torch.Tensor, slots: list[Slot]) -> None
         new = value
     else:
         new = nn.Parameter(value, requires_grad=tensor.requires_grad)
+    # As from_pretrained marks what it loaded: transformers' init functions, run next on the
+    # buffers computed at load (`_compute_derived`), leave a marked tensor as it is.
+    new._is_hf_initialized = True  # type: ignore[attr-defined]
     for module, name, is_buffer in slots:
         if is_buffer:
             module._buffers[name] = new
@@ -231,8 +232,9 @@ class Stream:
         self._compute_derived([(t, s) for t, s in pending.values() if id(t) not in self.sources])
 
     def _compute_derived(self, derived: list[tuple[torch.Tensor, list[Slot]]]) -> None:
-        """Buffers no checkpoint holds (rotary frequencies): computed here by the function
-        today's loader runs on them, on every rank."""
+        """Buffers no checkpoint holds (rotary frequencies, an embedding scale): computed on every
+        rank by the function from_pretrained runs on them, which leaves the loaded (marked)
+        weights of the same module alone."""
         modules: dict[nn.Module, None] = {}
         for tensor, slots in derived:
             for module, name, _ in slots:
