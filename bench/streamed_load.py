@@ -135,6 +135,7 @@ def worker(model_dir: Path, out: Path, gpu: bool) -> None:
     config = _config(model_dir, 1 if gpu else 0)
     hardware, memory = detect(config.spec), HostMemory(interval=0.02).start()
     _warm(config)
+    at_start = memory.anon_peak_gib  # the process with its libraries, before any weight
     start, streamed = time.time(), Fsdp()
     model = _load(config, hardware, streamed, device)
     built = time.time() - start  # the meta model with its adapter: no weight read yet
@@ -142,7 +143,7 @@ def worker(model_dir: Path, out: Path, gpu: bool) -> None:
     topology = Topology(rank=rank, world_size=world, local_rank=rank, local_world_size=world)
     wrapped = streamed.wrap(model, trainable, topology, gpu)
     result: dict[str, Any] = {"rank": rank, "streamedSeconds": round(time.time() - start, 1)}
-    result["metaModelSeconds"] = round(built, 1)
+    result.update(metaModelSeconds=round(built, 1), anonAtStartGiB=round(at_start, 2))
     result.update(bytesRead=streamed.bytes_read, streamedAnonPeakGiB=round(memory.anon_peak_gib, 2))
     start = time.time()
     before = _load(config, hardware, BeforeStreaming(), device)
@@ -161,21 +162,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def tensor_bytes(model_dir: Path) -> int:
-    """The checkpoint's tensor bytes, from the safetensors headers."""
+def tensor_bytes(model_dir: Path) -> tuple[int, int]:
+    """The checkpoint's tensor bytes and its largest tensor's element count, from the headers."""
     import torch
     from safetensors import safe_open
 
     from finetune_trainer.modes.checkpoint_files import DTYPES, files_of
 
-    total = 0
+    total, largest = 0, 0
     for path in files_of(model_dir):
         with safe_open(str(path), framework="pt") as handle:
             stored: list[str] = handle.keys()
             for key in stored:
                 piece = handle.get_slice(key)
-                total += torch.Size(piece.get_shape()).numel() * DTYPES[piece.get_dtype()].itemsize
-    return total
+                count = torch.Size(piece.get_shape()).numel()
+                total += count * DTYPES[piece.get_dtype()].itemsize
+                largest = max(largest, count)
+    return total, largest
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +197,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     codes = [p.returncode for p in started]
     ranks = [json.loads((work / f"{r}.json").read_text()) for r in range(world) if codes[r] == 0]
     failed = {r: errors[r][-2000:] for r in range(world) if codes[r] != 0}
-    return {"world": world, "checkpointTensorBytes": tensor_bytes(model_dir), "ranks": ranks, "failed": failed}
+    total, largest = tensor_bytes(model_dir)
+    # Issue 30's target: a process's own memory at most the largest tensor in fp32 plus 2 GiB
+    # over what it held before loading.
+    bound = largest * 4 / 2**30 + 2
+    for rank in ranks:
+        rank["streamedWithinBound"] = rank["streamedAnonPeakGiB"] - rank["anonAtStartGiB"] <= bound
+    summary = {"world": world, "checkpointTensorBytes": total, "boundOverStartGiB": round(bound, 2)}
+    return {**summary, "ranks": ranks, "failed": failed}
 
 
 if __name__ == "__main__":

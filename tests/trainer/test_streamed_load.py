@@ -37,6 +37,7 @@ def check(summary: dict[str, Any]) -> None:
     for result in ranks:
         assert result["differences"] == [], f"rank {result['rank']}: {result['differences'][:20]}"
         assert result["compared"] > 20
+        assert result["streamedWithinBound"], result
     read = [r["bytesRead"] for r in ranks]
     assert sum(read) == summary["checkpointTensorBytes"]
     if len(read) > 1:
