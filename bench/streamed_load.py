@@ -12,6 +12,9 @@ trainer's own `load_model` and `Fsdp.wrap`:
 
     python -m bench.streamed_load '{"path": SLICE, "gpus": 1, "work": DIR}'
 
+(`"quantization": "none"` loads the base unquantised: the same ownership and broadcast, no 4-bit
+weight.)
+
 prints one `bench-summary` line: per rank the differences (names; [] when identical), the
 bytes read (their sum against the checkpoint's tensor bytes), the anonymous host peaks and the
 load seconds. `tests/trainer/test_streamed_load.py` runs it on the tiny model.
@@ -33,11 +36,12 @@ from bench.trainer_job import spec_for
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _config(model_dir: Path, gpus: int) -> Any:
+def _config(model_dir: Path, gpus: int, quantization: str) -> Any:
     from finetune_api.trainer_config import TrainerConfig
 
     spec = spec_for(seq=128, steps=1, gpus=gpus, parallelism="fsdp")
     spec["resources"].pop("gpuProduct")
+    spec["quantization"] = {"type": quantization}
     paths = {"model": str(model_dir), "dataset": str(model_dir / "unused.jsonl"), "output": str(model_dir / "unused")}
     return TrainerConfig.model_validate({"jobName": "streamed-load", "namespace": None, "spec": spec, "paths": paths})
 
@@ -113,7 +117,7 @@ def _warm(config: Any) -> None:
     MODEL_FOR_CAUSAL_LM_MAPPING[type(load_model_config(config))]
 
 
-def worker(model_dir: Path, out: Path, gpu: bool) -> None:
+def worker(model_dir: Path, out: Path, gpu: bool, quantization: str) -> None:
     """One rank: the model streamed and wrapped, then as before, compared."""
     import torch
     import torch.distributed as dist
@@ -132,7 +136,7 @@ def worker(model_dir: Path, out: Path, gpu: bool) -> None:
     if gpu:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
-    config = _config(model_dir, 1 if gpu else 0)
+    config = _config(model_dir, 1 if gpu else 0, quantization)
     hardware, memory = detect(config.spec), HostMemory(interval=0.02).start()
     _warm(config)
     at_start = memory.anon_peak_gib  # the process with its libraries, before any weight
@@ -191,7 +195,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1"}
         env.update(MASTER_PORT=port, OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
         argv = [sys.executable, "-m", "bench.streamed_load", "--worker", str(model_dir), str(work / f"{rank}.json")]
-        argv += ["--gpu"] if gpus else []
+        argv += [spec.get("quantization", "nf4"), *(["--gpu"] if gpus else [])]
         started.append(subprocess.Popen(argv, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True))
     errors = [p.communicate(timeout=spec.get("timeout_s", 1200))[1] for p in started]
     codes = [p.returncode for p in started]
@@ -209,6 +213,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--worker":
-        worker(Path(sys.argv[2]), Path(sys.argv[3]), "--gpu" in sys.argv[4:])
+        worker(Path(sys.argv[2]), Path(sys.argv[3]), "--gpu" in sys.argv[5:], sys.argv[4])
     else:
         print(json.dumps({"event": "bench-summary", **run(json.loads(sys.argv[1]))}), flush=True)

@@ -45,10 +45,12 @@ def check(summary: dict[str, Any]) -> None:
         assert all(0 < b < sum(read) for b in read)
 
 
+@pytest.mark.parametrize("quantization", ["nf4", "none"])
 def test_two_processes_stream_the_model_of_before_bit_for_bit_reading_each_byte_once(
-    tiny_assets: Path, tmp_path: Path
+    tiny_assets: Path, tmp_path: Path, quantization: str
 ) -> None:
-    check(run({"path": str(tiny_assets / "models" / "tiny-llama"), "gpus": 0, "work": str(tmp_path)}))
+    model = str(tiny_assets / "models" / "tiny-llama")
+    check(run({"path": model, "gpus": 0, "work": str(tmp_path), "quantization": quantization}))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

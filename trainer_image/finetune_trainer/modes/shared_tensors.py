@@ -98,7 +98,9 @@ def share(value: torch.Tensor | None, src: int, device: torch.device, module: An
     dist.broadcast_object_list(header, src=src, device=device)
     if mine:
         for tensor in tensors:
-            dist.broadcast(tensor.contiguous(), src=src)
+            # On the group's device (a state tensor bitsandbytes kept elsewhere goes there too,
+            # where the receivers build theirs and where FSDP would move the owner's).
+            dist.broadcast(tensor.to(device).contiguous(), src=src)
         assert value is not None
         return value
     return receive(header[0], src, device, module)
