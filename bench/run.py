@@ -16,7 +16,11 @@ process so one's memory never shows in the other's peak:
   5. `boundary` (not in the default list): shapes at the planner's edge under a P40's cap, the
      pod's command for each, plan against measured peak and OOM or not (bench/boundary.py):
      <date>-<gpu>-boundary.json;
-  6. `multinode` (not in the default list): the launch path of a job of 2 nodes on one 2-GPU
+  6. `streamed` (not in the default list): fsdp's streamed loader against the loader before it on
+     the `--large-layers` slice (bench/streamed_load.py: bit for bit, anonymous host memory,
+     bytes read, load seconds), then the pod's command on that slice (fsdp capped at 22.4 GiB on
+     2 GPUs or more; on one GPU the single process, uncapped): <date>-<gpu>-<n>gpu-<L>l-streamed.json;
+  7. `multinode` (not in the default list): the launch path of a job of 2 nodes on one 2-GPU
      machine, two launchers of one GPU each meeting over TCP on 127.0.0.1 with the Indexed Job's
      environment, against the 1-GPU reference in the same call: <date>-<gpu>-2node.json.
 
@@ -39,8 +43,9 @@ from bench.flops import Shape
 from bench.report import compare_record, environment_versions, gpu_slug
 
 REPO = Path(__file__).resolve().parent.parent
-PHASES = ("compare", "nockpt", "large", "layers", "calibration", "multinode", "boundary", "families")
-# What runs without --phases: `multinode` (2 GPUs of their own) and `boundary` are asked for by name.
+PHASES = ("compare", "nockpt", "large", "layers", "calibration", "multinode", "boundary", "families", "streamed")
+# What runs without --phases: `multinode` (2 GPUs of their own), `boundary`, `families` and
+# `streamed` are asked for by name.
 DEFAULT_PHASES = ("compare", "nockpt", "large", "layers", "calibration")
 # What a Tesla P40 gives PyTorch; the `large` phase holds every process to it.
 P40_GIB = 22.4
@@ -289,6 +294,29 @@ class Bench:
         record["gpu_memory_cap_gib"] = P40_GIB
         self.write(f"{self.date}-{gpu_slug(peaks)}-{gpus}gpu-{layers}l-fsdp.json", record)
 
+    def streamed(self, gpus: int, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
+        """fsdp's streamed loader on the large slice against the loader before it, then the pod's
+        command on the slice: fsdp under a P40's cap where there are GPUs to shard over, else the
+        single process (one GPU: what the pod runs there), uncapped."""
+        layers = self.args.large_layers
+        test = [sys.executable, "tests/trainer/test_streamed_load.py"]
+        identity = self.child(f"streamed-load-gpu-test-{gpus}gpu", test, gpus, timeout=300.0)
+        model = self.args.work / f"slice-{layers}l"
+        self.build(model, layers)
+        spec = {"path": str(model), "gpus": gpus, "work": str(self.args.work / "streamed-load")}
+        argv = [sys.executable, "-m", "bench.streamed_load", json.dumps(spec)]
+        lines = self.child(f"streamed-load-{gpus}gpu-{layers}l", argv, gpus, timeout=1500.0)
+        loader = next((x for x in reversed(lines) if x.get("event") == "bench-summary"), None)
+        extra: dict[str, Any] = {"parallelism": "fsdp", "gpu_memory_gib": P40_GIB} if gpus > 1 else {}
+        ours = self.ours(gpus, f"ours-{gpus}gpu-{layers}l-streamed", model=model, **extra)
+        shape = Shape(**{**self.shape.__dict__, "layers": layers})
+        record = self.record(shape, gpus, peaks, versions, reference=None, ours=ours)
+        record["mode"] = "fsdp" if gpus > 1 else "single"
+        record["gpu_memory_cap_gib"] = P40_GIB if gpus > 1 else None
+        record["streamed_loader"] = loader
+        record["streamed_gpu_test"] = identity[-1] if identity else None
+        self.write(f"{self.date}-{gpu_slug(peaks)}-{gpus}gpu-{layers}l-streamed.json", record)
+
     def reference_1gpu(self) -> dict[str, Any] | None:
         """The 1-GPU reference of this call (run once, shared by the phases that compare with it)."""
         if 1 not in self.references:
@@ -441,6 +469,7 @@ class Bench:
         for phase, action in (
             ("multinode", lambda: self.multinode(peaks, versions)),
             ("large", lambda: self.large(max(counts), peaks, versions)),
+            ("streamed", lambda: self.streamed(max(counts), peaks, versions)),
             ("boundary", lambda: self.boundary(peaks, versions)),
             ("families", lambda: self.families(peaks, versions)),
             ("layers", lambda: self.layers(peaks)),

@@ -286,6 +286,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                     "worldSize",
                     "peakHostGiBPerProcess",
                     "peakHostAnonGiBPerProcess",
+                    "modelBytesRead",
                     "loadSeconds",
                     "family",
                     "lora",

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from bench.streamed_load import tensor_bytes
 from finetune_api import multinode
 from finetune_api.reasons import NON_RETRYABLE, ExitReason
 from tests.support.training import ADAPTER_TOLERANCE, assert_same_trained_adapter, max_difference, movement
@@ -83,6 +84,9 @@ def test_two_processes_train_the_adapter_of_one_with_twice_the_accumulation(
     assert summary(two)["parallelism"] == "dataParallel"
     assert summary(two)["worldSize"] == 2
     assert summary(two)["ranksInStep"] is True
+    # Each process reads the whole checkpoint through from_pretrained.
+    files = sorted((tiny_assets / "models" / "tiny-llama").glob("*.safetensors"))
+    assert summary(two)["modelBytesRead"] == 2 * sum(f.stat().st_size for f in files)
     assert len(run.of("start")) == 1, "only rank 0 reports"
     assert len(run.of("progress")) == STEPS
     one, single = run_job(tmp_path, tiny_assets, ONE)
@@ -114,6 +118,8 @@ def test_fsdp_on_two_processes_trains_the_same_adapter(
     job, run = run_job(tmp_path, tiny_assets, with_changes(TWO, training={"parallelism": "fsdp"}))
     assert run.code == 0, run.stderr[-3000:]
     assert summary(job)["parallelism"] == "fsdp"
+    # Streamed: each of the checkpoint's tensors read once, by one of the two processes.
+    assert summary(job)["modelBytesRead"] == tensor_bytes(tiny_assets / "models" / "tiny-llama")[0]
     guard = summary(job)["precisionGuard"]
     assert guard["halfParameters"] == guard["halfBuffers"] == guard["halfActivations"] == 0
     assert_same_trained_adapter(adapter(job), adapter(two))

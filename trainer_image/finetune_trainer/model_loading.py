@@ -4,10 +4,12 @@ NF4 (or FP4) weights with double quantisation and a float32 compute dtype, `dtyp
 (transformers 5 would otherwise pick the checkpoint's bf16), norms and LM head cast to float32,
 then PEFT LoRA with an initialisation seeded alike on every rank. Where the weights go depends
 on the training mode (`modes`): its `device_map`, its quant storage dtype and where its weights
-are quantised as they load.
+are quantised as they load, or, for a mode that streams (fsdp), the model built on the meta
+device and read from the checkpoint as the mode wraps it (`modes.streaming`).
 """
 
 import logging
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ from .failures import TrainerFailure
 from .gpu_quantise import quantising_on
 from .hardware import Attention, Hardware, ResolvedPrecision
 from .modes import Mode
+from .modes.checkpoint_files import INDEX, CheckpointFiles, files_of, size_of
+from .modes.streaming import Stream, adapter_on_host, skeleton, sources
 from .preflight import MemoryPlan
 
 log = logging.getLogger(__name__)
@@ -49,6 +53,29 @@ def _hub_kwargs(config: TrainerConfig) -> dict[str, Any]:
     if hub is None:
         return {}
     return {"revision": hub.revision, "token": os.environ.get("HF_TOKEN"), "cache_dir": config.paths.cache}
+
+
+def checkpoint_files(config: TrainerConfig) -> list[Path]:
+    """The model's safetensors files: the folder's, or the Hub snapshot's (downloaded into the
+    cache from_pretrained uses, so nothing is fetched twice); [] when there are none or the
+    snapshot cannot be had (the loader then reads the model as from_pretrained finds it)."""
+    if config.spec.model.source.hub is None:
+        return files_of(Path(_model_location(config)))
+    from huggingface_hub import snapshot_download
+
+    kwargs = _hub_kwargs(config)
+    try:
+        folder = snapshot_download(
+            config.paths.model,
+            revision=kwargs["revision"],
+            token=kwargs["token"],
+            cache_dir=kwargs["cache_dir"],
+            allow_patterns=["*.safetensors", INDEX],
+        )
+    except (OSError, ValueError) as exc:
+        log.warning("cannot list the model's safetensors files in the Hub cache: %s", str(exc).splitlines()[0])
+        return []
+    return files_of(Path(folder))
 
 
 def load_model_config(config: TrainerConfig) -> Any:
@@ -142,6 +169,31 @@ def _from_pretrained(
     return model
 
 
+# from_pretrained's arguments the meta skeleton takes (placement and the Hub are the stream's).
+SKELETON_KWARGS = ("dtype", "attn_implementation", "low_cpu_mem_usage", "quantization_config")
+
+
+def _streamed(config: TrainerConfig, kwargs: dict[str, Any], mode: Mode, device: torch.device) -> Any | None:
+    """The model on the meta device with `mode.stream` set to read it, or None (logged) when
+    this checkpoint cannot be streamed: it then loads as from_pretrained loads it."""
+    files = checkpoint_files(config)
+    if not files:
+        log.info("no safetensors files to stream: the model loads whole on each process")
+        return None
+    reader = CheckpointFiles(files)
+    try:
+        model = skeleton(load_model_config(config), reader, {k: kwargs[k] for k in SKELETON_KWARGS if k in kwargs})
+        found = sources(model, reader.names())
+    except (KeyError, ValueError) as exc:
+        found = f"cannot build the model on the meta device: {str(exc).splitlines()[0]}"
+    if isinstance(found, str):
+        log.warning("the model loads whole on each process: %s", found)
+        reader.close()
+        return None
+    mode.stream = Stream(model, reader, found, device)
+    return model
+
+
 def _placement(model: Any, hardware: Hardware, asked: Any, mode: Mode) -> set[str]:
     """Where the layers went; WontFit when a GPU run put some off the GPUs (a mode that loads
     on the host excepted)."""
@@ -196,7 +248,9 @@ def _adapt(model: Any, config: TrainerConfig, seed: int) -> nn.Module:
     # same adapter, whatever each rank's loading did to the generator.
     torch.manual_seed(seed)
     try:
-        adapted: nn.Module = get_peft_model(model, lora)
+        streamed = any(p.is_meta for p in model.parameters())
+        with adapter_on_host() if streamed else nullcontext():
+            adapted: nn.Module = get_peft_model(model, lora)
     except ValueError as exc:
         raise TrainerFailure(ExitReason.InvalidConfig, f"spec.lora.targetModules: {str(exc).splitlines()[0]}") from None
     return adapted
@@ -217,8 +271,14 @@ def load_model(
     kwargs = _load_kwargs(
         config, hardware, precision=precision, attention=attention, plan=plan, mode=mode, device=device
     )
-    model = _from_pretrained(config, hardware, kwargs, mode, device)
-    placed = _placement(model, hardware, kwargs["device_map"], mode)
+    model = _streamed(config, kwargs, mode, device) if mode.streams else None
+    if model is not None:
+        placed = {"streamed"}
+    else:
+        model = _from_pretrained(config, hardware, kwargs, mode, device)
+        placed = _placement(model, hardware, kwargs["device_map"], mode)
+        # from_pretrained reads every tensor of the files (a folder's, or the Hub cache's).
+        mode.bytes_read = size_of(checkpoint_files(config))
     adapted = _adapt(_prepare(model, config, precision), config, seed)
     trainable = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
     total = sum(p.numel() for p in adapted.parameters())

@@ -94,16 +94,18 @@ def checkpoint_ref(checkpoint: Checkpoint) -> dict[str, Any]:
     return ref
 
 
-def _host_peaks(ranks: Topology, device: torch.device, memory: HostMemory) -> dict[str, list[float]]:
-    """Peak host memory (GiB) of every rank, resident and anonymous, gathered to every rank."""
+def _host_peaks(ranks: Topology, device: torch.device, memory: HostMemory, bytes_read: int) -> dict[str, Any]:
+    """Peak host memory (GiB) of every rank, resident and anonymous, and the model bytes all the
+    ranks read from the model volume, gathered to every rank."""
     resident = [0.0] * ranks.world_size
     anon = [0.0] * ranks.world_size
     resident[ranks.rank] = memory.resident_peak_gib()
     anon[ranks.rank] = memory.anon_peak_gib
-    both = sum_figures(resident + anon, ranks.world_size, device)
+    both = sum_figures([*resident, *anon, float(bytes_read)], ranks.world_size, device)
     return {
         "resident": [round(v, 2) for v in both[: ranks.world_size]],
-        "anonymous": [round(v, 2) for v in both[ranks.world_size :]],
+        "anonymous": [round(v, 2) for v in both[ranks.world_size : 2 * ranks.world_size]],
+        "bytesRead": int(both[-1]),
     }
 
 
@@ -380,7 +382,7 @@ class Recipe:
                 self.evaluate()
             self.in_step = all_equal(self.adapter.params)
             self.peaks = self.mode.peaks(self.hardware, self.ranks, self.device)
-            self.host_peaks = _host_peaks(self.ranks, self.device, self.memory)
+            self.host_peaks = _host_peaks(self.ranks, self.device, self.memory, self.mode.bytes_read)
             topology.barrier(self.ranks)
         except torch.OutOfMemoryError as exc:
             self.cleanup()
@@ -542,6 +544,9 @@ class Recipe:
             # anonymous is what each process holds itself.
             "peakHostGiBPerProcess": self.host_peaks["resident"],
             "peakHostAnonGiBPerProcess": self.host_peaks["anonymous"],
+            # The checkpoint bytes every process of the job read, summed: once the checkpoint's
+            # tensors when fsdp streams it, the files' size per process otherwise.
+            "modelBytesRead": self.host_peaks["bytesRead"],
             "loadSeconds": round(self.loaded_s, 1),
             "seconds": round(time.time() - self.started, 1),
         }

@@ -20,6 +20,7 @@ from ..distributed.topology import Topology
 from ..failures import TrainerFailure
 from ..hardware import Hardware
 from ..preflight import MemoryPlan
+from .streaming import Stream
 
 
 class Mode:
@@ -31,6 +32,13 @@ class Mode:
     quant_storage: ClassVar[torch.dtype] = torch.uint8
     # Layers may load off the GPUs (onto the host) without that meaning the model does not fit.
     loads_on_host: ClassVar[bool] = False
+    # The model is built on the meta device and read from the checkpoint as the mode wraps it
+    # (`streaming`), when the checkpoint allows; `stream` is then the reader.
+    streams: ClassVar[bool] = False
+    stream: Stream | None = None
+    # The checkpoint's bytes this process read from the model volume (summed over the pod in
+    # summary.json): the safetensors files' size when from_pretrained reads them all.
+    bytes_read: int = 0
 
     # --- processes ---------------------------------------------------------------------------
     def check_world(self, launch: LaunchPlan, world_size: int) -> None:

@@ -1,7 +1,11 @@
 """fsdp (FSDP-QLoRA): the frozen NF4 base sharded over the ranks, the LoRA adapter whole on each.
 
-Loading: on the host with float32 quant storage, each weight quantised on the rank's GPU on its
-way (`gpu_quantise`), then sharded to the GPUs unit by unit by `shard`: no GPU holds the model.
+Loading, streamed (`streaming`): the model built on the meta device, then each unit read from
+the checkpoint's files, quantised on the ranks' GPUs (each tensor by one rank, then broadcast) and
+sharded by `shard` at once, unit by unit: neither a GPU nor the host holds the model. A checkpoint
+that cannot be streamed (no safetensors files, tensors transformers converts on load) loads as
+before: on the host with float32 quant storage, each weight quantised on the rank's GPU on its way
+(`gpu_quantise`), then sharded to the GPUs unit by unit.
 Every rank runs every forward (a masked row past the data's end): the shards' all-gathers are
 collectives. The checkpoint holds the adapter and its optimizer state, whole on each rank.
 
@@ -22,7 +26,7 @@ the same on every rank: a checkpoint written by any process count resumes on any
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -51,8 +55,15 @@ def _layer_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
     return tuple(found)
 
 
-def shard(model: nn.Module, trainable: Sequence[nn.Parameter], topology: Topology, on_gpu: bool) -> nn.Module:
-    """Wrap `model` (a PEFT model whose only trainable params are `trainable`) in FSDP."""
+def shard(
+    model: nn.Module,
+    trainable: Sequence[nn.Parameter],
+    topology: Topology,
+    on_gpu: bool,
+    param_init_fn: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
+    """Wrap `model` (a PEFT model whose only trainable params are `trainable`) in FSDP; a meta
+    model's units are made by `param_init_fn` as FSDP reaches each."""
     from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
@@ -79,7 +90,8 @@ def shard(model: nn.Module, trainable: Sequence[nn.Parameter], topology: Topolog
         use_orig_params=True,
         ignored_states=list(trainable),
         device_id=device,  # on the CPU too: FSDP otherwise looks for an accelerator
-        sync_module_states=False,  # every rank loaded the same weights from the same files
+        sync_module_states=False,  # every rank loaded (or was sent) the same weights
+        param_init_fn=param_init_fn,
         backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
         limit_all_gathers=True,
     )
@@ -92,6 +104,7 @@ class Fsdp(Mode):
     # FSDP flattens one float dtype per unit: pack the 4-bit weights into float32.
     quant_storage = torch.float32
     loads_on_host = True
+    streams = True
 
     def device_map(self, hardware: Hardware, plan: MemoryPlan, device: torch.device) -> Any:
         return {"": "cpu"}
@@ -101,4 +114,12 @@ class Fsdp(Mode):
         return device if hardware.on_gpu else torch.device("cpu")
 
     def wrap(self, model: nn.Module, trainable: Sequence[nn.Parameter], ranks: Topology, on_gpu: bool) -> nn.Module:
-        return shard(model, trainable, ranks, on_gpu)
+        stream = self.stream
+        if stream is None:
+            return shard(model, trainable, ranks, on_gpu)
+        try:
+            return shard(model, trainable, ranks, on_gpu, param_init_fn=stream.materialise)
+        finally:
+            self.bytes_read = stream.files.bytes_read
+            stream.close()
+            self.stream = None
