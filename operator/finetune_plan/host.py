@@ -51,7 +51,8 @@ class HostNeed:
         return (
             f"{self.quantity} of host memory for the pod: {self.processes} process"
             f"{'' if self.processes == 1 else 'es'} x {per:.1f} GiB ({self.mode}"
-            f"{' loads the packed model on each process' if self.mode == 'fsdp' and self.processes > 1 else ''})"
+            f"{' streams the checkpoint' if self.mode == 'fsdp' and self.processes > 1 else ''}: at most the"
+            " largest tensor in fp32 on the host)"
             f" + {MARGIN_FRACTION:.0%} + {MARGIN_BYTES / GIB:.0f} GiB"
         )
 

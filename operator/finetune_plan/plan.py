@@ -99,10 +99,15 @@ class Plan:
     @property
     def host_gib_per_process(self) -> float:
         """What one process holds on the host at its peak (the load), in GiB."""
-        return (
-            mem.host_bytes_per_process(self.shape, self.recipe, sharded=self.mode == "fsdp" and self.hardware.gpus > 1)
-            / GIB
-        )
+        return mem.host_bytes_per_process(self.shape, self.recipe) / GIB
+
+    @property
+    def whole_load_host_gib_per_process(self) -> float | None:
+        """fsdp over several GPUs on a checkpoint it cannot stream: the whole packed model per
+        process (the trainer refuses that load when the pod's memory is below it)."""
+        if self.mode != "fsdp" or self.hardware.gpus <= 1:
+            return None
+        return mem.whole_load_host_bytes_per_process(self.shape, self.recipe) / GIB
 
     @property
     def shortfall_gib(self) -> float:
@@ -118,6 +123,7 @@ class Plan:
             "per_gpu_total_gib": {f"cuda:{g.index}": round(g.total / GIB, 2) for g in self.per_gpu},
             "min_headroom_gib": round(self.layout.fullest.headroom / GIB, 2),
             "host_gib_per_process": _rounded(self.host_gib_per_process),
+            "whole_load_host_gib_per_process": _rounded(self.whole_load_host_gib_per_process),
             "tokens_per_second": None if self.speed is None else round(self.speed.tokens_per_second, 1),
             "message": self.message,
         }

@@ -240,13 +240,13 @@ def test_bad_input_is_one_line(tmp_path: Path, config_70b: str, args: list[str],
 def test_memory_below_the_pods_host_figure_is_refused_by_plan_and_validate(tmp_path) -> None:
     """The same one-line verdict, exit 3, from both commands; the 70B example (memory unset) passes."""
     job = yaml.safe_load(Path(EXAMPLE_70B).read_text())
-    job["spec"]["resources"]["memory"] = "96Gi"
+    job["spec"]["resources"]["memory"] = "16Gi"  # the plan asks 26Gi: 4 x 5.4 GiB + 10% + 2 GiB
     short = tmp_path / "short.yaml"
     short.write_text(yaml.safe_dump(job))
     for command in (["plan", str(short)], ["validate", str(short)]):
         result = ftjob(*command)
         assert result.returncode == 3, (command, result.stdout, result.stderr)
-        assert "spec.resources.memory 96.0 GiB is below" in result.stdout
+        assert "spec.resources.memory 16.0 GiB is below" in result.stdout
         assert "Traceback" not in result.stderr
     assert ftjob("validate", EXAMPLE_70B).returncode == 0
 

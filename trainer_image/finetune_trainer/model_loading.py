@@ -9,6 +9,7 @@ device and read from the checkpoint as the mode wraps it (`modes.streaming`).
 """
 
 import logging
+import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -173,12 +174,45 @@ def _from_pretrained(
 SKELETON_KWARGS = ("dtype", "attn_implementation", "low_cpu_mem_usage", "quantization_config")
 
 
-def _streamed(config: TrainerConfig, kwargs: dict[str, Any], mode: Mode, device: torch.device) -> Any | None:
-    """The model on the meta device with `mode.stream` set to read it, or None (logged) when
-    this checkpoint cannot be streamed: it then loads as from_pretrained loads it."""
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
+
+
+def pod_memory_limit() -> int | None:
+    """The container's memory limit in bytes (cgroup v2), None when unlimited or unknown."""
+    try:
+        text = CGROUP_MEMORY_MAX.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _whole_load_fits(plan: MemoryPlan, why: str) -> None:
+    """The pod was sized for streaming (`finetune_plan`'s host figure): a whole load on each of
+    its processes that the pod's memory cannot hold is refused here, in one line, rather than
+    killed by the kernel partway through."""
+    per_process = plan.summary.get("whole_load_host_gib_per_process")
+    limit = pod_memory_limit()
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if per_process is None or limit is None or limit >= processes * per_process * 2**30:
+        log.warning("the model loads whole on each process: %s", why)
+        return
+    raise TrainerFailure(
+        ExitReason.WontFit,
+        f"spec.resources.memory: fsdp streams a checkpoint's safetensors files, but this one cannot be "
+        f"streamed ({why}); loading it whole on each of the pod's {processes} processes needs about "
+        f"{processes * per_process:.1f} GiB of host memory, the pod has {limit / 2**30:.1f} GiB: give the "
+        f"model safetensors files or raise spec.resources.memory",
+    )
+
+
+def _streamed(
+    config: TrainerConfig, kwargs: dict[str, Any], mode: Mode, device: torch.device, plan: MemoryPlan
+) -> Any | None:
+    """The model on the meta device with `mode.stream` set to read it, or None when this
+    checkpoint cannot be streamed: it then loads as from_pretrained loads it, when the pod holds that."""
     files = checkpoint_files(config)
     if not files:
-        log.info("no safetensors files to stream: the model loads whole on each process")
+        _whole_load_fits(plan, "no safetensors files")
         return None
     reader = CheckpointFiles(files)
     try:
@@ -187,8 +221,8 @@ def _streamed(config: TrainerConfig, kwargs: dict[str, Any], mode: Mode, device:
     except (KeyError, ValueError) as exc:
         found = f"cannot build the model on the meta device: {str(exc).splitlines()[0]}"
     if isinstance(found, str):
-        log.warning("the model loads whole on each process: %s", found)
         reader.close()
+        _whole_load_fits(plan, found)
         return None
     mode.stream = Stream(model, reader, found, device)
     return model
@@ -271,7 +305,7 @@ def load_model(
     kwargs = _load_kwargs(
         config, hardware, precision=precision, attention=attention, plan=plan, mode=mode, device=device
     )
-    model = _streamed(config, kwargs, mode, device) if mode.streams else None
+    model = _streamed(config, kwargs, mode, device, plan) if mode.streams else None
     if model is not None:
         placed = {"streamed"}
     else:
