@@ -5,6 +5,7 @@ from pathlib import Path
 from bench import boundary
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+BENCH_README = Path(__file__).resolve().parents[2] / "bench" / "README.md"
 
 
 def test_every_committed_boundary_record_is_in_the_readme_as_rendered() -> None:
@@ -13,6 +14,10 @@ def test_every_committed_boundary_record_is_in_the_readme_as_rendered() -> None:
     assert records, "no boundary record committed"
     for name, record in records.items():
         assert boundary.table(record) in text, f"README's table for {name} differs from the record"
+
+
+def test_bench_readme_shows_todays_boundary_record_as_rendered() -> None:
+    assert boundary.table(boundary.records()["2026-12-01-h200-boundary.json"]) in BENCH_README.read_text()
 
 
 def test_each_point_is_the_deepest_slice_its_plan_fits_with_under_a_gib_to_spare() -> None:
