@@ -47,23 +47,23 @@ def checkpoint(cfg: TrainerConfig, step: int) -> None:
     folder = store.begin(step) / f"checkpoint-{step}"
     folder.mkdir()
     (folder / "adapter_model.safetensors").write_bytes(b"weights")
-    fingerprint.write(folder, fingerprint.record(cfg, fingerprint.fingerprint(cfg)))
+    fingerprint.write(folder, fingerprint.record(cfg, fingerprint.fingerprint(cfg, 1)))
     store.commit(step)
 
 
 def decide(cfg: TrainerConfig) -> existing.Action:
     store = CheckpointStore(Path(cfg.paths.output) / "checkpoints", keep=5)
     found = existing.found(store.complete())
-    return existing.decide(cfg.spec.output.on_existing, found, fingerprint.fingerprint(cfg), cfg.job_uid)
+    return existing.decide(cfg.spec.output.on_existing, found, fingerprint.fingerprint(cfg, 1), cfg.job_uid)
 
 
 def test_the_same_config_gives_the_same_fingerprint(tmp_path: Path) -> None:
-    assert fingerprint.fingerprint(config(tmp_path)) == fingerprint.fingerprint(config(tmp_path))
+    assert fingerprint.fingerprint(config(tmp_path), 1) == fingerprint.fingerprint(config(tmp_path), 1)
 
 
 def test_a_differing_field_is_named_with_both_values(tmp_path: Path) -> None:
-    old = fingerprint.fingerprint(config(tmp_path, **{"lora.r": 16}))
-    new = fingerprint.fingerprint(config(tmp_path, **{"lora.r": 8, "training.seed": 7}))
+    old = fingerprint.fingerprint(config(tmp_path, **{"lora.r": 16}), 1)
+    new = fingerprint.fingerprint(config(tmp_path, **{"lora.r": 8, "training.seed": 7}), 1)
     assert fingerprint.differences(old, new) == [
         "spec.lora.r: checkpoint 16, job 8",
         "spec.training.seed: checkpoint 42, job 7",
@@ -73,19 +73,31 @@ def test_a_differing_field_is_named_with_both_values(tmp_path: Path) -> None:
 def test_settings_that_do_not_shape_the_state_are_left_out(tmp_path: Path) -> None:
     # Cadence, retention, logging and the GPU count may change between attempts (a resume on
     # another process count is by design).
-    base = fingerprint.fingerprint(config(tmp_path))
+    base = fingerprint.fingerprint(config(tmp_path), 1)
     other = fingerprint.fingerprint(
-        config(tmp_path, **{"checkpoints.everySteps": 5, "training.loggingSteps": 3, "resources.cpu": "2"})
+        config(tmp_path, **{"checkpoints.everySteps": 5, "training.loggingSteps": 3, "resources.cpu": "2"}), 1
     )
     assert fingerprint.differences(base, other) == []
 
 
+def test_the_global_batch_counts_not_how_it_is_split(tmp_path: Path) -> None:
+    # batchSize 4 on 1 process = batchSize 2, accumulation 2 = batchSize 1, accumulation 2, 2 processes:
+    # the same samples per step in the same order (data.batches.Schedule).
+    one = fingerprint.fingerprint(config(tmp_path), 1)
+    split = fingerprint.fingerprint(
+        config(tmp_path, **{"training.batchSize": 1, "training.gradientAccumulation": 2}), 2
+    )
+    assert fingerprint.differences(one, split) == []
+    doubled = fingerprint.fingerprint(config(tmp_path), 2)
+    assert fingerprint.differences(one, doubled) == [f"{fingerprint.GLOBAL_BATCH}: checkpoint 4, job 8"]
+
+
 def test_the_dataset_bytes_and_model_config_count(tmp_path: Path) -> None:
     cfg = config(tmp_path)
-    before = fingerprint.fingerprint(cfg)
+    before = fingerprint.fingerprint(cfg, 1)
     Path(cfg.paths.dataset).write_text('{"instruction": "a", "output": "c"}\n')
     (Path(cfg.paths.model) / "config.json").write_text('{"hidden_size": 128}')
-    changed = [line.split(":")[0] for line in fingerprint.differences(before, fingerprint.fingerprint(cfg))]
+    changed = [line.split(":")[0] for line in fingerprint.differences(before, fingerprint.fingerprint(cfg, 1))]
     assert changed == [fingerprint.MODEL_CONFIG, fingerprint.DATASET_BYTES]
 
 

@@ -10,8 +10,10 @@ compares the newest checkpoint's with its own before any weight loads.
 
 The fingerprint is built from the spec the user asked for, never the tighter one an OOM retry
 trains with (`launch_plan.Decision.applied`): that retry resumes its own checkpoints by design.
-The process count is left out on purpose: the schedule numbers micro-batches globally, so a
-checkpoint resumes on another process count (train_state, data.batches).
+The data order depends on the batch only through the samples of one optimizer step, batchSize x
+gradientAccumulation x processes (data.batches.Schedule), so that product is recorded, not its
+factors: a checkpoint resumes on another process count with the same global batch (accumulation
+doubled as the processes halve), as it always could, and refuses one that would skip or repeat data.
 
 Besides the fingerprint the file names the job that wrote it (the FineTuneJob's uid), which is
 how `spec.output.onExisting` tells a job's own checkpoints, always resumed, from another's.
@@ -45,8 +47,6 @@ TRACKED: Final = (
     "spec.training.maxLength",
     "spec.training.packing",
     "spec.training.seed",
-    "spec.training.batchSize",
-    "spec.training.gradientAccumulation",
     "spec.training.learningRate",
     "spec.training.lrScheduler",
     "spec.training.warmupRatio",
@@ -57,6 +57,7 @@ TRACKED: Final = (
 MODEL_CONFIG: Final = "the model's config.json"
 DATASET_BYTES: Final = "the dataset's bytes"
 FORMAT: Final = "the trainer's checkpoint format"
+GLOBAL_BATCH: Final = "samples per optimizer step (batchSize x gradientAccumulation x processes)"
 
 
 def _at(tree: dict[str, Any], path: str) -> Any:
@@ -109,12 +110,15 @@ def dataset_identity(dataset: str) -> str | None:
     return f"{sum(p.stat().st_size for p in files)} bytes, sha256 of names, sizes and starts {digest.hexdigest()[:16]}"
 
 
-def fingerprint(config: TrainerConfig) -> dict[str, Any]:
-    """{field: value} for everything the state of this job's checkpoints depends on."""
+def fingerprint(config: TrainerConfig, world_size: int) -> dict[str, Any]:
+    """{field: value} for everything the state of this job's checkpoints depends on, for a run of
+    `world_size` processes in all."""
     spec = config.spec.model_dump(by_alias=True, mode="json", exclude_none=True)
     fields: dict[str, Any] = {FORMAT: FORMAT_VERSION}
     for path in TRACKED:
         _flatten(path, _at(spec, path), fields)
+    training = config.spec.training
+    fields[GLOBAL_BATCH] = training.batch_size * training.gradient_accumulation * world_size
     fields[MODEL_CONFIG] = model_identity(config.paths.model)
     fields[DATASET_BYTES] = dataset_identity(config.paths.dataset)
     return fields

@@ -228,7 +228,7 @@ class Recipe:
     def _existing_checkpoints(self) -> None:
         """`spec.output.onExisting` against the checkpoints already there, before any weight loads:
         a mismatch fails here, at once (existing.decide); `fresh` moves the old run aside."""
-        self.fingerprint = fingerprint.fingerprint(self.asked)
+        self.fingerprint = fingerprint.fingerprint(self.asked, self.ranks.world_size)
         store = CheckpointStore(self.output / "checkpoints", self.spec.checkpoints.keep)
         found = existing.found(store.complete())
         action = existing.decide(self.spec.output.on_existing, found, self.fingerprint, self.config.job_uid)
