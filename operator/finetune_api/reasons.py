@@ -35,6 +35,9 @@ class ExitReason(IntEnum):
     UnsupportedHardware = 15
     # A bf16/fp16 tensor in an fp32 run: a library cast something; Pascal would die on it.
     PrecisionViolation = 16
+    # The output folder holds checkpoints this job must not resume: made by another model, LoRA,
+    # data or schedule (spec.output.onExisting: resume), or any at all (onExisting: fail).
+    CheckpointMismatch = 17
 
 
 NON_RETRYABLE: Final = frozenset(
@@ -46,6 +49,7 @@ NON_RETRYABLE: Final = frozenset(
         ExitReason.OutOfMemory,
         ExitReason.UnsupportedHardware,
         ExitReason.PrecisionViolation,
+        ExitReason.CheckpointMismatch,
     }
 )
 

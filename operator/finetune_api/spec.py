@@ -310,6 +310,7 @@ class OutputStorage(ApiModel):
 
 
 ONE_OUTPUT = "exactly one of pvc or storage must be set"
+OnExisting = Literal["resume", "fresh", "fail"]
 
 
 class OutputSpec(ApiModel):
@@ -320,6 +321,14 @@ class OutputSpec(ApiModel):
     pvc: OutputPvc | None = None
     storage: OutputStorage | None = None
     merge: bool = Field(default=False, description="Also write the adapter merged into the base model.")
+    on_existing: OnExisting = Field(
+        default="resume",
+        description="What a new job does with checkpoints it finds in its output folder that another job wrote "
+        "(one deleted and re-created under the same name): resume = resume them when they were made by the same "
+        "model, LoRA, data and schedule, and fail at once naming what differs otherwise; fresh = move them, with "
+        "everything else in the folder, aside to previous-<time>/ in it and train from step 0; fail = refuse to "
+        "start. A job's own retries always resume its own checkpoints.",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:

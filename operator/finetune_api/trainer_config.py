@@ -24,5 +24,10 @@ class RuntimePaths(ApiModel):
 class TrainerConfig(ApiModel):
     job_name: str = Field(description="FineTuneJob name, for status patches and logs.")
     namespace: str | None = Field(default=None, description="Namespace of the FineTuneJob; None when run locally.")
+    job_uid: str | None = Field(
+        default=None,
+        description="The FineTuneJob's uid: tells this job's own checkpoints from those of a job deleted and "
+        "re-created under the same name; None when run locally (every checkpoint found is then another run's).",
+    )
     spec: FineTuneJobSpec
     paths: RuntimePaths

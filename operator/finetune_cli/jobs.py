@@ -116,7 +116,8 @@ def describe(job: dict[str, Any]) -> str:
             + (f" ({age(checkpoint.get('time'))} ago)" if checkpoint.get("time") else "")
         )
     else:
-        lines.append("Checkpoint:  none yet")
+        # Only what this job reported: a re-created job's start may find older ones (its message says).
+        lines.append("Checkpoint:  none reported by this job")
     output = status.get("output") or {}
     if output:
         pieces = [

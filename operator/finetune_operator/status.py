@@ -159,6 +159,20 @@ def pod_failure(pod: Mapping[str, Any]) -> PodFailure:
     return PodFailure(reason, message)
 
 
+def failed_attempts(job: Mapping[str, Any]) -> int:
+    """Pod failures the Job counted. One that gave up on its backoffLimit counted exactly the limit
+    plus one, even while its `status.failed` still lags the last pod (FailureTarget set, the pod
+    terminating): so `ftjob watch`, which stops at the first Failed status, and `ftjob status`
+    later give the same count."""
+    failed = int((job.get("status") or {}).get("failed") or 0)
+    limit = (job.get("spec") or {}).get("backoffLimit")
+    gave_up = any(
+        c.get("type") in ("Failed", "FailureTarget") and c.get("reason") == "BackoffLimitExceeded"
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
+    return max(failed, int(limit) + 1) if gave_up and isinstance(limit, int) else failed
+
+
 def _failure(job: Mapping[str, Any], cond: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     job_reason = str(cond.get("reason") or "Failed")
     job_message = str(cond.get("message") or "")
@@ -171,7 +185,7 @@ def _failure(job: Mapping[str, Any], cond: Mapping[str, Any], pods: Sequence[Map
             return last.reason, last.message
         return "PodFailurePolicy", job_message
     if job_reason == "BackoffLimitExceeded":
-        attempts = int((job.get("status") or {}).get("failed") or len(failed))
+        attempts = failed_attempts(job) or len(failed)
         if last is not None and last.reason == "OOMKilled":
             return "OOMKilled", f"{attempts} attempt(s) failed; last: {last.message}"
         detail = f"; last: {last.reason + ': ' if last.reason else ''}{last.message}" if last else ""
@@ -331,7 +345,7 @@ def compute(obs: Observation) -> Outcome:
         return _finish(obs, status, conds)
 
     job_status = job.get("status") or {}
-    failures = int(job_status.get("failed") or 0)
+    failures = failed_attempts(job)
     start = job_status.get("startTime") or current.get("startTime")
     if start:
         status["startTime"] = start

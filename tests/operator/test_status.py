@@ -173,3 +173,18 @@ def test_an_image_outside_the_allow_list_fails_the_job_with_its_own_reason():
     assert c["Failed"]["reason"] == c["Validated"]["reason"] == "ImageNotAllowed"
     assert c["Failed"]["message"] == message
     assert [(t.type, t.reason) for t in out.transitions] == [("Warning", "ImageNotAllowed")]
+
+
+def test_backoff_limit_exceeded_counts_the_last_attempt_before_the_job_status_does():
+    # FailureTarget is set while the last pod still terminates and status.failed lags by one: the
+    # count is the limit plus one at once, so `ftjob watch` (stops at the first Failed) and
+    # `ftjob status` (later) agree.
+    pods = [pod(n, "Failed", exit_code=1, term_message="TrainerError: boom") for n in "abc"]
+    lagging = job(failed=3, conditions=[cond("FailureTarget", "BackoffLimitExceeded")])
+    lagging["spec"]["backoffLimit"] = 3
+    settled = job(failed=4, conditions=[cond("Failed", "BackoffLimitExceeded")])
+    settled["spec"]["backoffLimit"] = 3
+    early, late = observe(job=lagging, pods=pods), observe(job=settled, pods=[*pods, pod("d", "Failed", exit_code=1)])
+    for out in (early, late):
+        assert conditions(out)["Failed"]["message"].startswith("4 attempt(s) failed")
+        assert out.status["restarts"] == 3

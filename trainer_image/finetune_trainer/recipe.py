@@ -32,7 +32,7 @@ from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
 from finetune_plan.memory import GIB
 
-from . import families, test_hooks
+from . import existing, families, fingerprint, test_hooks
 from .checkpoints import Checkpoint, CheckpointStore, checkpoint_name
 from .data.batches import Row, Schedule, make_rows
 from .data.checks import DataReport
@@ -134,6 +134,9 @@ class Recipe:
     ) -> None:
         self.started = time.time()
         self.memory = HostMemory().start()
+        # The spec as asked: the checkpoints' fingerprint, the same before and after an OOM retry.
+        self.asked = config
+        self.fingerprint: dict[str, Any] = {}
         # The retry after an OOM trains its tighter micro-batch, accumulation and checkpointing.
         self.config = config = decision.applied(config) if decision is not None else config
         self.spec = config.spec
@@ -192,6 +195,8 @@ class Recipe:
         self.family = families.check(model_config, spec)  # a model it cannot train: InvalidConfig, one line
         self.tokenizer = load_tokenizer(self.config)
         self.data: DataReport = check_dataset(self.config, self.tokenizer, model_config)
+        if self.main:
+            self._existing_checkpoints()
         decision = self.decision
         if decision is None:  # no launcher handed one down: decide here, as it would have
             attention = families.kernel(
@@ -219,6 +224,23 @@ class Recipe:
             "off" if triton_off else "allowed",
         )
         topology.start(ranks, hardware.on_gpu)
+
+    def _existing_checkpoints(self) -> None:
+        """`spec.output.onExisting` against the checkpoints already there, before any weight loads:
+        a mismatch fails here, at once (existing.decide); `fresh` moves the old run aside."""
+        self.fingerprint = fingerprint.fingerprint(self.asked, self.ranks.world_size)
+        store = CheckpointStore(self.output / "checkpoints", self.spec.checkpoints.keep)
+        found = existing.found(store.complete())
+        action = existing.decide(self.spec.output.on_existing, found, self.fingerprint, self.config.job_uid)
+        if action == "moveAside":
+            moved = existing.move_aside(self.output)
+            log.info(
+                "spec.output.onExisting is fresh: the earlier run's %d checkpoint(s) and outputs moved to %s;"
+                " training starts at step 0",
+                len(found),
+                moved,
+            )
+            emit("outputMovedAside", path=str(moved), checkpoints=[f.checkpoint.name for f in found])
 
     def _load(self) -> None:
         """The model as the mode loads and wraps it, the rows and the schedule, the guard."""
@@ -338,6 +360,10 @@ class Recipe:
             guard=self.guard,
         )
         self.loop.last_checkpoint = self._kept
+        if self.reporter is not None and self.resume_from is not None:
+            # What exists from the start of this attempt on, not only once it writes its own.
+            resumed = self.resume_from
+            self.reporter.checkpoint(resumed.step, str(resumed.path), resumed.time)
         if main:
             emit(
                 "start",
@@ -482,6 +508,7 @@ class Recipe:
             step, self.tokens, self.ranks.world_size, self.launch.parallelism, self.trained_tokens
         )
         save_state(staging, self.adapter, self.optimizer, self.scheduler, progress_now, partial=partial)
+        fingerprint.write(staging, fingerprint.record(self.asked, self.fingerprint))
         test_hooks.die_in_save(step)
         checkpoint = self.store.commit(step, micro)
         log.info("checkpoint %d complete: %s", step, checkpoint.path)

@@ -14,7 +14,11 @@ from .paths import runtime_paths
 
 def trainer_config(owner: Owner, spec: FineTuneJobSpec) -> TrainerConfig:
     return TrainerConfig(
-        job_name=owner.name, namespace=owner.namespace, spec=spec, paths=runtime_paths(owner.name, spec)
+        job_name=owner.name,
+        namespace=owner.namespace,
+        job_uid=owner.uid,
+        spec=spec,
+        paths=runtime_paths(owner.name, spec),
     )
 
 
