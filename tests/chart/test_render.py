@@ -137,6 +137,11 @@ def test_rendered_env_is_what_the_operator_reads() -> None:
     assert (custom.log_level, custom.log_format, custom.image_pull_policy) == ("DEBUG", "text", "Always")
     assert (custom.tmp_size, custom.ephemeral_storage_request, custom.shm_memory_fraction) == ("20Gi", "2Gi", 0.25)
     assert (parsed.tmp_size, parsed.ephemeral_storage_request, parsed.shm_memory_fraction) == ("8Gi", "1Gi", 0.5)
+    # Guardrails: off by default (0), each one reaching the operator when set.
+    assert (parsed.max_gpus_per_job, parsed.max_nodes_per_job) == (None, None)
+    assert (parsed.default_active_deadline_seconds, parsed.pending_timeout_seconds) == (None, None)
+    assert (custom.max_gpus_per_job, custom.max_nodes_per_job) == (16, 4)
+    assert (custom.default_active_deadline_seconds, custom.pending_timeout_seconds) == (259200, 3600)
 
 
 def test_defaults_match_the_api_and_the_package() -> None:
