@@ -196,7 +196,10 @@ def _unschedulable(
         None,
     )
     message = str(said) if said else None
-    if message is None and guardrails.pending_too_long(pods, seen.now, seen.settings):
+    # A queued job is Kueue's: it admits only onto a flavor's nodes (waitForPodsReady bounds the
+    # rest), and it would unsuspend a Job it admitted as soon as we suspended it.
+    queued = spec.placement.queue_name is not None
+    if message is None and not queued and guardrails.pending_too_long(pods, seen.now, seen.settings):
         if not seen.nodes_listed:
             return Actions(list_nodes=True, phase=current.get("phase")), None
         message = guardrails.unschedulable_message(spec, pods, seen.node_values, seen.settings)

@@ -386,6 +386,10 @@ def test_before_the_timeout_or_without_one_a_pending_job_waits() -> None:
     old = [stuck_pod("2026-01-01T00:00:00Z")]
     untimed = Observed(**{**timed(ftj, job=batch_job(), pods=old).__dict__, "settings": SETTINGS})
     assert decide(untimed).phase == "Pending"
+    # A job queued through Kueue is left to Kueue, which would unsuspend what we suspend.
+    queued = finetunejob(status=PENDING, resources={"gpus": 2}, placement={"queueName": "team-a"})
+    actions = decide(timed(queued, job=batch_job(), pods=old))
+    assert not actions.list_nodes and actions.job_patch is None and actions.phase != "Failed"
 
 
 def test_where_the_product_exists_or_nodes_cannot_be_listed_the_schedulers_words_are_the_message() -> None:
