@@ -97,3 +97,40 @@ def test_the_readme_command_removes_the_trainer_identity_helm_leaves(team: tuple
     left = kubectl.run("get", "serviceaccount,role,rolebinding", "-n", namespace, "-o", "name").stdout.split()
     assert not [name for name in left if name.endswith("/finetune-trainer")], left
     assert "serviceaccount/team-own" in left
+
+
+def test_the_readme_gpu_quota_refuses_a_pod_beyond_it(team: tuple[Kube, str]) -> None:
+    kubectl, namespace = team
+    readme = (REPO / "README.md").read_text()
+    (line,) = [x.strip() for x in readme.splitlines() if x.strip().startswith("kubectl create quota gpus -n team-a")]
+    kubectl.run(*[namespace if a == "team-a" else a for a in line.split()[1:]])
+
+    def pod(gpus: int) -> dict[str, object]:
+        limits = {"nvidia.com/gpu": str(gpus)}
+        restricted = {
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        container = {
+            "name": "c",
+            "image": "trainer",
+            "resources": {"requests": limits, "limits": limits},
+            "securityContext": restricted,
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"gpus-{gpus}"},
+            "spec": {"containers": [container]},
+        }
+
+    # The quota controller fills in the quota's status before admission enforces it.
+    deadline = time.monotonic() + 60
+    while not kubectl.get("resourcequota", "gpus", "-n", namespace).get("status", {}).get("hard"):
+        assert time.monotonic() < deadline, "the quota never got its status"
+        time.sleep(1)
+    kubectl.apply([pod(8)], "-n", namespace, "--dry-run=server")  # within it: admitted
+    refused = kubectl.apply([pod(9)], "-n", namespace, "--dry-run=server", check=False)
+    assert refused.returncode != 0 and "exceeded quota: gpus" in refused.stderr, refused.stderr
