@@ -36,13 +36,12 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {
         "name": "Progress",
-        "type": "number",
-        "format": "float",
-        "jsonPath": ".status.progress.percent",
+        "type": "string",
+        "jsonPath": ".status.progress.percentText",
         "description": "Percent of steps done.",
     },
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
-    {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
+    {"name": "Loss", "type": "string", "jsonPath": ".status.progress.lossText"},
     {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpus"},
     {
         "name": "Nodes",

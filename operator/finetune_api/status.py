@@ -35,6 +35,13 @@ class Progress(ApiModel):
     epoch: float | None = None
     percent: float | None = None
     loss: float | None = None
+    # Printer columns cannot format numbers: these are what PROGRESS and LOSS show.
+    percent_text: Annotated[str, Field(max_length=16)] | None = Field(
+        default=None, description="percent as kubectl shows it, e.g. 8.3%."
+    )
+    loss_text: Annotated[str, Field(max_length=32)] | None = Field(
+        default=None, description="loss to 4 significant digits, as kubectl shows it."
+    )
     learning_rate: float | None = None
     tokens_per_second: float | None = None
     eta_seconds: float | None = None

@@ -11,7 +11,7 @@ import yaml
 from finetune_api.constants import GROUP, PLURAL, VERSION
 
 from . import kube
-from .display import age, failure_text, one_line, progress_parts, queue_text
+from .display import age, condition, failure_text, one_line, progress_parts, queue_text
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,15 +52,19 @@ def _row(job: dict[str, Any], with_namespace: bool) -> list[str]:
     progress = status.get("progress") or {}
     step, total = progress.get("step"), progress.get("totalSteps")
     loss = progress.get("loss")
+    # Why a job failed, in one word; `ftjob status NAME` says the rest.
+    failed = status.get("phase") == "Failed"
+    reason = str((condition(status, "Failed") or {}).get("reason") or "Failed") if failed else ""
     row = [
         str(meta.get("name", "")),
         str(status.get("phase") or "-"),
         f"{step}/{total}"
         if isinstance(step, int) and isinstance(total, int)
         else str(step if step is not None else "-"),
-        f"{loss:.4f}" if isinstance(loss, (int, float)) else "-",
+        f"{loss:.4g}" if isinstance(loss, (int, float)) else "-",
         str((spec.get("resources") or {}).get("gpus", "-")),
         age(meta.get("creationTimestamp")),
+        reason,
     ]
     return [str(meta.get("namespace", "")), *row] if with_namespace else row
 
@@ -78,7 +82,7 @@ def run_list(args: argparse.Namespace) -> int:
         where = "any namespace" if args.all_namespaces else f"namespace {cluster.namespace}"
         print(f"No finetunejobs in {where}.")
         return 0
-    header = ["NAME", "PHASE", "STEP", "LOSS", "GPUS", "AGE"]
+    header = ["NAME", "PHASE", "STEP", "LOSS", "GPUS", "AGE", "REASON"]
     if args.all_namespaces:
         header = ["NAMESPACE", *header]
     rows = [header, *(_row(job, args.all_namespaces) for job in items)]

@@ -9,7 +9,10 @@ from typing import Any
 
 import kopf
 
-from . import handlers  # noqa: F401 (registers the kopf handlers)
+from . import (
+    handlers,  # noqa: F401 (registers the kopf handlers)
+    log_levels,
+)
 from .memory import limit_malloc_arenas
 from .settings import LOG_FORMATS, LOG_LEVELS, Settings, SettingsError, check, from_env
 
@@ -62,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL,
     )
     logging.getLogger().setLevel(settings.log_level)
+    log_levels.install()
     # The API client logs whole request and response bodies at DEBUG: too much, and never needed.
     for noisy in ("kubernetes", "urllib3"):
         logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLogger().level))

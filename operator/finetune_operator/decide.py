@@ -21,13 +21,14 @@ from finetune_api.problems import problems_from
 from finetune_api.spec import FineTuneJobSpec
 from finetune_plan.pod import memory_refusal, pod_plan
 
-from . import workloads
+from . import guardrails, workloads
 from .builders import job as job_builder
 from .builders import multinode, paths
 from .builders import pvc as pvc_builder
 from .children import Owner
 from .settings import Settings
 from .status import (
+    EXCEEDS_LIMIT,
     IMAGE_NOT_ALLOWED,
     INVALID,
     NAMESPACE_NOT_ALLOWED,
@@ -61,6 +62,10 @@ class Observed:
     unannounced: bool = False
     # The API server refused a child just now, saying this.
     rejected: str | None = None
+    # Nodes by their value of the GPU product label, listed when a pending timeout needs it
+    # (`nodes_listed`); None after a listing the API server refused.
+    nodes_listed: bool = False
+    node_values: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class Actions:
     events: tuple[Transition, ...] = ()  # after the status patch
     announced: bool = False  # the JobCreated question is settled: clear the mark
     phase: str | None = None
+    list_nodes: bool = False  # list the nodes and decide again (guardrails.unschedulable_message)
 
     @property
     def writes(self) -> bool:
@@ -124,7 +130,7 @@ def output_status(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any]:
     return out
 
 
-def job_patch(job: Body, spec: FineTuneJobSpec) -> Body:
+def job_patch(job: Body, spec: FineTuneJobSpec, settings: Settings) -> Body:
     """Fields of the live Job that differ from what the FineTuneJob asks for now."""
     live = job.get("spec") or {}
     patch: Body = {}
@@ -133,7 +139,7 @@ def job_patch(job: Body, spec: FineTuneJobSpec) -> Body:
     # A queued Job is unsuspended by Kueue, not by us.
     if not spec.suspend and live.get("suspend") and spec.placement.queue_name is None:
         patch["suspend"] = False
-    for key, value in job_builder.mutable_fields(spec).items():
+    for key, value in job_builder.mutable_fields(spec, settings).items():
         if live.get(key) != value:
             patch[key] = value
     return patch
@@ -169,8 +175,37 @@ def _refused(spec: FineTuneJobSpec, current: Body, seen: Observed) -> tuple[str,
     image = image_refusal(spec, settings)
     if image is not None:
         return image, IMAGE_NOT_ALLOWED
+    if (limit := guardrails.limit_refusal(spec, settings)) is not None:
+        return limit, EXCEEDS_LIMIT
     memory = memory_refusal(spec, pod_plan(spec).host)
     return (memory, WONT_FIT) if memory is not None else None
+
+
+def _unschedulable(
+    seen: Observed, spec: FineTuneJobSpec, current: Body, job: Body, pods: list[Body]
+) -> tuple[Actions | None, str | None]:
+    """(what to do first, or the message of the Unschedulable failure) past the pending timeout.
+    The failure stands once written: the Job is suspended, so its pods are gone and cannot be
+    placed later behind the user's back."""
+    said = next(
+        (
+            c.get("message")
+            for c in current.get("conditions") or []
+            if c.get("type") == "Failed" and c.get("reason") == guardrails.UNSCHEDULABLE
+        ),
+        None,
+    )
+    message = str(said) if said else None
+    # A queued job is Kueue's: it admits only onto a flavor's nodes (waitForPodsReady bounds the
+    # rest), and it would unsuspend a Job it admitted as soon as we suspended it.
+    queued = spec.placement.queue_name is not None
+    if message is None and not queued and guardrails.pending_too_long(pods, seen.now, seen.settings):
+        if not seen.nodes_listed:
+            return Actions(list_nodes=True, phase=current.get("phase")), None
+        message = guardrails.unschedulable_message(spec, pods, seen.node_values, seen.settings)
+    if message is not None and not (job.get("spec") or {}).get("suspend"):
+        return Actions(job_patch={"suspend": True}, phase=current.get("phase")), None
+    return None, message
 
 
 def _admission(
@@ -216,11 +251,15 @@ def decide(seen: Observed) -> Actions:
             # the next pass, paced while Jobs are being created (runtime/pacing.py).
             return Actions(create=tuple(desired_children(owner, spec, seen.settings)), phase=current.get("phase"))
         if job is not None:
-            patch = job_patch(job, spec)
-            if patch:
-                return Actions(job_patch=patch, phase=current.get("phase"))
             uid = (job.get("metadata") or {}).get("uid")
             pods = [p for p in seen.pods if owned_by(p, uid)]
+            first, stuck = _unschedulable(seen, spec, current, job, pods)
+            if first is not None:
+                return first
+            if stuck is not None:
+                invalid, invalid_reason = stuck, guardrails.UNSCHEDULABLE
+            elif patch := job_patch(job, spec, seen.settings):
+                return Actions(job_patch=patch, phase=current.get("phase"))
     admission, preemptor = _admission(seen, spec, job)
     outcome = compute(
         Observation(

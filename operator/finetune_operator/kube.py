@@ -6,6 +6,7 @@ reads the same shapes in unit tests and in the cluster.
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -147,6 +148,18 @@ class Kube:
         )
         items: list[Body] = self._plain(pods).get("items") or []
         return items
+
+    def node_values(self, label: str) -> dict[str, int] | None:
+        """Nodes by their value of `label` (nodes without it left out); None where the operator
+        may not list nodes (namespaced mode grants nothing cluster-wide)."""
+        try:
+            nodes = self._call("list", "Node", self.core.list_node, label_selector=label, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 403:
+                return None
+            raise
+        values = [((n.get("metadata") or {}).get("labels") or {}).get(label) for n in self._plain(nodes)["items"]]
+        return dict(Counter(str(v) for v in values if v))
 
     def get_finetunejob(self, namespace: str, name: str) -> Body | None:
         try:

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 # What a reconcile meets when the API server is away or busy: retried, never a crash.
 TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError)
-# Create, then patch the Job, then write: no reconcile needs more decisions than that.
+# Create (or list the nodes), then patch the Job, then write: no reconcile needs more decisions.
 MAX_DECISIONS = 4
 
 Key = tuple[str, str]
@@ -176,6 +176,10 @@ class Reconciler:
                     self.enqueue(namespace, name, UPDATE)
                     return actions.phase
                 seen = dataclasses.replace(seen, job=job, pods=self._list_pods(namespace, name))
+                continue
+            if actions.list_nodes:
+                values = self.kube.node_values(self.settings.gpu_product_label)
+                seen = dataclasses.replace(seen, nodes_listed=True, node_values=values)
                 continue
             if actions.job_patch:
                 job = self.kube.patch_job(namespace, name, {"spec": actions.job_patch})

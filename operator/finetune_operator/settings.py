@@ -43,6 +43,10 @@ ENV_EPHEMERAL_STORAGE_REQUEST = "FINETUNE_EPHEMERAL_STORAGE_REQUEST"
 ENV_SHM_MEMORY_FRACTION = "FINETUNE_SHM_MEMORY_FRACTION"
 ENV_HUB_ENV = "FINETUNE_HUB_ENV"
 ENV_EXCLUDED_NAMESPACES = "FINETUNE_EXCLUDED_NAMESPACES"
+ENV_MAX_GPUS_PER_JOB = "FINETUNE_MAX_GPUS_PER_JOB"
+ENV_MAX_NODES_PER_JOB = "FINETUNE_MAX_NODES_PER_JOB"
+ENV_DEFAULT_ACTIVE_DEADLINE = "FINETUNE_DEFAULT_ACTIVE_DEADLINE_SECONDS"
+ENV_PENDING_TIMEOUT = "FINETUNE_PENDING_TIMEOUT_SECONDS"
 # Namespaces the operator never writes in, whatever the chart adds (it adds its own namespace).
 SYSTEM_NAMESPACES: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
 # Test hook only (acceptance: operator killed between two creates). Names the child kind after
@@ -84,6 +88,12 @@ class Settings:
     # A FineTuneJob in one of these ends Failed (NamespaceNotAllowed); the fence refuses its children.
     excluded_namespaces: tuple[str, ...] = SYSTEM_NAMESPACES
     namespaces: tuple[str, ...] = field(default_factory=tuple)
+    # Guardrails of the platform team (None: no limit). A job above a limit ends Failed before
+    # any child exists; one whose pods stay unschedulable this long ends Failed (Unschedulable).
+    max_gpus_per_job: int | None = None
+    max_nodes_per_job: int | None = None
+    default_active_deadline_seconds: int | None = None
+    pending_timeout_seconds: int | None = None
     metrics_port: int = 8000
     health_port: int = 8080
     log_level: str = "INFO"
@@ -166,6 +176,23 @@ def _fraction(name: str, raw: str) -> float:
     return value
 
 
+def _limit(name: str, raw: str) -> int | None:
+    """A positive whole number; empty or 0 means no limit."""
+    if not raw.isdigit():
+        raise SettingsError(f"{name}: expected a whole number (0: no limit), got {raw!r}")
+    return int(raw) or None
+
+
+def _guardrails(env: Mapping[str, str]) -> dict[str, Any]:
+    names = {
+        "max_gpus_per_job": ENV_MAX_GPUS_PER_JOB,
+        "max_nodes_per_job": ENV_MAX_NODES_PER_JOB,
+        "default_active_deadline_seconds": ENV_DEFAULT_ACTIVE_DEADLINE,
+        "pending_timeout_seconds": ENV_PENDING_TIMEOUT,
+    }
+    return {key: _limit(name, env[name]) for key, name in names.items() if env.get(name)}
+
+
 def _namespaces(raw: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in raw.split(",") if n.strip())
 
@@ -215,6 +242,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         updates["excluded_namespaces"] = tuple(
             dict.fromkeys((*SYSTEM_NAMESPACES, *_namespaces(env[ENV_EXCLUDED_NAMESPACES])))
         )
+    updates.update(_guardrails(env))
     if v := env.get(ENV_METRICS_PORT):
         updates["metrics_port"] = _port(ENV_METRICS_PORT, v)
     if v := env.get(ENV_HEALTH_PORT):

@@ -33,6 +33,7 @@ from finetune_api.multinode import several_nodes
 from finetune_api.reasons import ExitReason, parse_termination_message, reason_for_exit_code
 from finetune_api.status import Condition, ConditionType, Phase, operator_fields
 
+from .guardrails import UNSCHEDULABLE
 from .workloads import Admission
 
 # The fields this module owns (the status model's, less the trainer's); a status patch never
@@ -46,8 +47,10 @@ IMAGE_NOT_ALLOWED = "ImageNotAllowed"
 # A FineTuneJob in a namespace the operator never writes in (Settings.excluded_namespaces).
 NAMESPACE_NOT_ALLOWED = "NamespaceNotAllowed"
 WONT_FIT = ExitReason.WontFit.name  # the trainer's reason, here decided before any pod: host memory
+# A job above the platform's limits per job (guardrails.py).
+EXCEEDS_LIMIT = "ExceedsLimit"
 # Failures decided before any Job exists.
-REFUSALS = frozenset({NAMESPACE_NOT_ALLOWED, IMAGE_NOT_ALLOWED, WONT_FIT})
+REFUSALS = frozenset({NAMESPACE_NOT_ALLOWED, IMAGE_NOT_ALLOWED, WONT_FIT, EXCEEDS_LIMIT})
 # Conditions in the order the API lists their types.
 CONDITION_ORDER: tuple[str, ...] = get_args(ConditionType)
 # Before Kueue has made the job's Workload (or where Kueue does not run at all).
@@ -327,7 +330,10 @@ def compute(obs: Observation) -> Outcome:
     message: str | None = None
 
     if obs.invalid is not None:
-        conds["Validated"] = _condition("Validated", False, obs.invalid_reason, obs.invalid, obs)
+        if obs.invalid_reason == UNSCHEDULABLE:  # the cluster's doing, not the spec's
+            conds["Validated"] = _condition("Validated", True, "Valid", "spec is valid", obs)
+        else:
+            conds["Validated"] = _condition("Validated", False, obs.invalid_reason, obs.invalid, obs)
         conds["Failed"] = _condition("Failed", True, obs.invalid_reason, obs.invalid, obs)
         status.update(phase="Failed", message=obs.invalid)
         return _finish(obs, status, conds)

@@ -95,3 +95,7 @@ def test_crd_names_and_columns() -> None:
         "Age",
         "Message",
     ]
+    # Strings the trainer writes ready to read (8.3%, 1.235): a printer column cannot format.
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert (columns["Progress"]["type"], columns["Progress"]["jsonPath"]) == ("string", ".status.progress.percentText")
+    assert (columns["Loss"]["type"], columns["Loss"]["jsonPath"]) == ("string", ".status.progress.lossText")

@@ -261,6 +261,11 @@ def test_tiny_job_succeeds_in_a_restricted_namespace(kubectl: Kube, release: dic
     kubectl.run("apply", "-n", job_ns, "-f", str(TINY_JOB))
     job = kubectl.wait_for("finetunejob/tiny", lambda j: _phase(j) in ("Succeeded", "Failed"), 900, "-n", job_ns)
     assert _phase(job) == "Succeeded", json.dumps(job.get("status"), indent=1)
+    # PROGRESS and LOSS read as numbers should: a percentage, and 4 significant digits.
+    progress = job["status"]["progress"]
+    assert progress["percentText"] == "100.0%" and progress["lossText"] == f"{progress['loss']:.4g}"
+    columns = kubectl.run("get", "finetunejob/tiny", "-n", job_ns).stdout.splitlines()
+    assert "100.0%" in columns[1].split() and progress["lossText"] in columns[1].split(), columns
     # The trainer's pod was admitted by Pod Security `restricted` and ran as a non-root user.
     pods = kubectl.get("pods", "-n", job_ns, "-l", "finetune.dev/job=tiny")["items"]
     assert pods and all(p["spec"]["securityContext"]["runAsNonRoot"] for p in pods)

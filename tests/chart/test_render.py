@@ -46,7 +46,10 @@ def test_defaults_render_the_cluster_wide_operator_only() -> None:
 def test_all_on_renders_every_optional_part() -> None:
     objects = render([ALL_ON_VALUES])
     kinds = [o["kind"] for o in objects]
-    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
+    # Namespaced mode binds nothing cluster-wide: its only ClusterRoles are the tenants' aggregated
+    # ones, which grant nothing until a namespace binds view, edit or admin.
+    assert "ClusterRoleBinding" not in kinds
+    assert all(_is_tenant_role(o) for o in by_kind(objects, "ClusterRole"))
     for kind in ("Role", "RoleBinding"):
         assert sorted(o["metadata"]["namespace"] for o in by_kind(objects, kind)) == ["team-a", "team-b"], kind
     policies = sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in by_kind(objects, "NetworkPolicy"))
@@ -134,6 +137,11 @@ def test_rendered_env_is_what_the_operator_reads() -> None:
     assert (custom.log_level, custom.log_format, custom.image_pull_policy) == ("DEBUG", "text", "Always")
     assert (custom.tmp_size, custom.ephemeral_storage_request, custom.shm_memory_fraction) == ("20Gi", "2Gi", 0.25)
     assert (parsed.tmp_size, parsed.ephemeral_storage_request, parsed.shm_memory_fraction) == ("8Gi", "1Gi", 0.5)
+    # Guardrails: off by default (0), each one reaching the operator when set.
+    assert (parsed.max_gpus_per_job, parsed.max_nodes_per_job) == (None, None)
+    assert (parsed.default_active_deadline_seconds, parsed.pending_timeout_seconds) == (None, None)
+    assert (custom.max_gpus_per_job, custom.max_nodes_per_job) == (16, 4)
+    assert (custom.default_active_deadline_seconds, custom.pending_timeout_seconds) == (259200, 3600)
 
 
 def test_defaults_match_the_api_and_the_package() -> None:
@@ -147,8 +155,45 @@ def test_defaults_match_the_api_and_the_package() -> None:
     assert values["trainer"]["image"].endswith(":" + chart["appVersion"])
 
 
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+def _is_tenant_role(role: dict[str, Any]) -> bool:
+    return any(key.startswith(AGGREGATE) for key in role["metadata"].get("labels", {}))
+
+
 def _roles(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [o for o in objects if o["kind"] in ("Role", "ClusterRole")]
+    """The operator's own roles (the tenants' aggregated ClusterRoles are tested on their own)."""
+    return [o for o in objects if o["kind"] in ("Role", "ClusterRole") and not _is_tenant_role(o)]
+
+
+def _tenant_grants(objects: list[dict[str, Any]]) -> dict[str, set[tuple[str, str]]]:
+    """Built-in role (view, edit, admin) -> the (resource, verb) pairs the chart aggregates into it."""
+    grants: dict[str, set[tuple[str, str]]] = {"view": set(), "edit": set(), "admin": set()}
+    for role in filter(_is_tenant_role, by_kind(objects, "ClusterRole")):
+        for label, value in role["metadata"]["labels"].items():
+            if label.startswith(AGGREGATE) and value == "true":
+                for rule in role["rules"]:
+                    assert rule["apiGroups"] == ["finetune.dev"]
+                    grants[label.removeprefix(AGGREGATE)] |= {(r, v) for r in rule["resources"] for v in rule["verbs"]}
+    return grants
+
+
+@pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["cluster-mode", "namespaced-mode"])
+def test_tenant_roles_aggregate_finetunejobs_into_view_edit_and_admin(values: list[Path]) -> None:
+    grants = _tenant_grants(render(values))
+    read = {(r, v) for r in ("finetunejobs", "finetunejobs/status") for v in ("get", "list", "watch")}
+    write = {("finetunejobs", v) for v in ("create", "update", "patch", "delete", "deletecollection")}
+    assert grants["view"] == read
+    assert grants["edit"] == grants["admin"] == read | write
+    # Status is the operator's and the trainer's: a tenant who could patch it could fake Succeeded.
+    assert not {v for r, v in grants["admin"] if r == "finetunejobs/status"} - {"get", "list", "watch"}
+
+
+def test_tenant_roles_can_be_left_out() -> None:
+    objects = render(sets=["rbac.tenantRoles=false"])
+    assert not [o for o in by_kind(objects, "ClusterRole") if _is_tenant_role(o)]
+    assert _roles(objects)
 
 
 def _strings(node: Any) -> list[str]:

@@ -67,7 +67,7 @@ def test_submit_validates_then_creates_and_list_shows_it(
     listing = ftjob("list", "-n", namespace)
     assert listing.returncode == 0, listing.stderr
     header, row = listing.stdout.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "STEP", "LOSS", "GPUS", "AGE"]
+    assert header.split() == ["NAME", "PHASE", "STEP", "LOSS", "GPUS", "AGE", "REASON"]
     assert row.split()[0] == "tiny"
     everywhere = ftjob("list", "-A")
     assert namespace in everywhere.stdout

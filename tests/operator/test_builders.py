@@ -261,10 +261,20 @@ def test_a_workload_priority_class_is_the_kueue_label_not_the_pods_priority():
 
 def test_job_patch_follows_suspend_and_leaves_queued_jobs_to_kueue():
     live = {"spec": {"suspend": False}}
-    assert job_patch(live, spec(suspend=True)) == {"suspend": True}
-    assert job_patch({"spec": {"suspend": True}}, spec()) == {"suspend": False}
-    assert job_patch({"spec": {"suspend": True}}, spec(placement={"queueName": "q"})) == {}
-    assert job_patch(live, spec(activeDeadlineSeconds=30)) == {"activeDeadlineSeconds": 30}
+    assert job_patch(live, spec(suspend=True), SETTINGS) == {"suspend": True}
+    assert job_patch({"spec": {"suspend": True}}, spec(), SETTINGS) == {"suspend": False}
+    assert job_patch({"spec": {"suspend": True}}, spec(placement={"queueName": "q"}), SETTINGS) == {}
+    assert job_patch(live, spec(activeDeadlineSeconds=30), SETTINGS) == {"activeDeadlineSeconds": 30}
+
+
+def test_the_platforms_default_deadline_stands_where_the_spec_sets_none():
+    platform = Settings(default_active_deadline_seconds=86400)
+    assert job.job(OWNER, spec(), platform)["spec"]["activeDeadlineSeconds"] == 86400
+    assert job.job(OWNER, spec(activeDeadlineSeconds=60), platform)["spec"]["activeDeadlineSeconds"] == 60
+    assert "activeDeadlineSeconds" not in job.job(OWNER, spec(), SETTINGS)["spec"]
+    # The live Job keeps the default: no patch takes it away again.
+    live = {"spec": {"suspend": False, "activeDeadlineSeconds": 86400}}
+    assert job_patch(live, spec(), platform) == {}
 
 
 BUILD = (

@@ -308,3 +308,94 @@ def test_between_the_oom_and_the_retry_the_pending_job_says_nothing_of_schedulin
     assert actions.phase == "Pending" and actions.status_patch is not None
     assert "message" not in actions.status_patch
     assert [e.reason for e in actions.events] == ["OutOfMemoryRetry", "Pending"]
+
+
+# --- the platform's guardrails (guardrails.py) ---------------------------------------------
+
+LIMITS = Settings(max_gpus_per_job=4, max_nodes_per_job=2)
+
+
+def test_a_job_above_the_platforms_limits_fails_naming_the_field_and_the_limit_and_creates_nothing() -> None:
+    cases = {
+        "spec.resources.gpus: 8 GPU(s) is above this cluster's limit of 4 GPU(s) per job": {"gpus": 8},
+        "spec.resources.gpus: 4 per node x 2 nodes = 8 GPU(s) is above this cluster's limit of 4 GPU(s) per job": {
+            "gpus": 4,
+            "nodes": 2,
+        },
+        "spec.resources.nodes: 3 is above this cluster's limit of 2 node(s) per job": {"gpus": 1, "nodes": 3},
+    }
+    for message, resources in cases.items():
+        actions = decide(Observed(**{**seen(finetunejob(resources=resources)).__dict__, "settings": LIMITS}))
+        assert not actions.create and actions.phase == "Failed", message
+        assert actions.status_patch is not None and actions.status_patch["message"] == message
+        failed = next(c for c in actions.status_patch["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "ExceedsLimit"
+    within = decide(Observed(**{**seen(finetunejob(resources={"gpus": 4})).__dict__, "settings": LIMITS}))
+    assert [c["kind"] for c in within.create] == ["Job"]
+
+
+SCHEDULER_SAID = "0/7 nodes are available: 6 node(s) didn't match Pod's node affinity/selector."
+TIMEOUT = Settings(pending_timeout_seconds=300)
+
+
+def stuck_pod(since: str) -> dict[str, Any]:
+    made = job_pod("a", "Pending", scheduled=(False, "Unschedulable", SCHEDULER_SAID))
+    made["status"]["conditions"][0]["lastTransitionTime"] = since
+    return made
+
+
+def timed(job_body: dict[str, Any], **kwargs: Any) -> Observed:
+    return Observed(
+        namespace=OWNER.namespace,
+        name=OWNER.name,
+        settings=TIMEOUT,
+        now="2026-01-01T00:10:00Z",
+        body=job_body,
+        **kwargs,
+    )
+
+
+def test_a_job_pending_past_the_timeout_lists_the_nodes_stops_its_pods_then_fails_unschedulable() -> None:
+    ftj = finetunejob(status=PENDING, resources={"gpus": 2, "gpuProduct": "NVIDIA-H100-80GB-HBM3"})
+    pods = [stuck_pod("2026-01-01T00:04:00Z")]  # 6 minutes ago
+    first = decide(timed(ftj, job=batch_job(), pods=pods))
+    assert first.list_nodes and first.status_patch is None and first.job_patch is None
+    listed = {"Tesla-P40": 12, "NVIDIA-A100-80GB": 4}
+    second = decide(timed(ftj, job=batch_job(), pods=pods, nodes_listed=True, node_values=listed))
+    assert second.job_patch == {"suspend": True}  # its pods go: none can be placed later
+    third = decide(timed(ftj, job=batch_job(suspend=True), pods=pods, nodes_listed=True, node_values=listed))
+    said = (
+        "pods unschedulable for over 300 s: no node has nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 "
+        "(nodes have: Tesla-P40 x 12, NVIDIA-A100-80GB x 4)"
+    )
+    assert third.phase == "Failed" and third.status_patch is not None
+    assert third.status_patch["message"] == said
+    conditions = {c["type"]: c for c in third.status_patch["conditions"]}
+    assert (conditions["Failed"]["reason"], conditions["Failed"]["message"]) == ("Unschedulable", said)
+    assert conditions["Validated"]["status"] == "True"  # the cluster's doing, not the spec's
+    # For good: with its pods gone and the verdict written, the job stays Failed and suspended.
+    written = finetunejob(status=third.status_patch, resources={"gpus": 2, "gpuProduct": "NVIDIA-H100-80GB-HBM3"})
+    later = decide(timed(written, job=batch_job(suspend=True), pods=[]))
+    assert later.phase == "Failed" and later.job_patch is None and not later.list_nodes
+
+
+def test_before_the_timeout_or_without_one_a_pending_job_waits() -> None:
+    ftj = finetunejob(status=PENDING, resources={"gpus": 2})
+    recent = [stuck_pod("2026-01-01T00:06:00Z")]  # 4 minutes ago
+    assert decide(timed(ftj, job=batch_job(), pods=recent)).phase == "Pending"
+    old = [stuck_pod("2026-01-01T00:00:00Z")]
+    untimed = Observed(**{**timed(ftj, job=batch_job(), pods=old).__dict__, "settings": SETTINGS})
+    assert decide(untimed).phase == "Pending"
+    # A job queued through Kueue is left to Kueue, which would unsuspend what we suspend.
+    queued = finetunejob(status=PENDING, resources={"gpus": 2}, placement={"queueName": "team-a"})
+    actions = decide(timed(queued, job=batch_job(), pods=old))
+    assert not actions.list_nodes and actions.job_patch is None and actions.phase != "Failed"
+
+
+def test_where_the_product_exists_or_nodes_cannot_be_listed_the_schedulers_words_are_the_message() -> None:
+    ftj = finetunejob(status=PENDING, resources={"gpus": 2})  # Tesla-P40, which nodes have
+    pods = [stuck_pod("2026-01-01T00:00:00Z")]
+    for values in ({"Tesla-P40": 2}, None):
+        actions = decide(timed(ftj, job=batch_job(suspend=True), pods=pods, nodes_listed=True, node_values=values))
+        assert actions.status_patch is not None
+        assert actions.status_patch["message"] == f"pods unschedulable for over 300 s: {SCHEDULER_SAID}"

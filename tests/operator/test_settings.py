@@ -106,3 +106,17 @@ def test_a_default_image_outside_the_allow_list_stops_the_operator_in_one_line(m
     assert main([]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "FINETUNE_ALLOWED_IMAGES" in err and "Traceback" not in err
+
+
+def test_guardrails_come_from_env_and_zero_means_no_limit():
+    env = {
+        "FINETUNE_MAX_GPUS_PER_JOB": "8",
+        "FINETUNE_MAX_NODES_PER_JOB": "0",
+        "FINETUNE_DEFAULT_ACTIVE_DEADLINE_SECONDS": "86400",
+        "FINETUNE_PENDING_TIMEOUT_SECONDS": "600",
+    }
+    s = from_env(env)
+    assert (s.max_gpus_per_job, s.max_nodes_per_job) == (8, None)
+    assert (s.default_active_deadline_seconds, s.pending_timeout_seconds) == (86400, 600)
+    with pytest.raises(SettingsError, match=r"^FINETUNE_PENDING_TIMEOUT_SECONDS: expected a whole number"):
+        from_env({"FINETUNE_PENDING_TIMEOUT_SECONDS": "10m"})

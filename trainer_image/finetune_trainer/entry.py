@@ -101,11 +101,17 @@ def configure_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def log_ending(reason: ExitReason, message: str) -> None:
+    """A suspend, a preemption or a drain (Interrupted) is the platform's doing, with a checkpoint
+    just written to resume from: said at INFO, so that only real failures read as errors."""
+    log.log(logging.INFO if reason is ExitReason.Interrupted else logging.ERROR, "%s: %s", reason.name, message)
+
+
 def fail(path: Path | None, reason: ExitReason, message: str) -> int:
     from .progress import emit
 
     _write_termination(path, reason, message)
-    log.error("%s: %s", reason.name, message)
+    log_ending(reason, message)
     emit("failed", reason=reason.name, message=message)
     return int(reason)
 
@@ -134,7 +140,7 @@ def _outcome(termination: Path | None, run: Callable[[], object], worker: bool) 
         # the termination log. A worker only records its own.
         from .launcher import write_reason
 
-        log.error("%s: %s", reason.name, message)
+        log_ending(reason, message)
         write_reason(reason, message)
         return int(reason)
     return fail(termination, reason, message)

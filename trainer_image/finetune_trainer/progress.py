@@ -134,12 +134,17 @@ class Progress:
         if not p:
             return {}
         total = p["totalSteps"] or 0
+        percent = round(100.0 * p["step"] / total, 1) if total else None
+        loss = p["loss"] if math.isfinite(p["loss"]) else None
         out = {
             "step": p["step"],
             "totalSteps": total,
             "epoch": p["epoch"],
-            "percent": round(100.0 * p["step"] / total, 1) if total else None,
-            "loss": p["loss"] if math.isfinite(p["loss"]) else None,
+            "percent": percent,
+            "loss": loss,
+            # What `kubectl get ftj` shows (a printer column cannot format a number).
+            "percentText": f"{percent:.1f}%" if percent is not None else None,
+            "lossText": f"{loss:.4g}" if loss is not None else None,
             "learningRate": p["lr"],
             "tokensPerSecond": p["tokensPerSecond"],
             "etaSeconds": p["etaSeconds"],

@@ -274,16 +274,15 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
             "spec": pod_spec,
         },
     }
-    if spec.active_deadline_seconds is not None:
-        job_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
-    if spec.ttl_seconds_after_finished is not None:
-        job_spec["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
+    job_spec.update({k: v for k, v in mutable_fields(spec, settings).items() if v is not None})
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": job_meta, "spec": job_spec}
 
 
-def mutable_fields(spec: FineTuneJobSpec) -> dict[str, Any]:
-    """The Job fields that follow the FineTuneJob after creation (the rest is immutable)."""
+def mutable_fields(spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
+    """The Job fields that follow the FineTuneJob after creation (the rest is immutable). The
+    platform's default deadline stands where the spec sets none."""
+    deadline = spec.active_deadline_seconds or settings.default_active_deadline_seconds
     return {
-        "activeDeadlineSeconds": spec.active_deadline_seconds,
+        "activeDeadlineSeconds": deadline,
         "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
     }
