@@ -24,41 +24,43 @@ $(STAMP): pyproject.toml $(PINS)
 	$(PY) -m pip install -q $(addprefix -c ,$(PINS)) -e '.[operator,trainer,cli,dev]'
 	touch $@
 
-dev: $(STAMP) ## create .venv with everything the tests need (from nothing)
+dev: $(STAMP) ## create `.venv` with everything the tests need (from nothing)
 
-test: $(STAMP) ## run every test (sets itself up; starts and stops the local control plane)
+test: $(STAMP) ## tests it: every test (sets itself up; starts and stops the local control plane)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## tests that need neither the control plane nor the trainer
 	$(PY) -m pytest -m "not cluster and not trainer" $(PYTEST_ARGS)
 
-lint: $(STAMP) ## ruff + mypy --strict
+lint: $(STAMP) ## ruff + `mypy --strict` on the operator, API and CLI
 	$(VENV)/bin/ruff check operator trainer_image tests hack bench
 	$(VENV)/bin/ruff format --check operator trainer_image tests hack bench
 	$(VENV)/bin/mypy --strict operator/finetune_api operator/finetune_plan operator/finetune_operator operator/finetune_cli
 
-crds: $(STAMP) ## regenerate crds/ and the chart's copy from the API models
+crds: $(STAMP) ## regenerate `crds/`, the chart's CRD copy, the API reference and the CLI and Make tables of the README
 	$(PY) -m finetune_api.generate
+	$(PY) -m finetune_cli.readme_tables
 
-crds-check: $(STAMP) ## fail when the committed CRDs differ from the models
+crds-check: $(STAMP) ## fail when the committed CRDs or the README's generated blocks differ from the models, the CLI or the Makefile
 	$(PY) -m finetune_api.generate --check
+	$(PY) -m finetune_cli.readme_tables --check
 
-cluster-up: $(STAMP) ## start etcd, kube-apiserver, controller-manager, scheduler, KWOK nodes, node agent
+cluster-up: $(STAMP) ## start the local control plane: etcd, kube-apiserver, controller-manager, scheduler, KWOK GPU nodes, node agent (`python -m hack.cluster kueue-up` adds Kueue; tests start it themselves)
 	$(PY) -m hack.cluster up
 
 cluster-down: ## stop everything cluster-up started and remove its state
 	@test -x $(PY) && $(PY) -m hack.cluster down || true
 
-demo: $(STAMP) ## install the chart on the local control plane and watch a tiny job train
+demo: $(STAMP) ## runs it: cluster up, Helm install, a tiny job trained with a live progress bar, loss curve PNG
 	hack/demo.sh
 
-bench: $(STAMP) ## (GPU machine) reference recipe vs our trainer; writes bench/results/*.json
+bench: $(STAMP) ## (GPU machine) the reference recipe vs our trainer; writes `bench/results/*.json`
 	$(PY) -m bench.run $(BENCH_ARGS)
 
 soak: $(STAMP) ## long chaos, fuzz and load runs (not in CI)
 	$(PY) -m pytest -m soak tests/reliability $(PYTEST_ARGS)
 
-images-lint: $(STAMP) ## hadolint both Dockerfiles
+images-lint: $(STAMP) ## hadolint on both Dockerfiles
 	$(VENV)/bin/hadolint operator/Dockerfile trainer_image/Dockerfile
 
 clean: cluster-down ## remove the venv and caches of this checkout

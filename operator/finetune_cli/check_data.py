@@ -26,12 +26,19 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     parser = commands.add_parser(
         "check-data",
         help="check a training data file line by line",
-        description="Check a dataset file (JSON Lines, JSON or Parquet) the way the trainer does before training.",
+        description="Check a dataset file (JSON Lines, JSON or Parquet) the way the trainer does before training: "
+        "every bad line with its number and field, exit 1. With --tokenizer: samples, tokens and trained "
+        "tokens, samples with 0 trained tokens as errors, replies that maxLength cuts as warnings (see "
+        "Training data); a tokenizer folder of a family the trainer does not train is refused in one line.",
     )
     parser.add_argument("file", metavar="FILE")
-    parser.add_argument("--format", required=True, choices=tuple(DATASET_FORMATS))
+    parser.add_argument(
+        "--format", required=True, choices=tuple(DATASET_FORMATS), help="spec.dataset.format (required)"
+    )
     parser.add_argument("--tokenizer", metavar="PATH", help="model folder: also count tokens, check lengths")
-    parser.add_argument("--max-length", type=int, default=2048, help="tokens per sample (spec.training.maxLength)")
+    parser.add_argument(
+        "--max-length", type=int, default=2048, metavar="L", help="tokens per sample (spec.training.maxLength)"
+    )
     parser.add_argument("--packing", action="store_true", help="as with spec.training.packing")
     parser.add_argument(
         "--train-on",

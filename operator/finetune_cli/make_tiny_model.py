@@ -12,15 +12,15 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "make-tiny-model",
         help="write a tiny random-init Llama (for tests and demos)",
         description="Write a tiny random-init Llama with a locally trained tokenizer into DIR; "
-        "optionally a small learnable Alpaca dataset too.",
+        "optionally a small learnable Alpaca dataset too. Nothing is downloaded.",
     )
     parser.add_argument("dir", metavar="DIR")
     parser.add_argument("--dataset", metavar="FILE", help="also write a learnable Alpaca JSON Lines file here")
-    parser.add_argument("--samples", type=int, default=256, help="records in --dataset (default 256)")
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--samples", type=int, default=256, metavar="N", help="records in --dataset (default 256)")
+    parser.add_argument("--hidden", type=int, default=64, metavar="N", help="hidden size (default 64)")
+    parser.add_argument("--layers", type=int, default=2, metavar="N", help="decoder layers (default 2)")
+    parser.add_argument("--vocab", type=int, default=512, metavar="N", help="tokenizer vocabulary (default 512)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="weights' and data's seed (default 0)")
     parser.set_defaults(handler=run)
 
 

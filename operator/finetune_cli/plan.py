@@ -54,7 +54,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="check that a job fits its GPUs and estimate its speed",
         description="Per-GPU memory (quantised weights, embeddings/head, LoRA + optimizer, activations, "
         "temporaries, logits), the mode it would use, tokens/s and time per epoch. "
-        "Exit 0 when it fits, 3 when it does not.",
+        "The mode is training.parallelism as the trainer will run it, from the same planner call it makes; "
+        "the `host` line is the pod's host memory; a CPU job (gpus: 0) gets one line. "
+        "Exit 0 when it fits, 3 when it does not (the GPUs, or resources.memory below the host figure), "
+        "1 on bad input.",
     )
     parser.add_argument("file", metavar="FILE.yaml")
     parser.add_argument("--model-config", metavar="PATH", help="the model's config.json (or its folder)")
@@ -63,10 +66,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--gpu-product", metavar="NAME", help=f"GPU product; known: {', '.join(known_names())}")
     parser.add_argument("--gpu-memory-gib", type=float, metavar="X", help="memory per GPU (default: the product's)")
     parser.add_argument("--fp32-tflops", type=float, metavar="X", help="FP32 peak per GPU (default: the product's)")
-    parser.add_argument("--max-length", type=int, metavar="L")
-    parser.add_argument("--batch-size", type=int, metavar="B")
-    parser.add_argument("--lora-r", type=int, metavar="R")
-    parser.add_argument("--gradient-checkpointing", metavar="true|false")
+    parser.add_argument("--max-length", type=int, metavar="L", help="tokens per sample (default: the spec's)")
+    parser.add_argument("--batch-size", type=int, metavar="B", help="micro-batch per process (default: the spec's)")
+    parser.add_argument("--lora-r", type=int, metavar="R", help="LoRA rank (default: the spec's)")
+    parser.add_argument("--gradient-checkpointing", metavar="true|false", help="(default: the spec's)")
     parser.add_argument(
         "--mode",
         metavar="|".join(modes.SPEC_WORDS),

@@ -22,7 +22,7 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "run",
         help="train a FineTuneJob locally (each PVC claim is DIR/<claimName>/)",
         description="Run a FineTuneJob on this machine with the in-image trainer; rerun to resume "
-        "from the last complete checkpoint.",
+        "from the last complete checkpoint. No cluster: each PVC claim maps to DIR/<claimName>/.",
     )
     parser.add_argument("file", metavar="FILE.yaml")
     parser.add_argument("--workdir", required=True, metavar="DIR", help="folder holding one sub-folder per claim")

@@ -37,7 +37,12 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     parser = commands.add_parser(
         "validate",
         help="check FineTuneJob YAML files offline",
-        description="Check FineTuneJob YAML files with the same models the CRD is generated from.",
+        description="Check FineTuneJob YAML files offline with the same models the CRD is generated from: "
+        "`FILE: spec.path: message` per problem, exit 1. With --values, each job's image (or the chart's "
+        "trainer.image when unset) against trainer.allowedImages: `FILE: ImageNotAllowed: ...`, exit 1. "
+        "For a model the planner knows by name, a resources.memory below the pod's host figure: "
+        "`FILE: WontFit: ...`, exit 3 (what the operator would refuse). With --model-config, also its "
+        "family and lora.targetModules (see Model families), exit 1.",
     )
     parser.add_argument("files", nargs="+", metavar="FILE")
     parser.add_argument(
