@@ -330,7 +330,8 @@ def test_upgrade_with_a_changed_value_rolls_the_operator(kubectl: Kube, release:
 
 
 def test_crd_upgrade_path_is_server_side_apply_then_helm_upgrade(kubectl: Kube, release: dict[str, Any]) -> None:
-    """Helm never upgrades crds/: the documented path is `kubectl apply --server-side -f crds/`."""
+    """Helm never upgrades crds/: the documented path (test_crd_upgrade_command.py) is a server-side
+    apply with --force-conflicts, then `helm upgrade`."""
     crd = yaml.safe_load(CRD_FILE.read_text())
     newer = json.loads(json.dumps(crd))
     column = {"name": "UpgradeProbe", "type": "string", "jsonPath": ".metadata.uid", "priority": 1}
