@@ -42,6 +42,13 @@ PRINTER_COLUMNS: list[Schema] = [
     },
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Loss", "type": "string", "jsonPath": ".status.progress.lossText"},
+    {
+        "name": "EvalLoss",
+        "type": "string",
+        "jsonPath": ".status.progress.evalLossText",
+        "priority": 1,
+        "description": "Loss on the held-out split at the last evaluation (every checkpoint, and the end).",
+    },
     {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpus"},
     {
         "name": "Nodes",

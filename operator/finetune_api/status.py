@@ -42,6 +42,13 @@ class Progress(ApiModel):
     loss_text: Annotated[str, Field(max_length=32)] | None = Field(
         default=None, description="loss to 4 significant digits, as kubectl shows it."
     )
+    eval_loss: float | None = Field(
+        default=None, description="Loss on the held-out split (dataset.evalFraction) at the last evaluation."
+    )
+    eval_loss_text: Annotated[str, Field(max_length=32)] | None = Field(
+        default=None, description="evalLoss to 4 significant digits, as kubectl -o wide shows it."
+    )
+    eval_step: int | None = Field(default=None, description="The optimizer step evalLoss was measured at.")
     learning_rate: float | None = None
     tokens_per_second: float | None = None
     eta_seconds: float | None = None

@@ -86,6 +86,7 @@ def test_crd_names_and_columns() -> None:
         "Progress",
         "Step",
         "Loss",
+        "EvalLoss",
         "GPUs",
         "Nodes",
         "Ready",
@@ -99,3 +100,12 @@ def test_crd_names_and_columns() -> None:
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert (columns["Progress"]["type"], columns["Progress"]["jsonPath"]) == ("string", ".status.progress.percentText")
     assert (columns["Loss"]["type"], columns["Loss"]["jsonPath"]) == ("string", ".status.progress.lossText")
+    # The held-out loss only with -o wide: most jobs' plain listing stays narrow.
+    eval_column = columns["EvalLoss"]
+    assert (eval_column["type"], eval_column["jsonPath"], eval_column["priority"]) == (
+        "string",
+        ".status.progress.evalLossText",
+        1,
+    )
+    progress = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert {"evalLoss", "evalLossText", "evalStep"} <= set(progress["progress"]["properties"])

@@ -38,3 +38,33 @@ def test_progress_columns_read_as_kubectl_shows_them() -> None:
     assert status["lossText"] == "1.235"
     parsed = FineTuneJobStatus.model_validate({"progress": status})
     assert parsed.progress is not None and parsed.progress.loss_text == "1.235"
+    assert "evalLoss" not in status  # no evaluation yet: nothing to show
+
+
+def test_the_eval_loss_goes_into_the_status_patch() -> None:
+    """The held-out loss measured at a checkpoint rides the next status patch (the checkpoint's),
+    as `status.progress.evalLoss`, and `-o wide` reads its text."""
+    from finetune_api.status import FineTuneJobStatus
+    from finetune_trainer.progress import Progress
+    from finetune_trainer.status_patch import StatusReporter
+
+    sent: list[dict[str, object]] = []
+
+    class Recorder(StatusReporter):
+        def __init__(self) -> None:  # no API, no thread: only what would be patched
+            pass
+
+        def progress(self, progress: dict[str, object]) -> None:
+            sent.append(progress)
+
+    reporter = Recorder()
+    progress = Progress(reporter, None, 20)
+    progress.begin(0)
+    progress.step(10, loss=1.5, lr=1e-3, tokens=10, epoch=0.5, report=True)
+    progress.evaluated(10, 1.2345678)
+    reporter.progress(progress.status_progress())  # what save_checkpoint sends next
+    patch = sent[-1]
+    assert (patch["evalLoss"], patch["evalLossText"], patch["evalStep"]) == (1.2345678, "1.235", 10)
+    parsed = FineTuneJobStatus.model_validate({"progress": patch})
+    assert parsed.progress is not None and parsed.progress.eval_loss_text == "1.235"
+    assert parsed.model_dump(by_alias=True, exclude_none=True)["progress"]["evalLoss"] == 1.2345678

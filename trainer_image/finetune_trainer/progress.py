@@ -136,6 +136,9 @@ class Progress:
         total = p["totalSteps"] or 0
         percent = round(100.0 * p["step"] / total, 1) if total else None
         loss = p["loss"] if math.isfinite(p["loss"]) else None
+        # The held-out loss of the last evaluation (each checkpoint's, and the end's): it goes out
+        # with the next patch, which the checkpoint right after the evaluation sends.
+        eval_loss = self.eval_loss if self.eval_loss is not None and math.isfinite(self.eval_loss) else None
         out = {
             "step": p["step"],
             "totalSteps": total,
@@ -145,6 +148,9 @@ class Progress:
             # What `kubectl get ftj` shows (a printer column cannot format a number).
             "percentText": f"{percent:.1f}%" if percent is not None else None,
             "lossText": f"{loss:.4g}" if loss is not None else None,
+            "evalLoss": eval_loss,
+            "evalLossText": f"{eval_loss:.4g}" if eval_loss is not None else None,
+            "evalStep": self.eval_step if eval_loss is not None else None,
             "learningRate": p["lr"],
             "tokensPerSecond": p["tokensPerSecond"],
             "etaSeconds": p["etaSeconds"],
