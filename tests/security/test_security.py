@@ -40,6 +40,10 @@ RESTRICTED = {
 
 # What the operator may do where it watches: the security contract, written out by hand so
 # that a widened rules file fails here instead of slipping through.
+# Read-only: the node labels an Unschedulable message names (the pending timeout's "nodes have:
+# Tesla-P40 x 12, ..."). It is in the rules of the namespaces the operator serves; nodes being
+# cluster-scoped, a namespace's Role (this test's namespaced mode) lists it but grants nothing.
+CLUSTER_READ: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {("nodes", ()): frozenset({"list"})}
 OPERATOR_CAN: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {
     ("finetunejobs.finetune.dev", ()): frozenset({"get", "list", "watch"}),
     ("finetunejobs.finetune.dev/status", ()): frozenset({"patch"}),
@@ -54,6 +58,7 @@ OPERATOR_CAN: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {
     ("events", ()): frozenset({"create"}),
     # Kueue's Workload of a queued job's Job: read only, for the job's status.
     ("workloads.kueue.x-k8s.io", ()): frozenset({"get", "list", "watch"}),
+    **CLUSTER_READ,
 }
 
 
