@@ -78,21 +78,24 @@ def trainer_spec(point: Point, steps: int) -> dict[str, Any]:
     )
 
 
-def planned(point: Point, layers: int, steps: int) -> Any:
-    """The trainer's own plan for `layers` layers of `point` on one GPU capped at CAP_GIB."""
+def capped_launch(spec: dict[str, Any], config: dict[str, Any]) -> Any:
+    """The trainer's own launch decision for `spec` on `config`, one GPU capped at CAP_GIB."""
     from finetune_api.spec import FineTuneJobSpec
     from finetune_plan import choose
 
-    spec = FineTuneJobSpec.model_validate(trainer_spec(point, steps))
-    launch = choose(
-        spec,
-        model_config(point.width, layers),
+    return choose(
+        FineTuneJobSpec.model_validate(spec),
+        config,
         1,
         gpu_memory_bytes=int(CAP_GIB * GIB),
         gpu_name="NVIDIA H200",
-        attention="memory_efficient",  # SDPA, what the trainer runs on this GPU
+        attention="memory_efficient",  # SDPA, what the trainer runs on this GPU (eager where a family lacks it)
     )
-    return launch.plan
+
+
+def planned(point: Point, layers: int, steps: int) -> Any:
+    """The trainer's own plan for `layers` layers of `point` on one GPU capped at CAP_GIB."""
+    return capped_launch(trainer_spec(point, steps), model_config(point.width, layers)).plan
 
 
 def deepest(point: Point, steps: int, most: int = 120) -> int:

@@ -16,8 +16,11 @@ import json
 from pathlib import Path
 from typing import Any, Final
 
-CAP_GIB: Final = 22.4
-GIB: Final = 2**30
+from bench import boundary
+
+CAP_GIB: Final = boundary.CAP_GIB  # a P40's usable memory, as the boundary phase caps it
+GIB: Final = boundary.GIB
+
 LAYERS: Final = 8
 SEQ: Final = 2048
 
@@ -70,18 +73,7 @@ def trainer_spec(steps: int) -> dict[str, Any]:
 
 def planned(family: str, layers: int, steps: int) -> Any:
     """The trainer's own launch decision for `layers` layers of `family` on one GPU capped at CAP_GIB."""
-    from finetune_api.spec import FineTuneJobSpec
-    from finetune_plan import choose
-
-    spec = FineTuneJobSpec.model_validate(trainer_spec(steps))
-    return choose(
-        spec,
-        model_config(family, layers),
-        1,
-        gpu_memory_bytes=int(CAP_GIB * GIB),
-        gpu_name="NVIDIA H200",
-        attention="memory_efficient",  # what SDPA gives on this GPU; a family without SDPA plans eager
-    )
+    return boundary.capped_launch(trainer_spec(steps), model_config(family, layers))
 
 
 BUILD: Final = """

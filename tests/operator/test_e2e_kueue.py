@@ -136,12 +136,8 @@ def test_the_example_and_the_charts_kueue_objects_pass_kueues_own_admission(
     assert refused.value.status == 422
 
 
-# --- quota --------------------------------------------------------------------------------------
-
-
-def test_a_job_beyond_the_gpu_quota_queues_with_kueues_reason_until_the_first_ends(
-    namespace: str, jobs: Jobs, kueue_objects: KueueObjects, operator: OperatorProcess
-) -> None:
+def p40_flavor(kueue_objects: KueueObjects, namespace: str) -> str:
+    """The test's ResourceFlavor of the KWOK P40 nodes; returns its name."""
     flavor = f"{namespace}-p40"
     kueue_objects.create(
         {
@@ -150,6 +146,16 @@ def test_a_job_beyond_the_gpu_quota_queues_with_kueues_reason_until_the_first_en
             "spec": {"nodeLabels": {"nvidia.com/gpu.product": "Tesla-P40"}},
         }
     )
+    return flavor
+
+
+# --- quota --------------------------------------------------------------------------------------
+
+
+def test_a_job_beyond_the_gpu_quota_queues_with_kueues_reason_until_the_first_ends(
+    namespace: str, jobs: Jobs, kueue_objects: KueueObjects, operator: OperatorProcess
+) -> None:
+    flavor = p40_flavor(kueue_objects, namespace)
     kueue_objects.create(cluster_queue(namespace, flavor, {**PLENTY, "nvidia.com/gpu": "4"}))
     spec = gpu_spec(gpus=4, placement={"queueName": QUEUE})
 

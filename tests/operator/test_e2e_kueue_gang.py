@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.kueue import KueueObjects
-from tests.operator.test_e2e_kueue import PLENTY, QUEUE, cluster_queue, local_queue
+from tests.operator.test_e2e_kueue import PLENTY, QUEUE, cluster_queue, local_queue, p40_flavor
 from tests.support.harness import Jobs, OperatorProcess, wait_for
 from tests.support.specs import gpu_spec
 
@@ -38,14 +38,7 @@ def _workloads_of(kueue_objects: KueueObjects, namespace: str, job_uid: str) -> 
 def test_a_two_node_job_is_one_gang_admitted_preempted_and_admitted_again_whole(
     namespace: str, jobs: Jobs, kueue_objects: KueueObjects, operator: OperatorProcess
 ) -> None:
-    flavor = f"{namespace}-p40"
-    kueue_objects.create(
-        {
-            "kind": "ResourceFlavor",
-            "metadata": {"name": flavor},
-            "spec": {"nodeLabels": {"nvidia.com/gpu.product": "Tesla-P40"}},
-        }
-    )
+    flavor = p40_flavor(kueue_objects, namespace)
     # Room for the gang (2 x 4 GPUs) and nothing beside it; a higher priority takes it over.
     quota = {**PLENTY, "nvidia.com/gpu": "8"}
     kueue_objects.create(cluster_queue(namespace, flavor, quota, preemption={"withinClusterQueue": "LowerPriority"}))

@@ -25,6 +25,16 @@ SPEC = {
 }
 
 
+def _job_dirs(tmp_path: Path, tiny_assets: Path, names: tuple[str, ...], spec: dict) -> dict[str, JobDir]:
+    """One job folder per name, each with `spec`'s changes."""
+    jobs = {}
+    for name in names:
+        (tmp_path / name).mkdir()
+        jobs[name] = make_job_dir(tmp_path / name, tiny_assets)
+        jobs[name].spec_changes = spec
+    return jobs
+
+
 def adapter(job: JobDir) -> dict:
     from safetensors.torch import load_file
 
@@ -34,11 +44,7 @@ def adapter(job: JobDir) -> dict:
 def test_the_first_oom_retries_once_on_a_tighter_plan_to_the_uninterrupted_adapter_and_a_second_fails(
     tmp_path: Path, tiny_assets: Path
 ) -> None:
-    jobs = {}
-    for name in ("steady", "oom", "twice"):
-        (tmp_path / name).mkdir()
-        jobs[name] = make_job_dir(tmp_path / name, tiny_assets)
-        jobs[name].spec_changes = SPEC
+    jobs = _job_dirs(tmp_path, tiny_assets, ("steady", "oom", "twice"), SPEC)
     assert jobs["steady"].run().code == 0
 
     first = jobs["oom"].run(env={"FINETUNE_TEST_OOM_AT": "5"})
@@ -67,11 +73,7 @@ def test_the_first_oom_retries_once_on_a_tighter_plan_to_the_uninterrupted_adapt
 def test_two_processes_take_the_retry_the_launcher_hands_down(tmp_path: Path, tiny_assets: Path) -> None:
     """The launcher decides the retry once and every rank trains its micro-batch (rank 0 ran out)."""
     two = {**SPEC, "resources": {"gpus": 0, "cpu": "2", "processes": 2}}
-    jobs = {}
-    for name in ("steady", "oom"):
-        (tmp_path / name).mkdir()
-        jobs[name] = make_job_dir(tmp_path / name, tiny_assets)
-        jobs[name].spec_changes = two
+    jobs = _job_dirs(tmp_path, tiny_assets, ("steady", "oom"), two)
     assert jobs["steady"].run().code == 0
     first = jobs["oom"].run(env={"FINETUNE_TEST_OOM_AT": "5"})
     assert first.code == ExitReason.OutOfMemoryRetry, first.stderr[-3000:]
