@@ -52,5 +52,5 @@ def test_a_product_no_node_has_fails_unschedulable_naming_what_the_nodes_carry(
     job = jobs.batch.read_namespaced_job("h100", jobs.namespace)
     assert job.spec.suspend is True and job.spec.active_deadline_seconds == 86400
     wait_for(lambda: not jobs.pods("h100") or None, 60, "the h100 pods gone")
-    assert "Unschedulable" in {e["reason"] for e in jobs.events("h100")}
+    assert jobs.events_with("h100", "Unschedulable")
     assert jobs.status("h100")["phase"] == "Failed"

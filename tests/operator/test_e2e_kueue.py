@@ -204,7 +204,7 @@ def test_a_job_beyond_the_gpu_quota_queues_with_kueues_reason_until_the_first_en
     jobs.wait_phase("first", "Succeeded", 60)
     final = jobs.wait_phase("second", "Succeeded", 60)
     assert final["queue"]["admitted"] is True
-    wait_for(lambda: {"Queued", "Admitted", "Succeeded"} <= {e["reason"] for e in jobs.events("second")}, 30, "Events")
+    jobs.events_with("second", "Queued", "Admitted", "Succeeded")
 
 
 # --- priority and preemption with the real trainer ------------------------------------------------
@@ -273,7 +273,8 @@ def test_a_high_priority_job_preempts_the_trainer_which_resumes_from_its_checkpo
     assert queued["queue"]["preemptions"] == 1
     assert queued["queue"]["admitted"] is False
     assert phases[-1] == "Queued" and "Succeeded" not in phases, phases
-    preemption_events = [e for e in jobs.events("low") if e["reason"] == "Preempted" and e["type"] == "Warning"]
+    low_events = jobs.events_with("low", "Preempted")
+    preemption_events = [e for e in low_events if e["reason"] == "Preempted" and e["type"] == "Warning"]
     assert len(preemption_events) == 1 and f"{namespace}/high" in preemption_events[0]["message"], preemption_events
     assert not [p for p in jobs.pods("low") if p["status"].get("phase") in ("Pending", "Running")]
     # On SIGTERM the trainer wrote a checkpoint of the point it had reached.

@@ -53,7 +53,7 @@ def test_an_oom_retries_once_on_a_tighter_plan_to_the_same_adapter_and_a_second_
     assert "GiB of host memory" in said and said.endswith(f"retrying once with a tighter plan: {NOTCH}"), said
     # Not counted against backoffLimit (0 here), and said once.
     assert status["restarts"] == 0
-    events = [e for e in jobs.events("oom") if e["reason"] == "OutOfMemoryRetry"]
+    events = [e for e in jobs.events_with("oom", "OutOfMemoryRetry") if e["reason"] == "OutOfMemoryRetry"]
     assert [(e["type"], e["message"]) for e in events] == [("Warning", said)]
     assert sorted(p["status"]["phase"] for p in jobs.pods("oom")) == ["Failed", "Succeeded"]
     done = summary(training_volumes, "oom")
@@ -70,5 +70,5 @@ def test_an_oom_retries_once_on_a_tighter_plan_to_the_same_adapter_and_a_second_
     assert failed["message"].startswith("at step 10 (peak "), failed
     assert f"again on the retry's tighter plan ({NOTCH})" in failed["message"], failed
     assert status["oomRetry"]["message"].startswith("OutOfMemory at step 7 ")
-    assert {"OutOfMemoryRetry", "OutOfMemory"} <= {e["reason"] for e in jobs.events("twice")}
+    assert jobs.events_with("twice", "OutOfMemoryRetry", "OutOfMemory")
     assert len(jobs.pods("twice")) == 2

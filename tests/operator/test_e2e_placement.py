@@ -43,7 +43,7 @@ def test_p40_job_lands_on_a_p40_node_and_succeeds(jobs: Jobs, operator: Operator
     assert mounts["/mnt/output"].get("readOnly") in (None, False)
     assert status["output"]["claimName"] == "p40-output"
     assert {c["type"]: c["status"] for c in status["conditions"]}["Complete"] == "True"
-    assert "Succeeded" in {e["reason"] for e in jobs.events("p40")}
+    assert jobs.events_with("p40", "Succeeded")
 
 
 def test_a100_job_never_lands_on_a_p40(jobs: Jobs, operator: OperatorProcess) -> None:
@@ -67,7 +67,7 @@ def test_more_gpus_than_any_node_has_stays_pending_with_the_schedulers_message(
     status = jobs.status("huge")
     assert status["phase"] == "Pending"
     assert status["message"] == cond["message"]
-    assert "Unschedulable" in {e["reason"] for e in jobs.events("huge")}
+    assert jobs.events_with("huge", "Unschedulable")
 
 
 def test_memory_below_the_pods_plan_fails_wont_fit_before_any_job(jobs: Jobs, operator: OperatorProcess) -> None:
@@ -85,7 +85,7 @@ def test_memory_below_the_pods_plan_fails_wont_fit_before_any_job(jobs: Jobs, op
     failed = jobs.condition("short", "Failed")
     assert failed["reason"] == "WontFit"
     assert "spec.resources.memory 2.0 GiB is below the 6Gi of host memory" in failed["message"]
-    assert "WontFit" in {e["reason"] for e in jobs.events("short")}
+    assert jobs.events_with("short", "WontFit")
     pod = the_pod(jobs, "sized")
     assert pod["spec"]["containers"][0]["resources"]["limits"]["memory"] == "6Gi"
     names = [j.metadata.name for j in jobs.batch.list_namespaced_job(jobs.namespace).items]
@@ -220,6 +220,7 @@ def test_the_hub_token_stays_in_its_secret(
     batch = client.BatchV1Api(kube)
     job = kube.sanitize_for_serialization(batch.read_namespaced_job("hub", namespace))
     configmaps = [kube.sanitize_for_serialization(c) for c in core.list_namespaced_config_map(namespace).items]
+    jobs.events_with("hub", "Succeeded")  # every Event of the run is posted before they are searched
     events = [kube.sanitize_for_serialization(e) for e in core.list_namespaced_event(namespace).items]
     places = {
         "pod spec and annotations": pod,

@@ -55,8 +55,7 @@ def test_tiny_cpu_job_trains_reports_progress_and_leaves_an_adapter(
     assert any(adapter.glob("adapter_model.*"))
     assert status["restarts"] == 0
     assert status["startTime"] and status["completionTime"]
-    reasons = [e["reason"] for e in jobs.events("tiny")]
-    assert {"JobCreated", "Running", "Succeeded"} <= set(reasons)
+    assert jobs.events_with("tiny", "JobCreated", "Running", "Succeeded")
     assert 'finetune_jobs{phase="Succeeded"} 1.0' in operator.metrics()
 
 
@@ -74,7 +73,7 @@ def test_invalid_data_fails_at_once_without_retries(
     assert "line" in failed["message"]
     assert status["restarts"] == 0
     assert len(jobs.pods("bad")) == 1, "a non-retryable failure must not be retried"
-    assert "InvalidData" in {e["reason"] for e in jobs.events("bad")}
+    assert jobs.events_with("bad", "InvalidData")
 
 
 def test_a_target_the_model_lacks_fails_at_once_in_one_line_without_retries(
@@ -107,7 +106,7 @@ def test_a_retryable_failure_restarts_and_resumes_from_the_checkpoint(
     assert sorted(p["status"]["phase"] for p in jobs.pods("retry")) == ["Failed", "Succeeded"]
     resumed = summary(training_volumes, "retry")["resumedFrom"]
     assert resumed is not None and resumed["step"] >= checkpoint["step"]
-    assert "Restarted" in {e["reason"] for e in jobs.events("retry")}
+    assert jobs.events_with("retry", "Restarted")
 
 
 # --- more than one process in the pod -------------------------------------------------------

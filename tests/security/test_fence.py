@@ -623,7 +623,7 @@ def test_a_job_with_a_disallowed_image_fails_with_image_not_allowed_and_gets_no_
         failed = jobs.condition("evil", "Failed")
         assert failed["reason"] == "ImageNotAllowed", status
         assert "spec.image: 'docker.io/evil/miner:latest' is not in the trainer image allow-list" in failed["message"]
-        assert "ImageNotAllowed" in {e["reason"] for e in jobs.events("evil")}
+        assert jobs.events_with("evil", "ImageNotAllowed")
         # The owner job next to it (allowed image, default) gets its Job: the fence admits it.
         wait_for(lambda: _job_exists(jobs, "owner"), 60, "the allowed job's Job")
         assert not _job_exists(jobs, "evil"), "a Job was created for a disallowed image"

@@ -333,6 +333,16 @@ class Jobs:
         found = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}")
         return [self.api.sanitize_for_serialization(e) for e in found.items]
 
+    def events_with(self, name: str, *reasons: str, timeout: float = 30) -> list[dict[str, Any]]:
+        """The job's Events once every one of `reasons` is among them. kopf posts Events from a
+        background queue after the status patch, so a phase seen does not mean its Event is listed yet."""
+
+        def check() -> list[dict[str, Any]] | None:
+            found = self.events(name)
+            return found if set(reasons) <= {e["reason"] for e in found} else None
+
+        return wait_for(check, timeout, f"Events {sorted(reasons)} on {name}")
+
 
 def volume_folder(repo: Path, namespace: str, claim: str) -> Path:
     return repo / ".cache" / "cluster" / "volumes" / namespace / claim
