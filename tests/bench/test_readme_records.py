@@ -93,6 +93,47 @@ def test_the_no_checkpointing_figure_is_its_record() -> None:
     assert_stated(f"Without gradient checkpointing, 1 GPU: {tok_s:.1f} tok/s", BENCH_README)
 
 
+def _table_records() -> list[dict[str, Any]]:
+    named = {row[1].strip("`") for row in _bench_rows()}
+    return [json.loads((RESULTS / name).read_text()) for name in sorted(named)]
+
+
+def test_the_measured_headings_fp32_peak_is_its_records() -> None:
+    """The heading's FP32 peak range is the lowest and highest peak the table's records measured."""
+    peaks = [peak for data in _table_records() for peak in data.get("fp32_peak_tflops") or []]
+    assert_stated(f"FP32 peak {min(peaks):.1f}-{max(peaks):.1f} TFLOP/s", BENCH_README)
+
+
+def test_the_flop_count_is_bench_flops() -> None:
+    """The GFLOP per token the text gives is what `bench.flops` computes, and the records used it."""
+    data = json.loads((RESULTS / "2026-11-30-h200-1gpu.json").read_text())
+    assert_stated(f"{data['flops_per_token'] / 1e9:.2f} GFLOP per token on the slice at {data['seq']}", BENCH_README)
+
+
+def test_the_per_layer_table_is_the_layer_memory_record() -> None:
+    """Each cell of bench/README's per-layer table, from the allocator figures of its record."""
+    data = json.loads((RESULTS / "2026-11-30-h200-layer-memory.json").read_text())
+    by_seq = {p["seq"]: p for p in data["per_seq"]}
+    gib = 2**30
+
+    def row(label: str, key: str) -> str:
+        return f"| {label} | {by_seq[1024][key] / gib:.3f} GiB | {by_seq[2048][key] / gib:.3f} GiB |"
+
+    weights = data["layer_weights_bytes"] / gib
+    assert_stated(
+        f"| NF4 weights + constants + LoRA of one layer | {weights:.3f} GiB | {weights:.3f} GiB |", BENCH_README
+    )
+    assert_stated(row("kept per layer with checkpointing (its input)", "input_bytes"), BENCH_README)
+    assert_stated(row("kept per layer without checkpointing", "saved_full_bytes"), BENCH_README)
+    assert_stated(row("forward transient, no checkpointing", "forward_peak_bytes"), BENCH_README)
+    assert_stated(
+        row("recompute + backward transient of one checkpointed layer", "backward_peak_ckpt_bytes"), BENCH_README
+    )
+    assert_stated(row("lm_head + cross-entropy + backward transient", "head_peak_bytes"), BENCH_README)
+    assert data["embed_bytes"] == data["lm_head_bytes"]
+    assert_stated(f"| embedding (fp32), lm_head (fp32) | {data['embed_bytes'] / gib:.3f} GiB each |", BENCH_README)
+
+
 # --- the reliability soak ------------------------------------------------------------------
 
 
@@ -183,6 +224,17 @@ def test_apiserver_restarts(name: str) -> None:
     text = flat(README)
     for low, high in ((min(converge), max(converge)), (min(lag), max(lag))):
         assert f"{low} to {high} s" in text or f"{low}-{high} s" in text, (name, low, high)
+
+
+def test_apiserver_outage_range() -> None:
+    """The outage the README's row names spans every round of the three restart records."""
+    names = [
+        "2026-11-30-apiserver-restart-5-gap150.json",
+        "2026-12-01-apiserver-restart-5-gap150.json",
+        "2026-11-30-apiserver-restart-3-gap0.json",
+    ]
+    outages = [r["outage_s"] for name in names for r in record(name)["rounds"]]
+    assert_stated(f"({min(outages)} to {max(outages)} s outage each)")
 
 
 def test_apiserver_back_to_back() -> None:
