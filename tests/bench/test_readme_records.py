@@ -91,7 +91,8 @@ def test_the_no_checkpointing_figure_is_its_record() -> None:
     data = json.loads((RESULTS / "2026-11-30-h200-1gpu-run2.json").read_text())
     ours = data["ours_no_checkpointing"]
     (peak,) = ours["peak_gib"]
-    stated = f"Without gradient checkpointing, 1 GPU: {ours['tok_s']:.1f} tok/s, {peak:.2f} GiB (planner {ours['plan']['cuda:0']})"
+    planned = ours["plan"]["cuda:0"]
+    stated = f"Without gradient checkpointing, 1 GPU: {ours['tok_s']:.1f} tok/s, {peak:.2f} GiB (planner {planned})"
     assert_stated(stated, BENCH_README)
 
 
