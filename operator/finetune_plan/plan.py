@@ -106,7 +106,8 @@ class Plan:
     @property
     def host_gib_per_process(self) -> float:
         """What one process holds on the host at its peak (the load), in GiB."""
-        return (mem.host_bytes_per_process(self.shape, self.recipe) + mem.offload_host_bytes(self.shape, self.recipe)) / GIB
+        pinned = mem.offload_host_bytes(self.shape, self.recipe)
+        return (mem.host_bytes_per_process(self.shape, self.recipe) + pinned) / GIB
 
     @property
     def whole_load_host_gib_per_process(self) -> float | None:
@@ -229,7 +230,7 @@ def gpu_dict(g: GpuMemory) -> dict[str, Any]:
 
 
 def _device_map_gpu(
-    shape: ModelShape, recipe: Recipe, hw: Hardware, gpu: int, layers: int, first: int | None = None
+    shape: ModelShape, recipe: Recipe, hw: Hardware, gpu: int, layers: int, *, first: int | None = None
 ) -> GpuMemory:
     """GPU `gpu` holding `layers` decoder layers from index `first` (default: the last ones on the
     last GPU, else the first ones: where the kept layers would be without a placement)."""
@@ -271,7 +272,7 @@ def device_map_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, placement
         placement = balance(shape.layers, [hw.capacity] * hw.gpus, total_for)
     firsts = [sum(placement.layers_per_gpu[:gpu]) for gpu in range(len(placement.layers_per_gpu))]
     per_gpu = tuple(
-        _device_map_gpu(shape, recipe, hw, gpu, count, firsts[gpu])
+        _device_map_gpu(shape, recipe, hw, gpu, count, first=firsts[gpu])
         for gpu, count in enumerate(placement.layers_per_gpu)
     )
     return Layout("device_map", per_gpu, recipe.loss_chunk_tokens, placement)
@@ -405,7 +406,7 @@ def _rate(shape: ModelShape, recipe: Recipe, hw: Hardware, mode: Mode) -> float:
 
 
 def _sized(
-    shape: ModelShape, recipe: Recipe, hw: Hardware, mode: Mode, chunks: Sequence[int], offload: bool
+    shape: ModelShape, recipe: Recipe, hw: Hardware, mode: Mode, *, chunks: Sequence[int], offload: bool
 ) -> tuple[Layout, Recipe] | None:
     """`auto`: of the loss chunk sizes, the layout with the most layers kept under the margin
     that runs fastest; None when even all-recompute leaves no margin."""
@@ -434,6 +435,7 @@ def _activations(
     recipe: Recipe,
     hw: Hardware,
     layout: Layout,
+    *,
     chunks: Sequence[int],
     checkpointing: Choice,
     offload: Choice,
@@ -452,7 +454,7 @@ def _activations(
         pinned = mem.offload_host_bytes(shape, chosen)
         why = "on (activationOffload: true)" if wanted else f"off (activationOffload: {str(offload).lower()})"
         return layout, Activations(chosen, describe(shape, chosen, pinned), why, baseline)
-    sized = _sized(shape, all_recompute, hw, layout.mode, [layout.loss_chunk_tokens, *chunks], wanted)
+    sized = _sized(shape, all_recompute, hw, layout.mode, chunks=[layout.loss_chunk_tokens, *chunks], offload=wanted)
     if sized is None:
         note = f"recompute all {shape.layers} layers: the plan leaves no room for one more beyond the margin"
         return layout, Activations(all_recompute, note, "off: nothing is kept to offload", baseline)
@@ -463,15 +465,17 @@ def _activations(
     if wanted:
         why = "on (activationOffload: true)"
     elif offload == "auto" and mem.recomputed_layers(shape, chosen):
-        alt = _sized(shape, all_recompute, hw, layout.mode, [layout.loss_chunk_tokens], True)
+        alt = _sized(shape, all_recompute, hw, layout.mode, chunks=[layout.loss_chunk_tokens], offload=True)
         figure = "" if alt is None else f" (planned with it: {_rate(shape, alt[1], hw, alt[0].mode):,.0f} tokens/s)"
         why = (
             "off (auto): the trainer copies offloaded activations back when the backward reaches them, "
             f"without prefetch, so their transfer is not planned as hidden under compute{figure}"
         )
     else:
-        why = "off" + ("" if offload == "auto" else " (activationOffload: false)") + (
-            ": no layer recomputes" if not mem.recomputed_layers(shape, chosen) else ""
+        why = (
+            "off"
+            + ("" if offload == "auto" else " (activationOffload: false)")
+            + (": no layer recomputes" if not mem.recomputed_layers(shape, chosen) else "")
         )
     return layout, Activations(chosen, note, why, baseline)
 
@@ -588,7 +592,9 @@ def make_plan(
         alternatives = (layout, *alternatives)
     activations = None
     if layout.fits and checkpointing is not None:
-        layout, activations = _activations(shape, recipe, hardware, layout, chunks, checkpointing, offload)
+        layout, activations = _activations(
+            shape, recipe, hardware, layout, chunks=chunks, checkpointing=checkpointing, offload=offload
+        )
         chosen = activations.recipe
     else:
         chosen = replace(recipe, loss_chunk_tokens=layout.loss_chunk_tokens)

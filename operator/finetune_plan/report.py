@@ -90,9 +90,9 @@ def render(plan: Plan, processes: int | None = None) -> str:
         if plan.activations is not None:
             act = plan.activations
             against = act.all_recompute_tokens_per_second
+            compared = against is None or "against" in act.checkpointing
             lines.append(
-                f"layers    {act.checkpointing}"
-                + ("" if against is None or "against" in act.checkpointing else f"; all-recompute {against:,.0f} tokens/s")
+                f"layers    {act.checkpointing}" + ("" if compared else f"; all-recompute {against:,.0f} tok/s")
             )
             lines.append(f"offload   {act.offload}")
         if speed.seconds_per_epoch is not None and speed.epoch_tokens is not None:

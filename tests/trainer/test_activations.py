@@ -36,7 +36,9 @@ def _job(tmp_path: Path, tiny_assets: Path, name: str, training: dict, extra: di
 
 
 def _counts(stderr: str) -> dict[str, int]:
-    found = re.findall(r"activations: \{'layers': (\d+), 'kept': (\d+), 'recomputed': (\d+), 'offloaded': (\d+)\}", stderr)
+    found = re.findall(
+        r"activations: \{'layers': (\d+), 'kept': (\d+), 'recomputed': (\d+), 'offloaded': (\d+)\}", stderr
+    )
     assert found, stderr[-2000:]
     layers, kept, recomputed, offloaded = map(int, found[-1])
     return {"layers": layers, "kept": kept, "recomputed": recomputed, "offloaded": offloaded}

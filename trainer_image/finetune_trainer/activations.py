@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
-from finetune_api.spec import FineTuneJobSpec
 from torch import nn
+
+from finetune_api.spec import FineTuneJobSpec
 
 from . import test_hooks
 
@@ -104,7 +105,7 @@ class Offload:
     @classmethod
     def side_stream(cls) -> torch.cuda.Stream:
         if cls._stream is None:
-            cls._stream = torch.cuda.Stream()
+            cls._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         return cls._stream
 
     @staticmethod
@@ -123,8 +124,8 @@ class Offload:
         with torch.cuda.stream(stream):
             host.copy_(tensor, non_blocking=True)
         tensor.record_stream(stream)
-        done = torch.cuda.Event()
-        done.record(stream)
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        done.record(stream)  # type: ignore[no-untyped-call]
         return (host, tensor.device, done)
 
     @staticmethod
