@@ -8,7 +8,15 @@ carry the same message text, and tests feed the same wrong specs to both.
 
 from typing import Annotated, Final, Literal, Self
 
-from pydantic import ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.config import JsonDict
 
 from .base import (
@@ -213,7 +221,18 @@ EFFECTIVE_BATCH: Final = "the effective batch (samples per optimizer step) is " 
 # true, false or auto. A structural schema has no boolean-or-string type and CEL cannot see an
 # untyped node, so the CRD admits any value here; the operator (and `ftjob validate`) refuse a
 # wrong one in one line naming the field, before any child exists (as for lora.targetModules).
-BoolOrAuto = Annotated[bool | Literal["auto"], WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True})]
+def _true_false_or_auto(value: object) -> object:
+    """Only the three words: "yes" or 1 are refused, as the CRD's boolean type refused them before."""
+    if value is True or value is False or value == "auto":
+        return value
+    raise ValueError(f"must be true, false or auto, got {value!r}")
+
+
+BoolOrAuto = Annotated[
+    bool | Literal["auto"],
+    BeforeValidator(_true_false_or_auto),
+    WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True}),
+]
 
 
 class TrainingSpec(ApiModel):
