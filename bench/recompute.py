@@ -52,6 +52,9 @@ def model_config(shape: Shape) -> dict[str, Any]:
 def build_argv(python: str, folder: Path, shape: Shape) -> list[str]:
     """A child that writes the random-init bf16 checkpoint on the GPU (families.BUILD)."""
     config = {k: v for k, v in model_config(shape).items() if k != "architectures"}
+    # Llama-3's positions and rope base, as the reference builder writes its slices (2048 tokens
+    # fit LlamaConfig's default of 2048 positions too; no sample runs at the edge of it).
+    config.update(max_position_embeddings=8192, rope_theta=500000.0)
     return [python, "-c", families.BUILD, str(folder), json.dumps(config)]
 
 
