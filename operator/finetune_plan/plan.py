@@ -457,7 +457,8 @@ def _activations(
     sized = _sized(shape, all_recompute, hw, layout.mode, chunks=[layout.loss_chunk_tokens, *chunks], offload=wanted)
     if sized is None:
         note = f"recompute all {shape.layers} layers: the plan leaves no room for one more beyond the margin"
-        return layout, Activations(all_recompute, note, "off: nothing is kept to offload", baseline)
+        why = "off: no room for the layer in flight" if wanted else "off: every layer recomputes"
+        return layout, Activations(all_recompute, note, why, baseline)
     layout, chosen = sized
     rate = _rate(shape, chosen, hw, layout.mode)
     note = describe(shape, chosen, mem.offload_host_bytes(shape, chosen))
