@@ -100,7 +100,6 @@ class Bench:
         self.shape = Shape(**{**SLICE.__dict__, "layers": args.layers})
         self.model = args.work / f"slice-{args.layers}l"
         self.references: dict[int, dict[str, Any]] = {}
-        self.gpu_gib: float | None = None  # the first GPU's memory, set by `run`
         self.logs = args.logs or args.work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         args.results.mkdir(parents=True, exist_ok=True)
@@ -223,12 +222,21 @@ class Bench:
         print(f"[bench] fp32 peaks: {out}", flush=True)
         return out
 
-    @staticmethod
-    def names(count: int) -> list[dict[str, Any]]:
-        """The GPUs' names, without measuring their peaks."""
-        import torch
-
-        return [{"gpu": torch.cuda.get_device_name(i)} for i in range(count)]
+    def gpu_facts(self, count: int) -> list[dict[str, Any]]:
+        """Each GPU's name and memory, without measuring its peak; read in a child, as the peaks are
+        (a CUDA context in this process would hold GPU memory for the whole bench)."""
+        code = (
+            "import json, sys, torch; print(json.dumps([{'gpu': torch.cuda.get_device_name(i), "
+            "'memory_gib': torch.cuda.get_device_properties(i).total_memory / 2**30} "
+            "for i in range(int(sys.argv[1]))]))"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(count)], env=self.env, capture_output=True, text=True, check=False
+        )
+        lines = proc.stdout.strip().splitlines()
+        facts = json.loads(lines[-1]) if lines and lines[-1].startswith("[") else [{"error": proc.stderr[-400:]}]
+        print(f"[bench] GPUs: {facts}", flush=True)
+        return list(facts)
 
     def build(self, model: Path, layers: int) -> None:
         if (model / "config.json").exists():
@@ -463,7 +471,7 @@ class Bench:
                 self.child(f"build-{shape.name}", recompute.build_argv(sys.executable, model, shape), 1, timeout=300.0)
             rows = []
             for label, ckpt, offload in recompute.runs(shape, self.args.recompute_offload):
-                launch = recompute.planned(shape, ckpt, steps, self.gpu_gib, offload)
+                launch = recompute.planned(shape, ckpt, steps, peaks[0].get("memory_gib"), offload)
                 ours = None
                 if self.left_s() > 45:
                     extra = recompute.ours_extra(shape, ckpt, steps, offload)
@@ -511,8 +519,7 @@ class Bench:
         if available < max(counts):
             print(f"[bench] {max(counts)} GPUs asked for, {available} visible", file=sys.stderr)
             return 2
-        self.gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if available else None
-        peaks = self.peaks(max(counts)) if self.phases - NO_PEAK_PHASES else self.names(max(counts))
+        peaks = self.peaks(max(counts)) if self.phases - NO_PEAK_PHASES else self.gpu_facts(max(counts))
         versions = environment_versions()
         if "compare" in self.phases:
             self.build(self.model, self.args.layers)

@@ -37,7 +37,6 @@ def test_the_phase_runs_each_shape_all_recompute_then_auto_and_writes_the_record
     argv = ["--shared", str(tmp_path), "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r")]
     args = parse_args([*argv, "--phases", "recompute", *(["--recompute-offload"] if offload else [])])
     bench = Bench(args)
-    bench.gpu_gib = H200_GIB
     children: list[tuple[str, list[str]]] = []
     launches: dict[str, Any] = {}
 
@@ -72,7 +71,7 @@ def test_the_phase_runs_each_shape_all_recompute_then_auto_and_writes_the_record
         ]
 
     monkeypatch.setattr(bench, "child", child)
-    bench.recompute([{"gpu": "NVIDIA H200"}], versions={})
+    bench.recompute([{"gpu": "NVIDIA H200", "memory_gib": H200_GIB}], versions={})
 
     names = [name for name, _ in children]
     assert names == [
@@ -109,3 +108,10 @@ def test_the_phase_runs_each_shape_all_recompute_then_auto_and_writes_the_record
             assert row["trainerKeptLayers"] == row["keptLayers"]
             assert row["measuredOverPlanAllocated"] == pytest.approx(1.0, abs=0.01)
     assert "| 8b @ 22.4 | auto |" in recompute.table(record)
+
+
+def test_without_peaks_the_gpus_are_named_by_a_child(tmp_path: Path) -> None:
+    """The recompute phase alone measures no FP32 peak; the GPU's name and memory come from a child
+    (none on this machine: an empty list, not an error)."""
+    args = parse_args(["--shared", str(tmp_path), "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r")])
+    assert Bench(args).gpu_facts(0) == []
