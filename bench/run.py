@@ -20,7 +20,10 @@ process so one's memory never shows in the other's peak:
      the `--large-layers` slice (bench/streamed_load.py: bit for bit, anonymous host memory,
      bytes read, load seconds), then the pod's command on that slice (fsdp capped at 22.4 GiB on
      2 GPUs or more; on one GPU the single process, uncapped): <date>-<gpu>-<n>gpu-<L>l-streamed.json;
-  7. `multinode` (not in the default list): the launch path of a job of 2 nodes on one 2-GPU
+  7. `recompute` (not in the default list): `gradientCheckpointing: auto` against every layer
+     recomputed, through the pod's command, in one call: Llama-3.1-8B's shape (32 layers) capped at
+     22.4 GiB and the 4-layer 70B slice uncapped (bench/recompute.py): <date>-<gpu>-recompute.json;
+  8. `multinode` (not in the default list): the launch path of a job of 2 nodes on one 2-GPU
      machine, two launchers of one GPU each meeting over TCP on 127.0.0.1 with the Indexed Job's
      environment, against the 1-GPU reference in the same call: <date>-<gpu>-2node.json.
 
@@ -43,7 +46,20 @@ from bench.flops import Shape
 from bench.report import compare_record, environment_versions, gpu_slug
 
 REPO = Path(__file__).resolve().parent.parent
-PHASES = ("compare", "nockpt", "large", "layers", "calibration", "multinode", "boundary", "families", "streamed")
+PHASES = (
+    "compare",
+    "nockpt",
+    "large",
+    "layers",
+    "calibration",
+    "multinode",
+    "boundary",
+    "families",
+    "streamed",
+    "recompute",
+)
+# Phases that need no FP32 matmul peak: run alone, they only name the GPU (saves the peak's time).
+NO_PEAK_PHASES = frozenset({"recompute"})
 # What runs without --phases: `multinode` (2 GPUs of their own), `boundary`, `families` and
 # `streamed` are asked for by name.
 DEFAULT_PHASES = ("compare", "nockpt", "large", "layers", "calibration")
@@ -62,6 +78,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--large-without-reference", action="store_true", help="`large`: ours only (peak and plan, no ratio)"
     )
     parser.add_argument("--boundary-points", default="", help="`boundary`: only these points (names, comma list)")
+    parser.add_argument(
+        "--recompute-offload", action="store_true", help="`recompute`: also auto with activationOffload true (8B)"
+    )
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=4, help="timed steps after warm-up")
     parser.add_argument("--warm", type=int, default=2)
@@ -202,6 +221,22 @@ class Bench:
             out.append(json.loads(line) if line.startswith("{") else {"error": proc.stderr[-400:]})
         print(f"[bench] fp32 peaks: {out}", flush=True)
         return out
+
+    def gpu_facts(self, count: int) -> list[dict[str, Any]]:
+        """Each GPU's name and memory, without measuring its peak; read in a child, as the peaks are
+        (a CUDA context in this process would hold GPU memory for the whole bench)."""
+        code = (
+            "import json, sys, torch; print(json.dumps([{'gpu': torch.cuda.get_device_name(i), "
+            "'memory_gib': torch.cuda.get_device_properties(i).total_memory / 2**30} "
+            "for i in range(int(sys.argv[1]))]))"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(count)], env=self.env, capture_output=True, text=True, check=False
+        )
+        lines = proc.stdout.strip().splitlines()
+        facts = json.loads(lines[-1]) if lines and lines[-1].startswith("[") else [{"error": proc.stderr[-400:]}]
+        print(f"[bench] GPUs: {facts}", flush=True)
+        return list(facts)
 
     def build(self, model: Path, layers: int) -> None:
         if (model / "config.json").exists():
@@ -420,6 +455,33 @@ class Bench:
             record["families"].append(families.judge(family, layers, launch, ours))
             self.write(f"{self.date}-{gpu_slug(peaks)}-families.json", record)
 
+    def recompute(self, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
+        """Each shape of bench.recompute through the pod's command, all-recompute then auto."""
+        from bench import recompute
+
+        steps = self.args.steps + self.args.warm
+        record: dict[str, Any] = {"date": self.date, "gpu": peaks[0].get("gpu"), "steps": steps, "seq": recompute.SEQ}
+        record.update(versions=versions, shapes=[])
+        for shape in recompute.SHAPES:
+            if self.left_s() < 60:
+                print(f"[bench] budget spent; recompute {shape.name} not run", flush=True)
+                continue
+            model = self.args.work / f"recompute-{shape.name}"
+            if not (model / "config.json").exists():
+                self.child(f"build-{shape.name}", recompute.build_argv(sys.executable, model, shape), 1, timeout=300.0)
+            rows = []
+            for label, ckpt, offload in recompute.runs(shape, self.args.recompute_offload):
+                launch = recompute.planned(shape, ckpt, steps, peaks[0].get("memory_gib"), offload)
+                ours = None
+                if self.left_s() > 45:
+                    extra = recompute.ours_extra(shape, ckpt, steps, offload)
+                    ours = self.ours(1, f"recompute-{shape.name}-{label}", model=model, **extra)
+                rows.append(recompute.run_row(label, launch, ours))
+                done = [s for s in record["shapes"] if s["shape"] != shape.name]
+                record["shapes"] = [*done, recompute.judge(shape, rows)]
+                self.write(f"{self.date}-{gpu_slug(peaks)}-recompute.json", record)
+            print(f"[bench] recompute {shape.name}: ratio {record['shapes'][-1]['ratio']}", flush=True)
+
     def layers(self, peaks: list[dict[str, Any]]) -> None:
         spec = {"path": str(self.model), "seqs": [1024, 2048]}
         lines = self.child("layer-memory", [sys.executable, "-m", "bench.layer_memory", json.dumps(spec)], 1)
@@ -457,7 +519,7 @@ class Bench:
         if available < max(counts):
             print(f"[bench] {max(counts)} GPUs asked for, {available} visible", file=sys.stderr)
             return 2
-        peaks = self.peaks(max(counts))
+        peaks = self.peaks(max(counts)) if self.phases - NO_PEAK_PHASES else self.gpu_facts(max(counts))
         versions = environment_versions()
         if "compare" in self.phases:
             self.build(self.model, self.args.layers)
@@ -472,6 +534,7 @@ class Bench:
             ("streamed", lambda: self.streamed(max(counts), peaks, versions)),
             ("boundary", lambda: self.boundary(peaks, versions)),
             ("families", lambda: self.families(peaks, versions)),
+            ("recompute", lambda: self.recompute(peaks, versions)),
             ("layers", lambda: self.layers(peaks)),
             ("calibration", self.calibration),
         ):

@@ -84,13 +84,14 @@ def spec_for(
     *,
     seq: int,
     steps: int,
-    ckpt: bool = True,
+    ckpt: bool | str = True,
     gpus: int = 1,
     parallelism: str = "auto",
     nodes: int = 1,
     every: int | None = None,
     eval_fraction: float | None = None,
     batch: int = 1,
+    offload: bool | str | None = None,
 ) -> dict[str, Any]:
     """The FineTuneJob spec of a bench run (`every`: checkpoint steps, default the last step;
     `eval_fraction`: a held-out share evaluated at each checkpoint)."""
@@ -108,6 +109,7 @@ def spec_for(
             "gradientAccumulation": 1,
             "maxLength": seq,
             "gradientCheckpointing": ckpt,
+            **({} if offload is None else {"activationOffload": offload}),
             "parallelism": parallelism,
             "optimizer": "paged_adamw_8bit",
             "learningRate": 1e-4,
@@ -157,6 +159,7 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
             every=spec.get("every"),
             eval_fraction=spec.get("eval_fraction"),
             batch=spec.get("batch", 1),
+            offload=spec.get("offload"),
         ),
         "paths": {"model": str(model), "dataset": str(data), "output": str(work / "output")},
     }
@@ -270,7 +273,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         guard = summary.get("precisionGuard") or {}
         result["peak_gib"] = summary.get("peakGiBPerGpu")
         result["half_tensors"] = sum(guard.get(k, 0) for k in ("halfParameters", "halfBuffers", "halfActivations"))
-        result["plan"] = (summary.get("memoryPlan") or {}).get("per_gpu_total_gib")
+        memory_plan = summary.get("memoryPlan") or {}
+        result["plan"] = memory_plan.get("per_gpu_total_gib")
+        keys = ("kept_layers", "recomputed_layers", "offloaded_layers", "checkpointing", "offload")
+        result["activations"] = {k: memory_plan.get(k) for k in keys}
         result.update(
             {
                 k: summary.get(k)

@@ -16,6 +16,9 @@ END = "<!-- api-reference:end -->"
 def _type_of(node: dict[str, Any]) -> str:
     if node.get("x-kubernetes-int-or-string"):
         return "quantity"
+    if node.get("x-kubernetes-preserve-unknown-fields") and node.get("default") == "auto":
+        # Untyped in the CRD (spec.BoolOrAuto: gradientCheckpointing, activationOffload).
+        return "`true` \\| `false` \\| `auto` (checked by the operator)"
     if node.get("x-kubernetes-preserve-unknown-fields") and "type" not in node:
         # Untyped in the CRD (a list or one name, e.g. lora.targetModules): the models check it.
         return "string or list of string (checked by the operator)"

@@ -8,7 +8,15 @@ carry the same message text, and tests feed the same wrong specs to both.
 
 from typing import Annotated, Final, Literal, Self
 
-from pydantic import ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.config import JsonDict
 
 from .base import (
@@ -210,6 +218,23 @@ EFFECTIVE_BATCH_FACTORS: Final = ("batchSize", "gradientAccumulation", "processe
 EFFECTIVE_BATCH: Final = "the effective batch (samples per optimizer step) is " + " x ".join(EFFECTIVE_BATCH_FACTORS)
 
 
+# true, false or auto. A structural schema has no boolean-or-string type and CEL cannot see an
+# untyped node, so the CRD admits any value here; the operator (and `ftjob validate`) refuse a
+# wrong one in one line naming the field, before any child exists (as for lora.targetModules).
+def _true_false_or_auto(value: object) -> object:
+    """Only the three words: "yes" or 1 are refused, as the CRD's boolean type refused them before."""
+    if value is True or value is False or value == "auto":
+        return value
+    raise ValueError(f"must be true, false or auto, got {value!r}")
+
+
+BoolOrAuto = Annotated[
+    bool | Literal["auto"],
+    BeforeValidator(_true_false_or_auto),
+    WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
 class TrainingSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -240,7 +265,18 @@ class TrainingSpec(ApiModel):
         default=2048, description="Tokens per sample; longer samples are truncated and counted."
     )
     packing: bool = Field(default=False, description="Pack short samples into full-length sequences.")
-    gradient_checkpointing: bool = Field(default=True, description="Recompute activations to save memory.")
+    gradient_checkpointing: BoolOrAuto = Field(
+        default="auto",
+        description="Recompute activations to save memory: true = every decoder layer, false = none, auto = the "
+        "planner keeps as many layers' activations as the GPU memory the plan leaves holds and recomputes the "
+        "rest (`ftjob plan` says how many).",
+    )
+    activation_offload: BoolOrAuto = Field(
+        default="auto",
+        description="Move the saved activations of the layers not kept on the GPU to pinned host memory and back "
+        "for the backward, instead of recomputing them: true = on, false = off, auto = the planner's choice "
+        "(`ftjob plan` says why). The pod's host memory counts the pinned bytes.",
+    )
     optimizer: Optimizer = Field(default="paged_adamw_8bit", description="Optimizer.")
     parallelism: Parallelism = Field(
         default="auto",

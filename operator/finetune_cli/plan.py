@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from finetune_api import FineTuneJob, ManifestError, modes, parse_file
 from finetune_api.problems import format_problems
@@ -69,7 +69,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--max-length", type=int, metavar="L", help="tokens per sample (default: the spec's)")
     parser.add_argument("--batch-size", type=int, metavar="B", help="micro-batch per process (default: the spec's)")
     parser.add_argument("--lora-r", type=int, metavar="R", help="LoRA rank (default: the spec's)")
-    parser.add_argument("--gradient-checkpointing", metavar="true|false", help="(default: the spec's)")
+    parser.add_argument(
+        "--gradient-checkpointing", metavar="true|false|auto", help="layers to recompute (default: the spec's)"
+    )
+    parser.add_argument(
+        "--activation-offload", metavar="true|false|auto", help="activations to host memory (default: the spec's)"
+    )
     parser.add_argument(
         "--mode",
         metavar="|".join(modes.SPEC_WORDS),
@@ -171,6 +176,15 @@ def _check_positive(name: str, value: int | float | None) -> None:
         raise CliError(f"{name}: must be positive, got {value}")
 
 
+def _bool_or_auto(flag: str, text: str | None) -> bool | Literal["auto"] | None:
+    if text is not None and text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _bool(flag, text)
+    except CliError:
+        raise CliError(f"{flag}: expected true, false or auto, got {text!r}") from None
+
+
 def _mode(text: str | None) -> str | None:
     if text is None:
         return None
@@ -185,7 +199,8 @@ def planned_spec(spec: FineTuneJobSpec, args: argparse.Namespace) -> FineTuneJob
     training = {
         "max_length": args.max_length,
         "batch_size": args.batch_size,
-        "gradient_checkpointing": _bool("--gradient-checkpointing", args.gradient_checkpointing),
+        "gradient_checkpointing": _bool_or_auto("--gradient-checkpointing", args.gradient_checkpointing),
+        "activation_offload": _bool_or_auto("--activation-offload", args.activation_offload),
         "parallelism": _mode(args.mode),
     }
     changed = {k: v for k, v in training.items() if v is not None}

@@ -21,6 +21,9 @@ class GpuProduct:
     memory_gbps: float
     link_gbps: float  # GPU-to-GPU bandwidth one way (PCIe gen3 x16 ~ 12, NVLink more)
     bf16: bool
+    # GPU-to-host bandwidth one way, as pinned copies reach it (activation offload): PCIe 3.0 x16
+    # about 12 GB/s, 4.0 about 24, 5.0 about 48.
+    host_link_gbps: float = 12.0
 
 
 DEFAULT_PRODUCT: Final = "Tesla-P40"
@@ -32,11 +35,11 @@ PRODUCTS: Final[tuple[tuple[str, GpuProduct], ...]] = (
     (r"tesla-p100", GpuProduct("Tesla-P100-PCIE-16GB", 15.9, 9.3, 732, 12, bf16=False)),
     (r"tesla-v100.*32gb", GpuProduct("Tesla-V100-32GB", 31.7, 15.7, 900, 25, bf16=False)),
     (r"tesla-v100", GpuProduct("Tesla-V100-16GB", 15.8, 15.7, 900, 25, bf16=False)),
-    (r"a100.*80gb", GpuProduct("NVIDIA-A100-80GB", 79.2, 19.5, 2039, 150, bf16=True)),
-    (r"a100", GpuProduct("NVIDIA-A100-40GB", 39.4, 19.5, 1555, 150, bf16=True)),
-    (r"h100.*pcie", GpuProduct("NVIDIA-H100-PCIe", 79.2, 51.2, 2000, 64, bf16=True)),
-    (r"h100", GpuProduct("NVIDIA-H100-80GB-HBM3", 79.2, 67.0, 3350, 225, bf16=True)),
-    (r"h200", GpuProduct("NVIDIA-H200", 139.8, 67.0, 4800, 225, bf16=True)),
+    (r"a100.*80gb", GpuProduct("NVIDIA-A100-80GB", 79.2, 19.5, 2039, 150, bf16=True, host_link_gbps=24)),
+    (r"a100", GpuProduct("NVIDIA-A100-40GB", 39.4, 19.5, 1555, 150, bf16=True, host_link_gbps=24)),
+    (r"h100.*pcie", GpuProduct("NVIDIA-H100-PCIe", 79.2, 51.2, 2000, 64, bf16=True, host_link_gbps=48)),
+    (r"h100", GpuProduct("NVIDIA-H100-80GB-HBM3", 79.2, 67.0, 3350, 225, bf16=True, host_link_gbps=48)),
+    (r"h200", GpuProduct("NVIDIA-H200", 139.8, 67.0, 4800, 225, bf16=True, host_link_gbps=48)),
 )
 
 

@@ -32,6 +32,7 @@ class HostNeed:
     per_process: float
     processes: int
     mode: str  # the spec's word, for the message
+    pinned: float = 0.0  # of per_process: offloaded activations in pinned memory (activationOffload)
 
     @property
     def pod_bytes(self) -> float:
@@ -52,13 +53,17 @@ class HostNeed:
             f"{self.quantity} of host memory for the pod: {self.processes} process"
             f"{'' if self.processes == 1 else 'es'} x {per:.1f} GiB ({self.mode}"
             f"{' streams the checkpoint' if self.mode == 'fsdp' and self.processes > 1 else ''}: at most the"
-            " largest tensor in fp32 on the host)"
+            " largest tensor in fp32 on the host"
+            + (f", plus {self.pinned / GIB:.1f} GiB of offloaded activations, pinned" if self.pinned else "")
+            + ")"
             f" + {MARGIN_FRACTION:.0%} + {MARGIN_BYTES / GIB:.0f} GiB"
         )
 
 
 def host_need(plan: Plan, processes: int) -> HostNeed:
-    return HostNeed(plan.host_gib_per_process * GIB, processes, plan.parallelism)
+    return HostNeed(
+        plan.host_gib_per_process * GIB, processes, plan.parallelism, plan.pinned_host_gib_per_process * GIB
+    )
 
 
 def shortfall(need: HostNeed, asked_bytes: int) -> str | None:

@@ -29,7 +29,9 @@ def recipe_from_spec(spec: FineTuneJobSpec, product: GpuProduct, attention: Atte
         lora_r=spec.lora.r,
         lora_targets=tuple(spec.lora.target_modules),
         lora_dropout=spec.lora.dropout > 0,
-        gradient_checkpointing=training.gradient_checkpointing,
+        # auto plans all-recompute first; `make_plan` then sizes the layers kept.
+        gradient_checkpointing=training.gradient_checkpointing is not False,
+        offload=training.activation_offload is True,
         quantization=spec.quantization.type,
         double_quant=spec.quantization.double_quant,
         optimizer=training.optimizer,

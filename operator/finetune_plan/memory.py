@@ -46,6 +46,12 @@ class Recipe:
     lora_targets: tuple[str, ...] = ATTENTION_MODULES
     lora_dropout: bool = True
     gradient_checkpointing: bool = True
+    # With checkpointing on: how many decoder layers (the last ones) keep their activations
+    # instead (`training.gradientCheckpointing: auto`); 0 = every layer recomputes.
+    kept_layers: int = 0
+    # The checkpointed layers' saved activations go to pinned host memory instead of being
+    # recomputed (`training.activationOffload`).
+    offload: bool = False
     quantization: Quantization = "nf4"
     double_quant: bool = True
     optimizer: str = "paged_adamw_8bit"
@@ -161,26 +167,73 @@ def full_layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
     return saved + copies * attention_matrix_bytes(shape, recipe)
 
 
+def kept_layers(shape: ModelShape, recipe: Recipe) -> int:
+    """Decoder layers that keep their activations on the GPU through the backward."""
+    return min(recipe.kept_layers, shape.layers) if recipe.gradient_checkpointing else shape.layers
+
+
+def offloaded_layers(shape: ModelShape, recipe: Recipe) -> int:
+    """Layers whose saved activations wait in host memory for the backward."""
+    return shape.layers - kept_layers(shape, recipe) if recipe.offload else 0
+
+
+def recomputed_layers(shape: ModelShape, recipe: Recipe) -> int:
+    """Layers whose forward runs again in the backward."""
+    return shape.layers - kept_layers(shape, recipe) - offloaded_layers(shape, recipe)
+
+
+def kept_on_gpu(shape: ModelShape, recipe: Recipe, first: int, layers: int) -> int:
+    """Of the `layers` layers from index `first` on one GPU, those that keep their activations:
+    the trainer keeps the model's last ones (`kept_layers`)."""
+    kept_from = shape.layers - kept_layers(shape, recipe)
+    return max(0, first + layers - max(first, kept_from))
+
+
 def layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
-    """What each layer leaves resident after the forward pass."""
+    """What each layer leaves resident after the forward pass, all layers alike."""
     if recipe.gradient_checkpointing:
         return checkpoint_bytes_per_layer(shape, recipe)
     return full_layer_activation_bytes(shape, recipe)
 
 
-def layer_pass_temporaries(shape: ModelShape, recipe: Recipe) -> float:
+def activations_on_gpu(shape: ModelShape, recipe: Recipe, layers: int, kept: int) -> float:
+    """What `layers` layers leave resident after the forward, `kept` of them keeping everything and
+    the rest their input (checkpointed) or nothing but one layer in flight (offloaded)."""
+    rest = layers - kept
+    full = full_layer_activation_bytes(shape, recipe)
+    if rest and recipe.offload:
+        # The copies to the host run behind the forward: count one layer's worth still on the GPU.
+        return kept * full + full
+    return kept * full + rest * checkpoint_bytes_per_layer(shape, recipe)
+
+
+def layer_pass_temporaries(shape: ModelShape, recipe: Recipe, layers: int, kept: int) -> float:
     """Transient bytes while one layer runs backward: the dequantised weight of the largest
     linear, the larger of the attention matrices' gradients and the MLP's (the attention's
-    backward is over before the MLP's starts, in reverse), and, when checkpointed, the layer's
-    recomputed activations."""
+    backward is over before the MLP's starts, in reverse), and the recomputed (or fetched back)
+    activations of a layer that did not keep them. The backward runs the kept layers (the last)
+    first and frees what each kept, so with one layer kept or more a checkpointed layer's
+    recompute fits in what the kept ones gave back: only a GPU that keeps none needs a layer more.
+    `layers`: the GPU's decoder layers, `kept` of them keeping their activations."""
+    if layers == 0:
+        return 0.0
     dequantised = shape.largest_linear_params * recipe.compute_bytes if recipe.quantization != "none" else 0.0
     mlp_grads = cal.MLP_GRADIENT_FLOATS * recipe.tokens * shape.intermediate * recipe.compute_bytes
     attention_copies = cal.ATTENTION_MATRIX_COPIES_BACKWARD + (
         cal.SOFTCAP_SAVED_COPIES if shape.attention_softcap else 0.0
     )
     attention = attention_copies * attention_matrix_bytes(shape, recipe)
-    recompute = full_layer_activation_bytes(shape, recipe) if recipe.gradient_checkpointing else 0.0
-    return dequantised + max(mlp_grads, attention) + recompute
+    rest = layers - kept
+    full = full_layer_activation_bytes(shape, recipe)
+    # Offloaded: the running layer's activations back from the host plus the next one arriving.
+    refetched = full if rest and recipe.offload else 0.0
+    recompute = full if rest and kept == 0 and not recipe.offload else 0.0
+    return dequantised + max(mlp_grads, attention) + recompute + refetched
+
+
+def offload_host_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    """Pinned host memory one process holds for its offloaded layers' activations."""
+    return offloaded_layers(shape, recipe) * full_layer_activation_bytes(shape, recipe)
 
 
 def logits_bytes(shape: ModelShape, recipe: Recipe) -> float:

@@ -98,6 +98,8 @@ def choose(
         epoch_tokens=epoch_tokens,
         allowed_modes=AUTO_MODES,
         loss_chunks=loss_chunks,
+        checkpointing=spec.training.gradient_checkpointing,
+        offload=spec.training.activation_offload,
     )
     parallelism = cast(Parallelism, modes.to_spec(plan.mode))
     return LaunchPlan(parallelism, modes.processes(parallelism, gpus), plan)

@@ -24,6 +24,7 @@ from .gpu_products import GpuProduct
 from .memory import GIB, GpuMemory, Recipe
 from .model_shape import ModelShape
 from .placement import QUANTISED_ACCOUNTING_BYTES, Placement, balance, max_memory
+from .recompute import Activations, Choice, candidates, describe, most_kept, roomy
 from .speed import Mode, Speed, estimate
 
 ModeChoice = Literal["auto", "device_map", "data_parallel", "fsdp"]
@@ -86,6 +87,12 @@ class Plan:
     suggestions: tuple[str, ...] = ()
     device_map: dict[str, int] | None = None
     max_memory: dict[int, int] | None = None
+    activations: Activations | None = None
+
+    @property
+    def pinned_host_gib_per_process(self) -> float:
+        """Pinned host memory of the offloaded activations, per process."""
+        return mem.offload_host_bytes(self.shape, self.recipe) / GIB
 
     @property
     def parallelism(self) -> str:
@@ -99,7 +106,8 @@ class Plan:
     @property
     def host_gib_per_process(self) -> float:
         """What one process holds on the host at its peak (the load), in GiB."""
-        return mem.host_bytes_per_process(self.shape, self.recipe) / GIB
+        pinned = mem.offload_host_bytes(self.shape, self.recipe)
+        return (mem.host_bytes_per_process(self.shape, self.recipe) + pinned) / GIB
 
     @property
     def whole_load_host_gib_per_process(self) -> float | None:
@@ -125,7 +133,25 @@ class Plan:
             "host_gib_per_process": _rounded(self.host_gib_per_process),
             "whole_load_host_gib_per_process": _rounded(self.whole_load_host_gib_per_process),
             "tokens_per_second": None if self.speed is None else round(self.speed.tokens_per_second, 1),
+            **self.activation_summary,
             "message": self.message,
+        }
+
+    @property
+    def activation_summary(self) -> dict[str, Any]:
+        """Which layers keep, recompute or offload their activations (the trainer applies these)."""
+        act = self.activations
+        return {
+            "gradient_checkpointing": self.recipe.gradient_checkpointing,
+            "kept_layers": mem.kept_layers(self.shape, self.recipe),
+            "recomputed_layers": mem.recomputed_layers(self.shape, self.recipe),
+            "offloaded_layers": mem.offloaded_layers(self.shape, self.recipe),
+            "pinned_host_gib_per_process": round(self.pinned_host_gib_per_process, 2),
+            "checkpointing": None if act is None else act.checkpointing,
+            "offload": None if act is None else act.offload,
+            "all_recompute_tokens_per_second": None
+            if act is None or act.all_recompute_tokens_per_second is None
+            else round(act.all_recompute_tokens_per_second, 1),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,7 +182,7 @@ class Plan:
             },
             "max_length": self.recipe.max_length,
             "batch_size": self.recipe.batch_size,
-            "gradient_checkpointing": self.recipe.gradient_checkpointing,
+            **self.activation_summary,
             "loss_chunk_tokens": self.layout.loss_chunk_tokens,
             "shortfall_gib": round(self.shortfall_gib, 2),
             "host_gib_per_process": _rounded(self.host_gib_per_process),
@@ -203,8 +229,15 @@ def gpu_dict(g: GpuMemory) -> dict[str, Any]:
 # --- per-mode memory ---------------------------------------------------------------------
 
 
-def _device_map_gpu(shape: ModelShape, recipe: Recipe, hw: Hardware, gpu: int, layers: int) -> GpuMemory:
+def _device_map_gpu(
+    shape: ModelShape, recipe: Recipe, hw: Hardware, gpu: int, layers: int, *, first: int | None = None
+) -> GpuMemory:
+    """GPU `gpu` holding `layers` decoder layers from index `first` (default: the last ones on the
+    last GPU, else the first ones: where the kept layers would be without a placement)."""
     last = hw.gpus - 1
+    if first is None:
+        first = shape.layers - layers if gpu == last else 0
+    kept = mem.kept_on_gpu(shape, recipe, first, layers)
     # A tied head is the embedding matrix: accelerate keeps it with the embeddings on GPU 0.
     loss_gpu = 0 if shape.tied_embeddings else last
     embeddings_head = (mem.embedding_bytes(shape, recipe) if gpu == 0 else 0.0) + (
@@ -218,8 +251,8 @@ def _device_map_gpu(shape: ModelShape, recipe: Recipe, hw: Hardware, gpu: int, l
         embeddings_head=embeddings_head,
         norms=layers * mem.norm_bytes_per_layer(shape) + (shape.hidden * mem.FP32 if gpu == last else 0.0),
         lora_optimizer=layers * mem.lora_state_bytes_per_layer(shape, recipe),
-        activations=layers * mem.layer_activation_bytes(shape, recipe) + final_hidden,
-        temporaries=mem.layer_pass_temporaries(shape, recipe) if layers else 0.0,
+        activations=mem.activations_on_gpu(shape, recipe, layers, kept) + final_hidden,
+        temporaries=mem.layer_pass_temporaries(shape, recipe, layers, kept),
         logits=mem.logits_bytes(shape, recipe) if gpu == loss_gpu else 0.0,
         capacity=hw.capacity,
     )
@@ -228,13 +261,19 @@ def _device_map_gpu(shape: ModelShape, recipe: Recipe, hw: Hardware, gpu: int, l
 def device_map_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, placement: Placement | None = None) -> Layout:
     """device_map memory per GPU, for the balanced placement or a given one."""
 
+    # Balanced as if every layer recomputed: the layers kept (the last) then add to the GPUs that
+    # hold them, which `gradientCheckpointing: auto` sizes against each GPU's headroom.
+    even = replace(recipe, kept_layers=0)
+
     def total_for(gpu: int, count: int) -> float:
-        return _device_map_gpu(shape, recipe, hw, gpu, count).total
+        return _device_map_gpu(shape, even, hw, gpu, count).total
 
     if placement is None:
         placement = balance(shape.layers, [hw.capacity] * hw.gpus, total_for)
+    firsts = [sum(placement.layers_per_gpu[:gpu]) for gpu in range(len(placement.layers_per_gpu))]
     per_gpu = tuple(
-        _device_map_gpu(shape, recipe, hw, gpu, count) for gpu, count in enumerate(placement.layers_per_gpu)
+        _device_map_gpu(shape, recipe, hw, gpu, count, first=firsts[gpu])
+        for gpu, count in enumerate(placement.layers_per_gpu)
     )
     return Layout("device_map", per_gpu, recipe.loss_chunk_tokens, placement)
 
@@ -289,6 +328,7 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
     embeddings_head = (embedding + head) * (1 + 1 / n) if whole_in_root else (embedding + head) / n
     final_hidden = recipe.tokens * shape.hidden * recipe.compute_bytes
     lora_grads = layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets) * mem.FP32
+    kept = mem.kept_layers(shape, recipe)
     gpu = GpuMemory(
         index=0,
         layers=layers,
@@ -296,8 +336,9 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
         embeddings_head=embeddings_head,
         norms=layers * mem.norm_bytes_per_layer(shape) / n + shape.hidden * mem.FP32,
         lora_optimizer=layers * mem.lora_state_bytes_per_layer(shape, recipe) + lora_grads,
-        activations=layers * mem.layer_activation_bytes(shape, recipe) + final_hidden,
-        temporaries=mem.layer_pass_temporaries(shape, recipe) + 2 * (packed + mem.norm_bytes_per_layer(shape)),
+        activations=mem.activations_on_gpu(shape, recipe, layers, kept) + final_hidden,
+        temporaries=mem.layer_pass_temporaries(shape, recipe, layers, kept)
+        + 2 * (packed + mem.norm_bytes_per_layer(shape)),
         logits=mem.logits_bytes(shape, recipe) + (0.0 if whole_in_root else head),
         capacity=hw.capacity,
     )
@@ -358,6 +399,86 @@ def _safest(tried: Sequence[Layout], shape: ModelShape, recipe: Recipe) -> Layou
 
     chunked = [t for t in fitting if t.loss_chunk_tokens]
     return next((t for t in fitting if roomy(t)), chunked[0] if chunked else fitting[0])
+
+
+def _rate(shape: ModelShape, recipe: Recipe, hw: Hardware, mode: Mode) -> float:
+    return estimate(shape, recipe, hw.product, gpus=hw.gpus, mode=mode).tokens_per_second
+
+
+def _sized(
+    shape: ModelShape, recipe: Recipe, hw: Hardware, mode: Mode, *, chunks: Sequence[int], offload: bool
+) -> tuple[Layout, Recipe] | None:
+    """`auto`: of the loss chunk sizes, the layout with the most layers kept under the margin
+    that runs fastest; None when even all-recompute leaves no margin."""
+    block = recipe.batch_size * recipe.max_length * shape.vocab * mem.FP32
+    best: tuple[float, Layout, Recipe] | None = None
+    for start in candidates(recipe, chunks, offload):
+
+        def layout_keeping(kept: int, start: Recipe = start) -> Layout:
+            return layout_for(mode, shape, replace(start, kept_layers=kept), hw)
+
+        def fits(kept: int, start: Recipe = start) -> bool:
+            return roomy(layout_keeping(kept).fullest.headroom, start.loss_chunk_tokens, block)
+
+        kept = most_kept(shape.layers, fits)
+        if kept is None:
+            continue
+        sized = replace(start, kept_layers=kept)
+        rate = _rate(shape, sized, hw, mode)
+        if best is None or rate > best[0]:
+            best = (rate, layout_keeping(kept), sized)
+    return None if best is None else (best[1], best[2])
+
+
+def _activations(
+    shape: ModelShape,
+    recipe: Recipe,
+    hw: Hardware,
+    layout: Layout,
+    *,
+    chunks: Sequence[int],
+    checkpointing: Choice,
+    offload: Choice,
+) -> tuple[Layout, Activations]:
+    """The layers that keep, recompute or offload their activations, for a layout that fits."""
+    plain = replace(recipe, loss_chunk_tokens=layout.loss_chunk_tokens, kept_layers=0, offload=False)
+    all_recompute = replace(plain, gradient_checkpointing=True)
+    baseline = _rate(shape, all_recompute, hw, layout.mode)
+    if checkpointing is False:
+        return layout, Activations(plain, describe(shape, plain, 0.0), "off: no layer recomputes")
+    wanted = offload is True
+    if checkpointing is True:
+        chosen = replace(all_recompute, offload=wanted)
+        if wanted:
+            layout = layout_for(layout.mode, shape, chosen, hw)
+        pinned = mem.offload_host_bytes(shape, chosen)
+        why = "on (activationOffload: true)" if wanted else f"off (activationOffload: {str(offload).lower()})"
+        return layout, Activations(chosen, describe(shape, chosen, pinned), why, baseline)
+    sized = _sized(shape, all_recompute, hw, layout.mode, chunks=[layout.loss_chunk_tokens, *chunks], offload=wanted)
+    if sized is None:
+        note = f"recompute all {shape.layers} layers: the plan leaves no room for one more beyond the margin"
+        why = "off: no room for the layer in flight" if wanted else "off: every layer recomputes"
+        return layout, Activations(all_recompute, note, why, baseline)
+    layout, chosen = sized
+    rate = _rate(shape, chosen, hw, layout.mode)
+    note = describe(shape, chosen, mem.offload_host_bytes(shape, chosen))
+    note += f"; {rate:,.0f} tokens/s against {baseline:,.0f} all-recompute"
+    if wanted:
+        why = "on (activationOffload: true)"
+    elif offload == "auto" and mem.recomputed_layers(shape, chosen):
+        alt = _sized(shape, all_recompute, hw, layout.mode, chunks=[layout.loss_chunk_tokens], offload=True)
+        figure = "" if alt is None else f" (planned with it: {_rate(shape, alt[1], hw, alt[0].mode):,.0f} tokens/s)"
+        why = (
+            "off (auto): the trainer copies offloaded activations back when the backward reaches them, "
+            f"without prefetch, so their transfer is not planned as hidden under compute{figure}"
+        )
+    else:
+        why = (
+            "off"
+            + ("" if offload == "auto" else " (activationOffload: false)")
+            + (": no layer recomputes" if not mem.recomputed_layers(shape, chosen) else "")
+        )
+    return layout, Activations(chosen, note, why, baseline)
 
 
 def _fits(shape: ModelShape, recipe: Recipe, hw: Hardware, modes: Sequence[Mode], chunks: Sequence[int]) -> bool:
@@ -437,12 +558,17 @@ def make_plan(
     epoch_tokens: int | None = None,
     allowed_modes: Sequence[Mode] = ALL_MODES,
     loss_chunks: Sequence[int] | None = None,
+    checkpointing: Choice | None = None,
+    offload: Choice = False,
 ) -> Plan:
     """Plan `shape` trained with `recipe` on `hardware`.
 
     `allowed_modes` limits `auto` to what the trainer implements; `loss_chunks` lists the loss
     chunk sizes to try in order (0 = whole-sequence logits); the default tries whole-sequence
     logits first, then chunks of LOSS_CHUNK_TOKENS, unless the recipe names a chunk size.
+    `checkpointing` (`training.gradientCheckpointing`; None: the recipe's as it is) and `offload`
+    (`training.activationOffload`) decide which layers keep, recompute or offload their
+    activations (`recompute`); `auto` plans the mode all-recompute, then keeps what fits.
     """
     if hardware.gpus < 1:
         raise ValueError("the planner needs at least one GPU")
@@ -451,6 +577,9 @@ def make_plan(
         if loss_chunks is not None
         else ([recipe.loss_chunk_tokens] if recipe.loss_chunk_tokens else [0, LOSS_CHUNK_TOKENS])
     )
+    if checkpointing is not None:
+        # The mode is planned all-recompute (auto) or as asked; the kept layers are sized after.
+        recipe = replace(recipe, gradient_checkpointing=checkpointing is not False, kept_layers=0, offload=False)
     modes = _modes(mode, hardware, allowed_modes)
     layout, per_mode = _best_layout(shape, recipe, hardware, modes, chunks)
     if mode == "auto" and hardware.gpus > 1:
@@ -462,7 +591,14 @@ def make_plan(
             else ()
         )
         alternatives = (layout, *alternatives)
-    chosen = replace(recipe, loss_chunk_tokens=layout.loss_chunk_tokens)
+    activations = None
+    if layout.fits and checkpointing is not None:
+        layout, activations = _activations(
+            shape, recipe, hardware, layout, chunks=chunks, checkpointing=checkpointing, offload=offload
+        )
+        chosen = activations.recipe
+    else:
+        chosen = replace(recipe, loss_chunk_tokens=layout.loss_chunk_tokens)
     speed = estimate(shape, chosen, hardware.product, gpus=hardware.gpus, mode=layout.mode, epoch_tokens=epoch_tokens)
     fullest = layout.fullest
     where = f"{hardware.gpus} x {hardware.product.name}"
@@ -489,6 +625,8 @@ def make_plan(
         )
     if other_text:
         message += f" (also: {other_text})"
+    if activations is not None:
+        message += f"; {activations.checkpointing}; activation offload {activations.offload}"
     device_map = layout.placement.device_map() if layout.placement is not None and hardware.gpus > 1 else None
     budget = None
     if layout.placement is not None:
@@ -509,4 +647,5 @@ def make_plan(
         suggestions=tuple(suggestions),
         device_map=device_map,
         max_memory=budget,
+        activations=activations,
     )

@@ -43,7 +43,11 @@ def render(plan: Plan, processes: int | None = None) -> str:
     shape, recipe, hw = plan.shape, plan.recipe, plan.hardware
     quant = recipe.quantization + (" + double quant" if recipe.double_quant and recipe.quantization != "none" else "")
     compute = "fp32" if recipe.compute_bytes == 4 else "16-bit"
-    activations = "checkpointed layer inputs" if recipe.gradient_checkpointing else "full, no checkpointing"
+    activations = (
+        plan.activations.checkpointing
+        if plan.activations is not None
+        else ("checkpointed layer inputs" if recipe.gradient_checkpointing else "full, no checkpointing")
+    )
     lines = [
         f"model     {shape.name or 'model'}: {_params(shape.total_params)} parameters, {shape.layers} layers, "
         f"hidden {shape.hidden}, vocab {shape.vocab}",
@@ -83,6 +87,14 @@ def render(plan: Plan, processes: int | None = None) -> str:
             f"{hw.product.fp32_tflops:g} TFLOP/s FP32 peak x {cal.COMPUTE_UTILISATION:g} utilisation, "
             f"{speed.bound}-bound)"
         )
+        if plan.activations is not None:
+            act = plan.activations
+            against = act.all_recompute_tokens_per_second
+            compared = against is None or "against" in act.checkpointing
+            lines.append(
+                f"layers    {act.checkpointing}" + ("" if compared else f"; all-recompute {against:,.0f} tok/s")
+            )
+            lines.append(f"offload   {act.offload}")
         if speed.seconds_per_epoch is not None and speed.epoch_tokens is not None:
             lines.append(f"epoch     {speed.epoch_tokens:,} tokens: {duration(speed.seconds_per_epoch)}")
     return "\n".join(lines)

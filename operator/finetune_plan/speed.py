@@ -4,12 +4,19 @@ memory-bound NF4 dequantisation, plus (FSDP) the weight all-gathers when they ou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from . import calibration as cal
 from .gpu_products import GpuProduct
-from .memory import Recipe, layer_packed_bytes, quantised_bytes_per_param
+from .memory import (
+    Recipe,
+    full_layer_activation_bytes,
+    layer_packed_bytes,
+    offloaded_layers,
+    quantised_bytes_per_param,
+    recomputed_layers,
+)
 from .model_shape import ModelShape
 
 Mode = Literal["device_map", "data_parallel", "fsdp", "cpu"]
@@ -30,20 +37,21 @@ class Speed:
         return self.epoch_tokens / self.tokens_per_second
 
 
-def _passes(recipe: Recipe) -> int:
-    """Matmul passes over the frozen weights: forward, input-gradient, and the recompute."""
-    return 3 if recipe.gradient_checkpointing else 2
+def layer_passes(shape: ModelShape, recipe: Recipe) -> int:
+    """Passes of a decoder layer per micro-batch: forward and backward of every layer, plus the
+    recomputed forward of each checkpointed one."""
+    return 2 * shape.layers + recomputed_layers(shape, recipe)
 
 
 def flops_per_token(shape: ModelShape, recipe: Recipe) -> float:
     """Frozen weights need no weight gradient: 2 FLOPs per weight per pass; the adapters train
     fully (6 per weight); attention scores over the whole sequence in every pass, twice in backward."""
-    passes = _passes(recipe)
-    linear = 2 * shape.layers * shape.linear_params_per_layer * passes
+    passes = layer_passes(shape, recipe)
+    linear = 2 * shape.linear_params_per_layer * passes
     lora = 6 * shape.layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets)
     head = 4 * shape.vocab * shape.hidden
     attention_pass = 4 * recipe.max_length * shape.attention_width
-    attention = shape.layers * attention_pass * (passes + 1)
+    attention = attention_pass * (passes + shape.layers)
     return float(linear + lora + head + attention)
 
 
@@ -54,15 +62,37 @@ def memory_traffic_bytes(shape: ModelShape, recipe: Recipe) -> float:
     if recipe.quantization == "none":
         return 0.0
     per_param = quantised_bytes_per_param(recipe) + 2 * recipe.compute_bytes
-    return _passes(recipe) * shape.layers * shape.linear_params_per_layer * per_param
+    return layer_passes(shape, recipe) * shape.linear_params_per_layer * per_param
+
+
+def layer_forward_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
+    """One decoder layer's forward over one micro-batch: its matmuls, its dequantisation, its launches."""
+    one = replace(recipe, gradient_checkpointing=False, offload=False)
+    layer = replace(shape, layers=1)
+    flops = 2 * layer.linear_params_per_layer + 4 * recipe.max_length * layer.attention_width
+    compute = flops * recipe.tokens / (product.fp32_tflops * 1e12 * cal.COMPUTE_UTILISATION)
+    memory = memory_traffic_bytes(layer, one) / 2 / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
+    return compute + memory + cal.LAYER_PASS_SECONDS
+
+
+def offload_stall_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
+    """What offloading adds to a micro-batch: each offloaded layer's activations cross the host
+    link twice (out in the forward, back in the backward), hidden under the compute of the layer
+    they overlap with (the next forward; the backward, about twice a forward) where they are shorter."""
+    count = offloaded_layers(shape, recipe)
+    if not count:
+        return 0.0
+    moved = full_layer_activation_bytes(shape, recipe) / (product.host_link_gbps * 1e9)
+    forward = layer_forward_seconds(shape, recipe, product)
+    return count * (max(0.0, moved - forward) + max(0.0, moved - 2 * forward))
 
 
 def compute_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
     flops = flops_per_token(shape, recipe) * recipe.tokens
     compute = flops / (product.fp32_tflops * 1e12 * cal.COMPUTE_UTILISATION)
     memory = memory_traffic_bytes(shape, recipe) / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
-    launches = shape.layers * _passes(recipe) * cal.LAYER_PASS_SECONDS
-    return compute + memory + launches
+    launches = layer_passes(shape, recipe) * cal.LAYER_PASS_SECONDS
+    return compute + memory + launches + offload_stall_seconds(shape, recipe, product)
 
 
 def gather_bytes(shape: ModelShape, recipe: Recipe, gpus: int) -> float:

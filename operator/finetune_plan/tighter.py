@@ -61,7 +61,8 @@ def savers_of(spec: FineTuneJobSpec, loss_chunk_tokens: int) -> Savers:
     training = spec.training
     return Savers(
         loss_chunk_tokens=loss_chunk_tokens,
-        gradient_checkpointing=training.gradient_checkpointing,
+        # auto keeps some layers' activations: the notch checkpoints them all.
+        gradient_checkpointing=training.gradient_checkpointing is True,
         batch_size=training.batch_size,
         gradient_accumulation=training.gradient_accumulation,
         eval_batch_size=training.batch_size,

@@ -36,9 +36,10 @@ ADMISSION_FIELD = {
     "priority without a queue": "workloadPriorityClassName needs queueName",
 }
 
-# Fields the CRD leaves untyped (targetModules: a list, or one name as PEFT takes it): the server
+# Fields the CRD leaves untyped (targetModules: a list, or one name as PEFT takes it;
+# gradientCheckpointing and activationOffload: true, false or auto): the server
 # admits them and the operator refuses a wrong one in one line before any child exists.
-LEFT_TO_THE_OPERATOR = {"empty targetModules"}
+LEFT_TO_THE_OPERATOR = {"empty targetModules", "checkpointing sometimes", "offload yes"}
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +131,20 @@ def test_target_modules_of_another_shape_fail_in_the_operator_in_one_line(module
     spec, error = parse_spec(tiny_with({"lora": {"targetModules": modules}}))
     assert spec is None and error is not None
     assert error.startswith("spec.lora.targetModules") and "\n" not in error, error
+
+
+@pytest.mark.parametrize("value", [True, False, "auto"])
+def test_checkpointing_and_offload_take_true_false_or_auto(
+    crd_installed: None, custom: client.CustomObjectsApi, namespace: str, value: Any
+) -> None:
+    training = {"gradientCheckpointing": value, "activationOffload": value}
+    created = _create(custom, namespace, tiny_with({"training": training}))
+    assert {k: created["spec"]["training"][k] for k in training} == training
+
+
+def test_checkpointing_and_offload_default_to_auto(
+    crd_installed: None, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    created = _create(custom, namespace, tiny_with({}))
+    training = created["spec"]["training"]
+    assert (training["gradientCheckpointing"], training["activationOffload"]) == ("auto", "auto")

@@ -210,7 +210,10 @@ def test_json_parallelism_and_processes_are_what_the_trainer_chooses(
         ([EXAMPLE_70B, "--model-config", "{incomplete}"], "num_hidden_layers"),
         ([EXAMPLE_70B, "--model-config", "{config}", "--gpu-product", "Radeon-9700"], "unknown product"),
         ([EXAMPLE_70B, "--model-config", "{config}", "--max-length", "0"], "--max-length: must be positive"),
-        ([EXAMPLE_70B, "--model-config", "{config}", "--gradient-checkpointing", "maybe"], "expected true or false"),
+        (
+            [EXAMPLE_70B, "--model-config", "{config}", "--gradient-checkpointing", "maybe"],
+            "expected true, false or auto",
+        ),
         ([EXAMPLE_70B, "--model-config", "{config}", "--mode", "pipeline"], "--mode: expected one of"),
         (["{invalid-spec}"], "spec.lora.r"),
     ],

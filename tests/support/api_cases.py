@@ -54,6 +54,12 @@ WRONG_SPECS = [
     ),
     ("unknown field", {"lora": {"rank": 16}}, "spec.lora.rank: unknown field (did you mean 'r'?)"),
     ("empty targetModules", {"lora": {"targetModules": []}}, "spec.lora.targetModules:"),
+    (
+        "checkpointing sometimes",
+        {"training": {"gradientCheckpointing": "sometimes"}},
+        "spec.training.gradientCheckpointing: must be true, false or auto",
+    ),
+    ("offload yes", {"training": {"activationOffload": "yes"}}, "spec.training.activationOffload: must be true"),
     ("keep below two", {"checkpoints": {"keep": 1}}, "spec.checkpoints.keep:"),
     ("bad format", {"dataset": {"format": "csv"}}, "spec.dataset.format:"),
     ("bad quantization", {"quantization": {"type": "int3"}}, "spec.quantization.type:"),

@@ -20,7 +20,7 @@ from torch import nn
 from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
 
-from . import families
+from . import activations, families
 from .failures import TrainerFailure
 from .gpu_quantise import quantising_on
 from .hardware import Attention, Hardware, ResolvedPrecision
@@ -242,14 +242,17 @@ def _placement(model: Any, hardware: Hardware, asked: Any, mode: Mode) -> set[st
     return placed
 
 
-def _prepare(model: Any, config: TrainerConfig, precision: ResolvedPrecision) -> Any:
-    """Norms and head in float32, the k-bit preparation, gradient checkpointing, no KV cache."""
+def _prepare(model: Any, config: TrainerConfig, precision: ResolvedPrecision, plan: MemoryPlan) -> Any:
+    """Norms and head in float32, the k-bit preparation, gradient checkpointing on the layers the
+    plan recomputes (`activations`), no KV cache."""
     from peft import prepare_model_for_kbit_training
 
     spec = config.spec
     if precision == "fp32":
         cast_to_fp32(model)
-    checkpointing = spec.training.gradient_checkpointing
+    layers = len(activations.decoder_layers(model))
+    layout = activations.chosen(spec, plan.summary, layers)
+    checkpointing = layout.recomputed(layers) > 0
     if spec.quantization.type != "none":
         model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
             model,
@@ -259,6 +262,7 @@ def _prepare(model: Any, config: TrainerConfig, precision: ResolvedPrecision) ->
     elif checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
+    activations.apply(model, layout)
     # Activation checkpointing recomputes layers; a KV cache has no use in training.
     model.config.use_cache = False
     return model
@@ -313,7 +317,7 @@ def load_model(
         placed = _placement(model, hardware, kwargs["device_map"], mode)
         # from_pretrained reads every tensor of the files (a folder's, or the Hub cache's).
         mode.bytes_read = size_of(checkpoint_files(config))
-    adapted = _adapt(_prepare(model, config, precision), config, seed)
+    adapted = _adapt(_prepare(model, config, precision, plan), config, seed)
     trainable = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
     total = sum(p.numel() for p in adapted.parameters())
     log.info("model loaded: %s trainable of %s parameters, placement %s", trainable, total, placed or {"cpu"})

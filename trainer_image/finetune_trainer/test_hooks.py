@@ -26,6 +26,8 @@ STEP_DELAY = "FINETUNE_TEST_STEP_DELAY"  # seconds to sleep per step, to widen k
 # OOM_AGAIN_AT: the same on the tighter plan of the retry after an OOM (oom_retry.py)
 OOM_AT = "FINETUNE_TEST_OOM_AT"
 OOM_AGAIN_AT = "FINETUNE_TEST_OOM_AGAIN_AT"
+# "N": on the CPU, which no plan sizes, gradientCheckpointing auto keeps N layers' activations
+KEEP_LAYERS = "FINETUNE_TEST_KEEP_LAYERS"
 
 
 def _int(name: str) -> int | None:
@@ -67,6 +69,10 @@ def die_after_step(step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if _names_this_rank(EXIT_RANK_AT, step):
         os._exit(0)
+
+
+def keep_layers() -> int | None:
+    return _int(KEEP_LAYERS)
 
 
 def plant_half() -> str | None:

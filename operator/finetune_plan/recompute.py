@@ -1,0 +1,90 @@
+"""`training.gradientCheckpointing: auto` and `training.activationOffload`: how many decoder layers
+keep their activations on the GPU, and whether the rest go to host memory instead of recomputing.
+
+Checkpointing every layer recomputes every forward in the backward (a quarter of the step for an
+8B model at 2048 tokens); none at all does not fit a P40. `auto` keeps the activations of as many
+layers as the memory the plan leaves holds, less the planner's margin (`cal.SHORT_HEADROOM_GIB`,
+and with a whole-sequence loss one more seq x vocab block, as `plan._safest` asks of any plan),
+and checkpoints the rest. The trainer keeps the model's last layers: the backward runs them first
+and frees what they kept before the first recompute, so keeping one layer or more costs no
+recompute temporaries (`memory.layer_pass_temporaries`).
+
+The memory a layer keeps without checkpointing is the calibrated `memory.full_layer_activation_bytes`:
+on every committed point without checkpointing it plans 4.7 to 23.9 % above the measured peak and
+never below (`bench/calibration/memory-fit.json`: 8B and 70B widths, 512 to 4096 tokens, batch 1
+to 4, 3 to 18 layers). The 33.15 GiB plan against 43.81 measured for 32 8B layers in the issue was
+the planner before SDPA's fp32 attention matrix was counted (today's plan: 47.8 GiB allocated for
+that run, 9 % above). So the term is kept as it is: conservative, not tuned down.
+
+Offload (`true`) moves the saved tensors of every layer not kept to pinned host memory in the
+forward and back in the backward, in place of the recompute. `auto` leaves it off: the trainer
+copies each tensor back when the backward asks for it (no prefetch yet), so the planner cannot
+count the copies as hidden under compute; the plan says what offload would have given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from . import calibration as cal
+from . import memory as mem
+from .memory import GIB, Recipe
+from .model_shape import ModelShape
+
+Choice = bool | Literal["auto"]
+
+
+@dataclass(frozen=True)
+class Activations:
+    """What the plan chose for the activations, and why, in words for `ftjob plan`."""
+
+    recipe: Recipe  # with gradient_checkpointing, kept_layers and offload set
+    checkpointing: str  # e.g. "recompute 20 of 32 layers (12 keep their activations)"
+    offload: str  # why offload is on or off
+    all_recompute_tokens_per_second: float | None = None
+
+
+def roomy(headroom: float, loss_chunk_tokens: int, block: float) -> bool:
+    """Whether a layout leaves the planner's margin: `cal.SHORT_HEADROOM_GIB`, plus one logits
+    block for a whole-sequence loss."""
+    return headroom >= cal.SHORT_HEADROOM_GIB * GIB + (0 if loss_chunk_tokens else block)
+
+
+def most_kept(layers: int, fits: Callable[[int], bool]) -> int | None:
+    """The most layers that may keep their activations (`fits(k)` grows false with k), or None
+    when not even all-recompute fits."""
+    if not fits(0):
+        return None
+    low, high = 0, layers
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def describe(shape: ModelShape, recipe: Recipe, pinned_bytes: float) -> str:
+    """`recompute 20 of 32 layers, offload 12 (12.0 GiB pinned host memory)` and the like."""
+    layers = shape.layers
+    recomputed = mem.recomputed_layers(shape, recipe)
+    offloaded = mem.offloaded_layers(shape, recipe)
+    kept = mem.kept_layers(shape, recipe)
+    if not recipe.gradient_checkpointing:
+        return f"no layer recomputes (all {layers} keep their activations)"
+    parts = [f"recompute {recomputed} of {layers} layers"]
+    if offloaded:
+        parts.append(f"offload {offloaded} ({pinned_bytes / GIB:.1f} GiB pinned host memory)")
+    parts.append(f"{kept} keep their activations")
+    return ", ".join(parts)
+
+
+def candidates(recipe: Recipe, chunks: Sequence[int], offload: bool) -> list[Recipe]:
+    """The recipes `auto` sizes, one per loss chunk size, every layer checkpointed to start with."""
+    return [
+        replace(recipe, gradient_checkpointing=True, kept_layers=0, offload=offload, loss_chunk_tokens=c)
+        for c in chunks
+    ]

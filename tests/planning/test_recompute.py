@@ -1,0 +1,128 @@
+"""`gradientCheckpointing: auto` spends spare memory on speed: more memory, fewer layers recomputed,
+never past the cap less the margin, in every mode; `true`/`false` keep their meaning; offload is
+counted on the host and said in words."""
+
+from dataclasses import replace
+
+import pytest
+
+from finetune_api.spec import FineTuneJobSpec
+from finetune_plan import GIB, Hardware, Recipe, calibration, lookup, make_plan, memory, shape_from_config
+from finetune_plan.host import host_need
+from finetune_plan.parallelism import choose
+from finetune_plan.report import render
+from finetune_plan.tighter import savers_of, tighter
+
+from .models import LLAMA_3_8B, LLAMA_33_70B
+
+P40 = lookup("Tesla-P40")
+assert P40 is not None
+SHAPE_8B = shape_from_config(LLAMA_3_8B)
+RECIPE = Recipe(max_length=2048, attention="memory_efficient", lora_dropout=False)
+MARGIN = calibration.SHORT_HEADROOM_GIB * GIB
+
+
+def _auto(memory_gib: float, gpus: int = 1, mode: str = "auto", shape=SHAPE_8B, offload="auto"):  # type: ignore[no-untyped-def]
+    assert P40 is not None
+    hw = Hardware(gpus, P40, memory_gib)
+    return make_plan(shape, RECIPE, hw, mode=mode, checkpointing="auto", offload=offload)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("gpus", "mode"), [(1, "auto"), (2, "data_parallel"), (2, "fsdp"), (2, "device_map")])
+def test_more_memory_means_fewer_recomputed_layers_and_the_plan_stays_under_the_cap(gpus: int, mode: str) -> None:
+    recomputed = []
+    for memory_gib in (14.0, 18.0, 22.4, 32.0, 48.0, 80.0):
+        plan = _auto(memory_gib, gpus, mode)
+        assert plan.fits, (memory_gib, plan.message)
+        for gpu in plan.per_gpu:
+            # The margin holds: what a loss in chunks needs, plus a logits block for a whole one.
+            block = 0 if plan.recipe.loss_chunk_tokens else RECIPE.max_length * SHAPE_8B.vocab * memory.FP32
+            assert gpu.total <= memory_gib * GIB - MARGIN - block, (memory_gib, gpu)
+        recomputed.append(memory.recomputed_layers(SHAPE_8B, plan.recipe))
+    assert recomputed == sorted(recomputed, reverse=True), recomputed
+    assert recomputed[0] > recomputed[-1], recomputed
+    assert recomputed[-1] == 0  # 80 GiB holds every layer's activations
+
+
+def test_one_more_kept_layer_would_break_the_margin() -> None:
+    """auto fills the memory: the next layer kept leaves less than the margin."""
+    plan = _auto(22.4)
+    kept = plan.recipe.kept_layers
+    assert 0 < kept < SHAPE_8B.layers
+    more = make_plan(SHAPE_8B, replace(plan.recipe, kept_layers=kept + 1), plan.hardware, loss_chunks=[512])
+    assert more.layout.fullest.headroom < MARGIN
+
+
+def test_auto_is_faster_than_all_recompute_and_says_so() -> None:
+    plan = _auto(22.4)
+    assert plan.activations is not None and plan.speed is not None
+    against = plan.activations.all_recompute_tokens_per_second
+    assert against is not None and plan.speed.tokens_per_second > against
+    kept = plan.recipe.kept_layers
+    text = render(plan)
+    assert f"recompute {32 - kept} of 32 layers, {kept} keep their activations" in text
+    assert "all-recompute" in text and "offload   off (auto)" in text
+
+
+def test_true_and_false_keep_their_meaning() -> None:
+    assert P40 is not None
+    hw = Hardware(1, P40, 80.0)
+    every = make_plan(SHAPE_8B, RECIPE, hw, checkpointing=True)
+    assert memory.recomputed_layers(SHAPE_8B, every.recipe) == 32
+    none = make_plan(SHAPE_8B, RECIPE, hw, checkpointing=False)
+    assert memory.recomputed_layers(SHAPE_8B, none.recipe) == 0 and not none.recipe.gradient_checkpointing
+
+
+def test_no_room_beyond_the_margin_recomputes_every_layer() -> None:
+    tight = _auto(12.5)
+    assert tight.fits and tight.recipe.kept_layers == 0
+    assert tight.activations is not None and "recompute all 32 layers" in tight.activations.checkpointing
+
+
+def test_offload_true_is_counted_in_the_pods_host_memory() -> None:
+    plain = _auto(22.4)
+    offloaded = _auto(22.4, offload=True)
+    moved = memory.offloaded_layers(SHAPE_8B, offloaded.recipe)
+    assert moved > 0 and memory.recomputed_layers(SHAPE_8B, offloaded.recipe) == 0
+    pinned = moved * memory.full_layer_activation_bytes(SHAPE_8B, offloaded.recipe)
+    assert offloaded.pinned_host_gib_per_process == pytest.approx(pinned / GIB)
+    assert offloaded.host_gib_per_process == pytest.approx(plain.host_gib_per_process + pinned / GIB)
+    need = host_need(offloaded, 1)
+    assert need.pod_bytes > host_need(plain, 1).pod_bytes + pinned
+    assert "of offloaded activations, pinned" in need.describe()
+    assert offloaded.activations is not None and f"offload {moved} (" in offloaded.activations.checkpointing
+
+
+def test_the_spec_reaches_the_plan_and_auto_is_the_default() -> None:
+    spec = FineTuneJobSpec.model_validate(
+        {
+            "model": {"source": {"pvc": {"claimName": "m"}}},
+            "dataset": {"source": {"pvc": {"claimName": "d", "path": "x.jsonl"}}, "format": "text"},
+            "output": {"pvc": {"claimName": "o"}},
+            "training": {"maxLength": 2048},
+        }
+    )
+    assert spec.training.gradient_checkpointing == "auto" and spec.training.activation_offload == "auto"
+    launch = choose(spec, LLAMA_3_8B, 1, gpu_name="Tesla P40", attention="memory_efficient")
+    assert launch.plan is not None and launch.plan.summary["kept_layers"] > 0
+    assert launch.plan.summary["recomputed_layers"] + launch.plan.summary["kept_layers"] == 32
+
+
+def test_the_70b_slice_uncapped_keeps_every_layer() -> None:
+    shape = shape_from_config({**LLAMA_33_70B, "num_hidden_layers": 4})
+    h200 = lookup("NVIDIA H200")
+    assert h200 is not None
+    plan = make_plan(shape, RECIPE, Hardware(1, h200, h200.memory_gib), checkpointing="auto")
+    assert memory.recomputed_layers(shape, plan.recipe) == 0
+
+
+def test_an_oom_retry_of_auto_checkpoints_every_layer() -> None:
+    spec = FineTuneJobSpec.model_validate(
+        {
+            "model": {"source": {"pvc": {"claimName": "m"}}},
+            "dataset": {"source": {"pvc": {"claimName": "d", "path": "x.jsonl"}}, "format": "text"},
+            "output": {"pvc": {"claimName": "o"}},
+        }
+    )
+    notch = tighter(savers_of(spec, 0), dropout=True)
+    assert notch is not None and notch.gradient_checkpointing is True
