@@ -137,6 +137,25 @@ def test_the_per_layer_table_is_the_layer_memory_record() -> None:
     assert_stated(f"| embedding (fp32), lm_head (fp32) | {data['embed_bytes'] / gib:.3f} GiB each |", BENCH_README)
 
 
+def test_the_recompute_record_is_its_table_and_sentences() -> None:
+    """bench/README's recompute table is `bench.recompute.table` of the record; the README's
+    sentence gives the 8B auto run's figures from it."""
+    from bench.recompute import table
+
+    data = json.loads((RESULTS / "2026-12-01-h200-recompute.json").read_text())
+    assert table(data).strip() in BENCH_README
+    (eight,) = [s for s in data["shapes"] if s["shape"] == "8b"]
+    runs = {r["run"]: r for r in eight["runs"]}
+    auto, every = runs["auto"], runs["allRecompute"]
+    assert_stated(
+        f"`auto` kept {auto['keptLayers']} of {eight['layers']} layers, {auto['tokPerS']} against "
+        f"{every['tokPerS']} tokens/s all-recompute ({eight['ratio']:.3f}x; planned {eight['plannedRatio']:.3f}x), "
+        f"peak {auto['measuredPeakGiB']} GiB against a plan of {auto['planGiB']}"
+    )
+    assert_stated(f"made {eight['ratio']:.3f}x (planned {eight['plannedRatio']:.3f}x)", BENCH_README)
+    assert auto["lossLast"] == every["lossLast"]  # "the same loss, to every digit"
+
+
 # --- the reliability soak ------------------------------------------------------------------
 
 
