@@ -2,9 +2,9 @@
 
 Only package registries are reachable where this runs, so every component is built from the Go
 module proxy by the project's own wrappers in hack/k8s-build/ (or `go install`ed where its module
-has no replace lines: KWOK, Helm, Kueue). Kueue is optional: built the first time it is needed
-(`ensure_component`), never by `up`, with the manifests it ships in its module copied beside the
-binary. A build happens once per version
+has no replace lines: KWOK, Helm, Kueue, promtool). Kueue and promtool are optional: built the
+first time they are needed (`ensure_component`), never by `up`; Kueue with the manifests it ships
+in its module copied beside the binary. A build happens once per version
 (under a lock, into a temporary folder renamed into place, so a killed build leaves nothing
 half-written); `KUBEBUILDER_ASSETS`, when set, supplies any binary it holds instead.
 """
@@ -30,6 +30,10 @@ HELM_VERSION = "v3.19.5"
 # Optional: built the first time a test (or `python -m hack.cluster kueue-up`) needs it.
 KUEUE_VERSION = "v0.17.0"
 KUEUE_MODULE = "sigs.k8s.io/kueue"
+# Optional: promtool checks and unit-tests the chart's PrometheusRule (tests/chart/test_monitoring.py).
+# Prometheus tags its Go module v0.<major><minor>.<patch>: v0.316.0 is Prometheus 3.16.0.
+PROMETHEUS_VERSION = "v0.316.0"
+PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
 # Kueue's own manifests, copied from its module beside the binary: the CRDs, the kustomization
 # that says which of them get a conversion webhook (and the patches that add it), and the
 # admission webhook configurations.
@@ -73,8 +77,9 @@ KWOK = Component("kwok", KWOK_VERSION, ("kwok",))
 HELM = Component("helm", HELM_VERSION, ("helm",))
 COMPONENTS = (KUBERNETES, ETCD, KWOK, HELM)
 KUEUE = Component("kueue", KUEUE_VERSION, ("kueue",), (KUEUE_MANIFESTS,))
+PROMTOOL = Component("promtool", PROMETHEUS_VERSION, ("promtool",))
 # Built on demand only (ensure_component), never by `up`.
-OPTIONAL = (KUEUE,)
+OPTIONAL = (KUEUE, PROMTOOL)
 
 
 def _build_commands(component: Component, missing: tuple[str, ...], out: Path) -> tuple[list[str], Path]:
@@ -92,6 +97,8 @@ def _build_commands(component: Component, missing: tuple[str, ...], out: Path) -
     if component is KUEUE:
         flags = f"-s -w -X {KUEUE_MODULE}/pkg/version.GitVersion={KUEUE_VERSION}"
         return ["go", "install", "-ldflags", flags, f"{KUEUE_MODULE}/cmd/kueue@{KUEUE_VERSION}"], out
+    if component is PROMTOOL:
+        return ["go", "install", "-ldflags", "-s -w", f"{PROMETHEUS_MODULE}/cmd/promtool@{PROMETHEUS_VERSION}"], out
     raise ValueError(component.name)
 
 
