@@ -10,12 +10,10 @@ series per job per metric, never per step or per attempt.
 import datetime
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from .runtime.cache import WatchCache
 
 Body = Mapping[str, Any]
 JOB_LABELS: Final = ("namespace", "name")
@@ -162,10 +160,21 @@ def families(jobs: Iterable[tuple[Body, Sequence[Body]]]) -> list[GaugeMetricFam
     return [phase, failed, pods, *(family for _, family in gauges)]
 
 
+class JobSource(Protocol):
+    """What the collector reads: the watch cache (runtime.cache.WatchCache), named by shape so
+    that metrics stay below the runtime in the imports."""
+
+    def finetunejob_keys(self) -> list[tuple[str, str]]: ...
+
+    def finetunejob(self, namespace: str, name: str) -> Body | None: ...
+
+    def pods(self, namespace: str, job_name: str) -> Sequence[Body]: ...
+
+
 class JobCollector(Collector):
     """Reads the watch cache on each scrape."""
 
-    def __init__(self, cache: WatchCache) -> None:
+    def __init__(self, cache: JobSource) -> None:
         self._cache = cache
 
     def _jobs(self) -> Iterator[tuple[Body, Sequence[Body]]]:

@@ -10,8 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from finetune_api.status import Phase
 
-from .job_metrics import JobCollector
-from .runtime.cache import WatchCache
+from .job_metrics import JobCollector, JobSource
 
 # Every phase the API has, so the gauge says 0 for phases no job is in.
 PHASES: Final[tuple[str, ...]] = get_args(Phase)
@@ -56,7 +55,7 @@ class Metrics:
         self.queue_depth.set_function(queue_depth)
         self.writes_parked.set_function(writes_parked)
 
-    def watch_jobs(self, cache: WatchCache) -> None:
+    def watch_jobs(self, cache: JobSource) -> None:
         """Per-job series, read from `cache` on each scrape."""
         self.registry.register(JobCollector(cache))
 
