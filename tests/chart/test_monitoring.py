@@ -134,6 +134,13 @@ def test_the_pending_alert_waits_past_the_operators_own_timeout(sets: list[str],
     assert rules["FineTuneJobPendingTooLong"]["for"] == pending_for
 
 
+def test_the_service_monitor_keeps_the_jobs_own_namespace_and_pod_labels() -> None:
+    """Without honorLabels, Prometheus renames the series' `namespace` and `pod` to `exported_*`
+    (the operator pod's own would win) and the alerts' joins would find nothing."""
+    monitor = one(render(sets=["metrics.serviceMonitor.enabled=true"]), "ServiceMonitor")
+    assert [e.get("honorLabels") for e in monitor["spec"]["endpoints"]] == [True]
+
+
 def test_alert_labels_and_rule_labels_come_from_values() -> None:
     objects = render(
         sets=[
