@@ -124,9 +124,9 @@ def test_rendered_objects_pass_server_side_dry_run(kubectl: Kube, namespaces: tu
     # Never the release's own namespace: the operator writes nothing there (the chart refuses it).
     sets = [f"watch.namespaces={{{job_ns}}}"] if all_on else []
     objects = render(values, sets, namespace=operator_ns)
-    # The ServiceMonitor's and PrometheusRule's CRDs belong to the Prometheus Operator, which this
-    # cluster does not run (promtool checks the rule: tests/chart/test_monitoring.py); Kueue's
-    # objects pass Kueue's own admission in tests/operator/test_e2e_kueue.py.
+    # The ServiceMonitor's and PrometheusRule's CRDs belong to the Prometheus Operator: they are
+    # dry-run against its CRDs in tests/chart/test_monitoring_crds.py (and promtool checks the
+    # rule); Kueue's objects pass Kueue's own admission in tests/operator/test_e2e_kueue.py.
     checked = [
         o
         for o in objects
