@@ -2,9 +2,10 @@
 
 Only package registries are reachable where this runs, so every component is built from the Go
 module proxy by the project's own wrappers in hack/k8s-build/ (or `go install`ed where its module
-has no replace lines: KWOK, Helm, Kueue). Kueue is optional: built the first time it is needed
-(`ensure_component`), never by `up`, with the manifests it ships in its module copied beside the
-binary. A build happens once per version
+has no replace lines: KWOK, Helm, Kueue, promtool). Kueue and promtool are optional: built the
+first time they are needed (`ensure_component`), never by `up`; Kueue with the manifests it ships
+in its module copied beside the binary. The Prometheus Operator's CRDs are read from its
+module copy (`prometheus_operator_crd`), nothing built. A build happens once per version
 (under a lock, into a temporary folder renamed into place, so a killed build leaves nothing
 half-written); `KUBEBUILDER_ASSETS`, when set, supplies any binary it holds instead.
 """
@@ -30,6 +31,15 @@ HELM_VERSION = "v3.19.5"
 # Optional: built the first time a test (or `python -m hack.cluster kueue-up`) needs it.
 KUEUE_VERSION = "v0.17.0"
 KUEUE_MODULE = "sigs.k8s.io/kueue"
+# Optional: promtool checks and unit-tests the chart's PrometheusRule (tests/chart/test_monitoring.py).
+# Prometheus tags its Go module v0.<major><minor>.<patch>: v0.316.0 is Prometheus 3.16.0.
+PROMETHEUS_VERSION = "v0.316.0"
+PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
+# The Prometheus Operator's CRDs (PrometheusRule, ServiceMonitor), read from its module copy:
+# the chart's monitoring objects are dry-run against them on the local API server.
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
+PROMETHEUS_OPERATOR_CRDS = "example/prometheus-operator-crd"
 # Kueue's own manifests, copied from its module beside the binary: the CRDs, the kustomization
 # that says which of them get a conversion webhook (and the patches that add it), and the
 # admission webhook configurations.
@@ -73,8 +83,9 @@ KWOK = Component("kwok", KWOK_VERSION, ("kwok",))
 HELM = Component("helm", HELM_VERSION, ("helm",))
 COMPONENTS = (KUBERNETES, ETCD, KWOK, HELM)
 KUEUE = Component("kueue", KUEUE_VERSION, ("kueue",), (KUEUE_MANIFESTS,))
+PROMTOOL = Component("promtool", PROMETHEUS_VERSION, ("promtool",))
 # Built on demand only (ensure_component), never by `up`.
-OPTIONAL = (KUEUE,)
+OPTIONAL = (KUEUE, PROMTOOL)
 
 
 def _build_commands(component: Component, missing: tuple[str, ...], out: Path) -> tuple[list[str], Path]:
@@ -92,6 +103,8 @@ def _build_commands(component: Component, missing: tuple[str, ...], out: Path) -
     if component is KUEUE:
         flags = f"-s -w -X {KUEUE_MODULE}/pkg/version.GitVersion={KUEUE_VERSION}"
         return ["go", "install", "-ldflags", flags, f"{KUEUE_MODULE}/cmd/kueue@{KUEUE_VERSION}"], out
+    if component is PROMTOOL:
+        return ["go", "install", "-ldflags", "-s -w", f"{PROMETHEUS_MODULE}/cmd/promtool@{PROMETHEUS_VERSION}"], out
     raise ValueError(component.name)
 
 
@@ -103,6 +116,15 @@ def _module_dir(module: str, version: str, env: dict[str, str]) -> Path:
     if result.returncode != 0:
         raise SystemExit(f"cluster: go mod download {module}@{version} failed: {result.stderr.strip()}")
     return Path(json.loads(result.stdout)["Dir"])
+
+
+def prometheus_operator_crd(plural: str) -> Path:
+    """The Prometheus Operator's CRD of `plural` (e.g. prometheusrules), from the Go module cache
+    (downloaded from the module proxy the first time; nothing to build)."""
+    if shutil.which("go") is None:
+        raise SystemExit(f"cluster: `go` is not on PATH; it is needed once to fetch the {plural} CRD")
+    module = _module_dir(PROMETHEUS_OPERATOR_MODULE, PROMETHEUS_OPERATOR_VERSION, dict(os.environ))
+    return module / PROMETHEUS_OPERATOR_CRDS / f"monitoring.coreos.com_{plural}.yaml"
 
 
 def _copy_extras(component: Component, out: Path, env: dict[str, str]) -> None:

@@ -58,6 +58,7 @@ class Operator:
         self.streams = [*self._streams(kube, settings.namespaces)]
         self.tasks: list[asyncio.Task[None]] = []
         metrics.watch(self.queue.depth, self.pacer.parked)
+        metrics.watch_jobs(self.cache)
 
     def _work(self, key: Hashable) -> None:
         self.reconciler.work(key)

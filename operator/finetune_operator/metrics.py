@@ -1,5 +1,6 @@
 """Prometheus metrics: jobs by phase, reconcile latency and backlog, paced writes, API errors,
-Events posted. One `Metrics` per operator, made at startup with a registry of its own."""
+Events posted, and each job's own series (job_metrics.py). One `Metrics` per operator, made at
+startup with a registry of its own."""
 
 import threading
 from collections.abc import Callable
@@ -8,6 +9,8 @@ from typing import Final, get_args
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from finetune_api.status import Phase
+
+from .job_metrics import JobCollector, JobSource
 
 # Every phase the API has, so the gauge says 0 for phases no job is in.
 PHASES: Final[tuple[str, ...]] = get_args(Phase)
@@ -51,6 +54,10 @@ class Metrics:
     def watch(self, queue_depth: Callable[[], int], writes_parked: Callable[[], int]) -> None:
         self.queue_depth.set_function(queue_depth)
         self.writes_parked.set_function(writes_parked)
+
+    def watch_jobs(self, cache: JobSource) -> None:
+        """Per-job series, read from `cache` on each scrape."""
+        self.registry.register(JobCollector(cache))
 
     def serve(self, port: int) -> None:
         if port:

@@ -28,8 +28,9 @@ from tests.support.helm import ALL_ON_VALUES, CHART, REPO, render
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 # Kinds of other projects' CRDs: no Kubernetes schema describes them (Kueue's objects are checked
-# against Kueue's own CRDs and webhooks in tests/operator/test_e2e_kueue.py).
-NOT_KUBERNETES = {("monitoring.coreos.com/v1", "ServiceMonitor")} | {
+# against Kueue's own CRDs and webhooks in tests/operator/test_e2e_kueue.py, the Prometheus
+# Operator's against its CRDs in tests/chart/test_monitoring_crds.py).
+NOT_KUBERNETES = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")} | {
     ("kueue.x-k8s.io/v1beta2", kind)
     for kind in ("ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass")
 }

@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.cli import ftjob
 from tests.support.harness import Jobs, OperatorProcess, wait_for
@@ -56,7 +57,14 @@ def test_tiny_cpu_job_trains_reports_progress_and_leaves_an_adapter(
     assert status["restarts"] == 0
     assert status["startTime"] and status["completionTime"]
     assert jobs.events_with("tiny", "JobCreated", "Running", "Succeeded")
-    assert 'finetune_jobs{phase="Succeeded"} 1.0' in operator.metrics()
+    served = operator.metrics()
+    assert 'finetune_jobs{phase="Succeeded"} 1.0' in served
+    # What the trainer reported, served per job for the chart's dashboard.
+    tiny = {"namespace": jobs.namespace, "name": "tiny"}
+    per_job = {s.name: s.value for f in text_string_to_metric_families(served) for s in f.samples if s.labels == tiny}
+    assert per_job["finetune_job_progress_step"] == TRAINING["maxSteps"]
+    assert per_job["finetune_job_loss"] == status["progress"]["loss"]
+    assert per_job["finetune_job_progress_ratio"] == 1.0
 
 
 def test_invalid_data_fails_at_once_without_retries(

@@ -10,5 +10,6 @@
 | `images.py` | the image allow-list cases the operator and the admission fence must agree on |
 | `api_cases.py` | the tiny example and the wrong specs both validators must refuse |
 | `helm.py` | rendering the chart |
+| `promtool.py` | checking and unit-testing Prometheus rules with the real promtool |
 | `cli.py` | running `ftjob` as a user would |
 """
