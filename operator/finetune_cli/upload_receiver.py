@@ -43,6 +43,11 @@ class State:
     last_request = time.monotonic()
 
 
+# The sha256 of each partial file this process wrote from its first byte, and how many bytes it
+# covers: a finish need not read the whole file again (a file resumed by another pod is read).
+DIGESTS: "dict[Path, tuple[int, Any]]" = {}
+
+
 def resolve(relative: str) -> Path:
     """The file under ROOT that `relative` names; never outside ROOT."""
     parts = relative.split("/")
@@ -66,6 +71,13 @@ def sha256_of(path: Path) -> str:
             digest.update(block)
             State.last_request = time.monotonic()
     return digest.hexdigest()
+
+
+def partial_sha256(partial: Path) -> str:
+    held = DIGESTS.get(partial)
+    if held is not None and held[0] == size_of(partial):
+        return str(held[1].hexdigest())
+    return sha256_of(partial)
 
 
 def make_parents(path: Path) -> None:
@@ -128,7 +140,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if query.get("hash") == "final" and body["size"] is not None:
             body["sha256"] = sha256_of(path)
         if query.get("hash") == "partial" and body["partial"] is not None:
-            body["partialSha256"] = sha256_of(partial_of(path))
+            body["partialSha256"] = partial_sha256(partial_of(path))
         self.reply(200, body)
 
     def append_file(self, query: "dict[str, str]") -> None:
@@ -144,6 +156,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.reply(409, {"error": "offset differs from the partial file's size", "partial": held})
             return
         make_parents(partial)
+        tracked = DIGESTS.pop(partial, None)
+        digest = hashlib.sha256() if held == 0 else tracked[1] if tracked and tracked[0] == held else None
         with partial.open("ab") as handle:
             partial.chmod(FILE_MODE)
             while length > 0:
@@ -151,8 +165,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 if not block:
                     break  # the sender went away: keep what arrived, the next upload resumes from it
                 handle.write(block)
+                if digest is not None:
+                    digest.update(block)
                 length -= len(block)
+                held += len(block)
                 State.last_request = time.monotonic()
+        if digest is not None:
+            DIGESTS[partial] = (held, digest)
         if length > 0:
             self.close_connection = True
             return
@@ -168,7 +187,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             else:
                 self.reply(404, {"error": "no partial file"})
             return
-        actual = sha256_of(partial)
+        actual = partial_sha256(partial)
+        DIGESTS.pop(partial, None)
         if actual != expected:
             partial.unlink()
             self.reply(409, {"error": "sha256 differs; the partial file was removed", "sha256": actual})
@@ -178,7 +198,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply(200, {"size": size_of(path), "sha256": actual})
 
     def discard_file(self, query: "dict[str, str]") -> None:
-        partial_of(resolve(query.get("path", ""))).unlink(missing_ok=True)
+        partial = partial_of(resolve(query.get("path", "")))
+        DIGESTS.pop(partial, None)
+        partial.unlink(missing_ok=True)
         self.reply(200, {})
 
     def stop(self, query: "dict[str, str]") -> None:
