@@ -155,3 +155,20 @@ def test_bad_arguments_are_one_line_naming_them(tmp_path: Path) -> None:
     assert_one_line_error(ftjob("upload", str(tmp_path / "gone"), "store"), f"LOCAL {tmp_path / 'gone'}: no such")
     assert_one_line_error(ftjob("upload", str(tmp_path), "Store:x"), "CLAIM 'Store'")
     assert_one_line_error(ftjob("upload", str(tmp_path), "store:a/../b"), "PATH 'a/../b'")
+
+
+def test_a_partial_file_that_is_not_the_local_files_start_is_replaced_not_resumed(
+    cluster: Cluster, namespace: str, claim: str, tmp_path: Path
+) -> None:
+    local = tmp_path / "train.jsonl"
+    local.write_bytes(b'{"instruction": "a", "output": "b"}\n' * 4096)
+    folder = volume_folder(REPO, namespace, claim) / "data"
+    folder.mkdir(parents=True)
+    (folder / "train.jsonl.ftjob-partial").write_bytes(b"something else entirely")
+
+    result = ftjob("upload", str(local), f"{claim}:data/train.jsonl", "-n", namespace, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "data/train.jsonl: the partial file in the claim is not this file's start; starting over" in result.stderr
+    assert "resuming" not in result.stderr
+    assert (folder / "train.jsonl").read_bytes() == local.read_bytes()
+    assert not (folder / "train.jsonl.ftjob-partial").exists()
