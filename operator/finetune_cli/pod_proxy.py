@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import CliError
 from .kube import Cluster
+from .upload_receiver import TOKEN_HEADER
 
 # Appends stream for as long as their body lasts; a finish hashes a whole file on the pod's side.
 CONNECT_SECONDS, READ_SECONDS = 15.0, 900.0
@@ -37,6 +38,7 @@ class PodProxy:
     cluster: Cluster
     pod: str
     port: int
+    token: str  # the receiver's own check (upload_receiver.py), besides RBAC at the API server
 
     def url(self, endpoint: str, query: dict[str, str]) -> str:
         namespace = urllib.parse.quote(self.cluster.namespace, safe="")
@@ -44,7 +46,7 @@ class PodProxy:
         return f"{base}?{urllib.parse.urlencode(query)}" if query else base
 
     def _headers(self) -> dict[str, str]:
-        headers: dict[str, str] = {}
+        headers = {TOKEN_HEADER: self.token}
         self.cluster.api.update_params_for_auth(headers, [], ["BearerToken"], None, None, None)
         return headers
 
@@ -81,7 +83,7 @@ class PodProxy:
         except ValueError:
             parsed = {"error": response.data.decode(errors="replace")[:200]}
         reply = Reply(response.status, parsed if isinstance(parsed, dict) else {})
-        if reply.status in (401, 403):
+        if reply.status in (401, 403) and reply.body.get("kind") == "Status":  # the API server's, not the receiver's
             raise CliError(
                 f"forbidden: {reply.error} (ftjob upload needs get, create, update on pods/proxy in namespace "
                 f"{self.cluster.namespace}; the built-in edit role has them)"

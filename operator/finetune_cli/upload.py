@@ -148,39 +148,36 @@ def _resume_offset(proxy: PodProxy, item: Item, handle: IO[bytes], progress: Pro
     return 0, hashlib.sha256()
 
 
-def _already_there(proxy: PodProxy, item: Item, progress: Progress) -> bool:
+def _already_there(proxy: PodProxy, item: Item, progress: Progress) -> str | None:
+    """The file's sha256 when the claim holds it already, whole and the same."""
     state = proxy.call("GET", "stat", {"path": item.remote})
     if state.status != 200:
         raise CliError(f"{item.remote}: {state.error}")
     if state.body.get("size") != item.size or state.body.get("partial") is not None:
-        return False
+        return None
     remote = proxy.call("GET", "stat", {"path": item.remote, "hash": "final"}).body.get("sha256")
-    if remote != whole_hash(item.local):
-        return False
+    local = whole_hash(item.local)
+    if remote != local:
+        return None
     progress.note(f"{item.remote}: already in the claim with the same sha256, skipped")
     progress.skip(item.size)
-    return True
+    return local
 
 
 def send(proxy: PodProxy, item: Item, progress: Progress) -> str:
     """Send one file (the rest of it, when a partial file is its start); its verified sha256."""
-    if _already_there(proxy, item, progress):
-        return whole_hash(item.local)
+    if (same := _already_there(proxy, item, progress)) is not None:
+        return same
     with item.local.open("rb") as handle:
         offset, digest = _resume_offset(proxy, item, handle, progress)
-        while offset < item.size or offset == 0:
+        while True:  # one append at least: an empty file is one empty append
             length = min(SEGMENT, item.size - offset)
-            reply = proxy.call(
-                "PUT",
-                "append",
-                {"path": item.remote, "offset": str(offset)},
-                _blocks(handle, length, digest, progress),
-                length,
-            )
+            query = {"path": item.remote, "offset": str(offset)}
+            reply = proxy.call("PUT", "append", query, _blocks(handle, length, digest, progress), length)
             if reply.status != 200:
                 raise CliError(f"{item.remote}: {reply.error} (another upload to the same path?); run it again")
             offset = int(reply.body["partial"])
-            if item.size == 0:
+            if offset >= item.size:
                 break
     sha256 = digest.hexdigest()
     finished = proxy.call("POST", "finish", {"path": item.remote, "sha256": sha256})

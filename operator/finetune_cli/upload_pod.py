@@ -23,6 +23,7 @@ LABEL_CLAIM = "finetune.dev/upload-claim"
 ANNOTATION_RECEIVER = "finetune.dev/upload-receiver"
 TRAINER_UID = 1000
 NAME_PREFIX = "ftjob-upload-"
+TOKEN_ENV = "FTJOB_UPLOAD_TOKEN"
 
 
 def receiver_source() -> str:
@@ -42,7 +43,7 @@ def pod_name(claim: str) -> str:
     return f"{name[:54]}-{hashlib.sha256(claim.encode()).hexdigest()[:8]}"
 
 
-def upload_pod(claim: str, port: int, image: str, idle_seconds: int) -> dict[str, Any]:
+def upload_pod(claim: str, port: int, token: str, image: str, idle_seconds: int) -> dict[str, Any]:
     source = receiver_source()
     if "$(" in source:  # the kubelet would expand it as a variable reference in `command`
         raise ValueError("the receiver's source must not contain '$('")
@@ -75,7 +76,10 @@ def upload_pod(claim: str, port: int, image: str, idle_seconds: int) -> dict[str
                     "name": CONTAINER,
                     "image": image,
                     "command": ["python3", "-c", source, MOUNT_PATH, str(port), str(idle_seconds)],
-                    "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+                    "env": [
+                        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+                        {"name": TOKEN_ENV, "value": token},
+                    ],
                     "ports": [{"name": "receiver", "containerPort": port}],
                     "volumeMounts": [{"name": "claim", "mountPath": MOUNT_PATH}],
                     "resources": {

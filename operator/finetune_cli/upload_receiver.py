@@ -11,7 +11,10 @@ plain HTTP; a request carries one file's path relative to ROOT:
   PUT  /append?path=P&offset=N    append the body to P's partial, which must hold N bytes (409 with its size if not)
   POST /finish?path=P&sha256=H    P's partial has sha256 H: it becomes P (mode 0644); else it is removed (409)
   POST /discard?path=P            remove P's partial (it is not a prefix of the file being sent)
-  POST /exit                      stop
+
+Every request must carry the pod's token (header X-Upload-Token, the pod's FTJOB_UPLOAD_TOKEN):
+the API server's proxy lets only those with `pods/proxy` in the namespace through, but the port is
+also open on the pod network, where any pod could otherwise write into the claim.
 
 A partial file is written as its bytes arrive, so what reached the claim before an interruption
 stays there and the next upload resumes from its size. Files are 0644 and folders 0755 whoever
@@ -19,6 +22,7 @@ runs the trainer: readable by its uid, whatever the upload pod's.
 """
 
 import hashlib
+import hmac
 import http.server
 import json
 import os
@@ -32,6 +36,8 @@ from typing import Any
 PARTIAL_SUFFIX = ".ftjob-partial"
 BLOCK = 1 << 20
 FILE_MODE, FOLDER_MODE = 0o644, 0o755
+TOKEN_HEADER = "X-Upload-Token"
+TOKEN = os.environ.get("FTJOB_UPLOAD_TOKEN", "")
 
 
 class BadPath(ValueError):
@@ -114,6 +120,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         super().handle_one_request()
 
     def dispatch(self, routes: "dict[str, Any]") -> None:
+        if not hmac.compare_digest(self.headers.get(TOKEN_HEADER, ""), TOKEN):
+            self.close_connection = True
+            self.reply(403, {"error": f"no or wrong {TOKEN_HEADER}"})
+            return
         action = routes.get(self.route())
         if action is None:
             self.reply(404, {"error": f"no such endpoint: {self.path}"})
@@ -132,7 +142,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.dispatch({"append": self.append_file})
 
     def do_POST(self) -> None:
-        self.dispatch({"finish": self.finish_file, "discard": self.discard_file, "exit": self.stop})
+        self.dispatch({"finish": self.finish_file, "discard": self.discard_file})
 
     def stat_file(self, query: "dict[str, str]") -> None:
         path = resolve(query.get("path", ""))
@@ -203,10 +213,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
         partial.unlink(missing_ok=True)
         self.reply(200, {})
 
-    def stop(self, query: "dict[str, str]") -> None:
-        self.reply(200, {})
-        threading.Thread(target=self.server.shutdown, daemon=True).start()
-
 
 def stop_when_idle(server: http.server.ThreadingHTTPServer, idle_seconds: float) -> None:
     """An interrupted upload leaves its pod behind: it ends itself once nobody has used it for a while."""
@@ -217,6 +223,9 @@ def stop_when_idle(server: http.server.ThreadingHTTPServer, idle_seconds: float)
 
 def main(argv: "list[str]") -> int:
     State.root, port, idle = Path(argv[0]), int(argv[1]), float(argv[2])
+    if len(TOKEN) < 16:
+        sys.stderr.write("FTJOB_UPLOAD_TOKEN must be set (16 characters or more)\n")
+        return 2
     os.umask(0o022)
     server = http.server.ThreadingHTTPServer(("", port), Handler)
     threading.Thread(target=stop_when_idle, args=(server, idle), daemon=True).start()

@@ -8,6 +8,7 @@ claim do not depend on the pod: a new pod resumes from them just as well.
 from __future__ import annotations
 
 import random
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from .errors import CliError
 from .kube import Cluster, api_errors
 from .pod_proxy import PodProxy
-from .upload_pod import ANNOTATION_RECEIVER, pod_name, receiver_digest, receiver_source, upload_pod
+from .upload_pod import ANNOTATION_RECEIVER, TOKEN_ENV, pod_name, receiver_digest, receiver_source, upload_pod
 
 POLL_SECONDS = 0.25
 # Ports the receiver picks from: pods on the local control plane share the host's network, so
@@ -54,8 +55,10 @@ def _reusable(pod: Any, image: str) -> bool:
     )
 
 
-def _port(pod: Any) -> int:
-    return int(pod.spec.containers[0].ports[0].container_port)
+def _proxy(cluster: Cluster, pod: Any) -> PodProxy:
+    container = pod.spec.containers[0]
+    token = next((e.value for e in container.env or [] if e.name == TOKEN_ENV), "")
+    return PodProxy(cluster, pod.metadata.name, int(container.ports[0].container_port), token)
 
 
 def _ended(pod: Any) -> str:
@@ -99,7 +102,7 @@ def delete_pod(cluster: Cluster, name: str, wait: bool = False) -> None:
 
 
 def _create(cluster: Cluster, target: UploadTarget) -> Any:
-    body = upload_pod(target.claim, random.choice(PORTS), target.image, IDLE_SECONDS)
+    body = upload_pod(target.claim, random.choice(PORTS), secrets.token_hex(16), target.image, IDLE_SECONDS)
     with api_errors(cluster, f"pod {body['metadata']['name']}"):
         return cluster.core().create_namespaced_pod(cluster.namespace, body)
 
@@ -151,7 +154,7 @@ def open_session(cluster: Cluster, target: UploadTarget) -> tuple[PodProxy, bool
     pod = existing if reused else _create(cluster, target)
     try:
         pod = _wait_running(cluster, name, target.start_timeout)
-        proxy = PodProxy(cluster, name, _port(pod))
+        proxy = _proxy(cluster, pod)
         _wait_answering(cluster, proxy, target.start_timeout)
     except BaseException:
         delete_pod(cluster, name)

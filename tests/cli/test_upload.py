@@ -11,6 +11,8 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -98,7 +100,13 @@ def test_a_1_gib_upload_killed_mid_way_resumes_and_lands_with_the_same_sha256(
 
     cut = settled_size(partial)
     assert 0 < cut < GIB and not landed.exists()
-    assert upload_pods(core, namespace), "the killed upload's pod should still be there"
+    [left] = upload_pods(core, namespace)  # the killed upload's pod is still there
+    # Its port is open on the pod network too, where only a request with the pod's token is heard.
+    pod = core.read_namespaced_pod(left, namespace)
+    direct = f"http://{pod.status.pod_ip}:{pod.spec.containers[0].ports[0].container_port}/stat?path=models/big.bin"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(direct, timeout=10)
+    assert refused.value.code == 403
 
     started = time.monotonic()
     second = ftjob(*command[3:], timeout=300)
