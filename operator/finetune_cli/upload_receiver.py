@@ -120,7 +120,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         super().handle_one_request()
 
     def dispatch(self, routes: "dict[str, Any]") -> None:
-        if not hmac.compare_digest(self.headers.get(TOKEN_HEADER, ""), TOKEN):
+        if not hmac.compare_digest(self.headers.get(TOKEN_HEADER, "").encode(), TOKEN.encode()):
             self.close_connection = True
             self.reply(403, {"error": f"no or wrong {TOKEN_HEADER}"})
             return
