@@ -151,7 +151,8 @@ def open_session(cluster: Cluster, target: UploadTarget) -> tuple[PodProxy, bool
     reused = existing is not None and _reusable(existing, target.image)
     if existing is not None and not reused:
         delete_pod(cluster, name, wait=True)
-    pod = existing if reused else _create(cluster, target)
+    if not reused:
+        _create(cluster, target)
     try:
         pod = _wait_running(cluster, name, target.start_timeout)
         proxy = _proxy(cluster, pod)
