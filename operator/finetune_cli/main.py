@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "finetune_cli.jobs",
     "finetune_cli.watch",
     "finetune_cli.logs",
+    "finetune_cli.upload",
 )
 
 

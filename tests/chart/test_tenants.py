@@ -134,3 +134,23 @@ def test_the_readme_gpu_quota_refuses_a_pod_beyond_it(team: tuple[Kube, str]) ->
     kubectl.apply([pod(8)], "-n", namespace, "--dry-run=server")  # within it: admitted
     refused = kubectl.apply([pod(9)], "-n", namespace, "--dry-run=server", check=False)
     assert refused.returncode != 0 and "exceeded quota: gpus" in refused.stderr, refused.stderr
+
+
+# What `ftjob upload` does with the user's own credentials (its pod is the user's, not the
+# operator's child): make and remove its pod, and talk to it through the API server's pod proxy
+# (GET is get, PUT update, POST create).
+UPLOAD_RIGHTS = (
+    ("create", "pods"),
+    ("get", "pods"),
+    ("delete", "pods"),
+    *((v, "pods/proxy") for v in ("get", "update", "create")),
+)
+
+
+def test_edit_may_run_ftjob_upload_and_view_may_not(team: tuple[Kube, str]) -> None:
+    kubectl, namespace = team
+    for verb, resource in UPLOAD_RIGHTS:
+        assert kubectl.can_i("alice", verb, resource, "-n", namespace), f"edit cannot {verb} {resource}"
+        assert kubectl.can_i("carol", verb, resource, "-n", namespace), f"admin cannot {verb} {resource}"
+    assert not kubectl.can_i("bob", "create", "pods", "-n", namespace)
+    assert not kubectl.can_i("bob", "update", "pods/proxy", "-n", namespace)

@@ -126,9 +126,13 @@ def test_each_running_pod_gets_an_address_of_its_own_on_its_node() -> None:
     first = addresses.allocate("a", "local-0", alive.__contains__)
     second = addresses.allocate("b", "local-0", alive.__contains__)
     other = addresses.allocate("c", "local-1", alive.__contains__)
-    assert (first, second, other) == ("127.1.0.2", "127.1.0.3", "127.1.1.2")
+    assert (first, second, other) == ("198.18.0.2", "198.18.0.3", "198.18.1.2")
     assert addresses.allocate("a", "local-0", alive.__contains__) == first
-    assert all(ipaddress.ip_address(a) in ipaddress.ip_network("127.0.0.0/8") for a in (first, second, other))
+    assert all(ipaddress.ip_address(a) in ipaddress.ip_network("198.18.0.0/16") for a in (first, second, other))
+    # The API server's pod proxy refuses any pod address that is not global unicast.
+    assert not any(
+        ipaddress.ip_address(a).is_loopback or ipaddress.ip_address(a).is_link_local for a in (first, second)
+    )
     alive.discard("a")  # ended: its address is free again
     assert addresses.allocate("d", "local-0", {"b", "c", "d"}.__contains__) == first
 

@@ -123,7 +123,17 @@ def make_tiny_model(
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder), safe_serialization=True)
     tokenizer.save_pretrained(str(folder))
+    readable_by_all(folder)
     return folder
+
+
+def readable_by_all(folder: Path) -> None:
+    """Add read (and, for folders, search) for group and others: the shard writer makes
+    model.safetensors 0600 through a temporary file, and the trainer that reads the folder from a
+    claim runs as uid 1000, not as whoever made it."""
+    for path in [folder, *folder.rglob("*")]:
+        extra = 0o055 if path.is_dir() else 0o044
+        path.chmod(path.stat().st_mode | extra)
 
 
 def write_alpaca(path: Path, count: int = 256, seed: int = 0) -> Path:

@@ -27,7 +27,7 @@ Decisions a kubelet would make differently, on purpose:
   know an image's entrypoint).
 - Mount points missing on the host (e.g. /mnt/model, /etc/finetune) are created there as empty
   folders or files; the mounts themselves stay private to the pod's namespace.
-- Each pod has an address of its own in 127.0.0.0/8 (status.podIP) and, with a `subdomain`, an
+- Each pod has an address of its own in 198.18.0.0/16, routed to this host (status.podIP), and, with a `subdomain`, an
   /etc/hosts that names its peers in place of cluster DNS (see network.py); the pods still share
   the host's network namespace.
 - Probes are not run; a running container is Ready.

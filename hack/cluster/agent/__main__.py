@@ -15,7 +15,7 @@ from ..control_plane import ClusterState
 from ..layout import LOCAL_NODES, Layout
 from .kube import Kube
 from .logs_server import serve as serve_logs
-from .network import Addresses, PodName, hosts_file, pod_name
+from .network import Addresses, PodName, hosts_file, pod_name, route_pod_network
 from .node import heartbeat, register
 from .pod_status import Terminated, now, pod_status
 from .runner import NodeContext, PodRun, pod_dir_name
@@ -60,7 +60,7 @@ class Agent:
         self.ctx = ctx
         self.contexts = {node: dataclasses.replace(ctx, node=node) for node in nodes}
         self.runs: dict[str, PodRun] = {}
-        self.addresses = Addresses()
+        self.addresses = Addresses(route_pod_network())
         self.names: dict[str, PodName] = {}  # uid -> the name of a pod with a subdomain
         self._hosts_written: dict[str, str] = {}
         try:
