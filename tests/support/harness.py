@@ -37,6 +37,39 @@ OPERATOR_USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{OPERATOR_SA}"
 OPERATOR_ROLE = "finetune-operator-tests"
 # The tests' `trainer.hubEnv`: the fence they install admits HF_ENDPOINT at this value only.
 FENCE_HUB_ENV = {"HF_ENDPOINT": "https://hub.fence.example"}
+# The tests' `trainer.networkPolicy`, as the chart's helper finetune-operator.trainerNetwork
+# renders the defaults with apiServerCIDRs [127.0.0.1/32] (tests/chart/test_render.py holds the
+# two equal): the operator the tests run copies these rules into each job's NetworkPolicy, and
+# the fence they install admits those rules only.
+TRAINER_NETWORK: dict[str, Any] = {
+    "egress": [
+        {
+            "to": [{"ipBlock": {"cidr": "127.0.0.1/32"}}],
+            "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}],
+        },
+        {
+            "to": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                }
+            ],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        },
+    ],
+    "hubEgress": {
+        "to": [
+            {
+                "ipBlock": {
+                    "cidr": "0.0.0.0/0",
+                    "except": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"],
+                }
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": 443}],
+    },
+    "peerPorts": [{"protocol": "TCP", "port": 29400}, {"protocol": "TCP", "port": 32768, "endPort": 60999}],
+}
 
 T = TypeVar("T")
 
@@ -54,10 +87,19 @@ def trainer_status_policy() -> list[dict[str, Any]]:
     return objects
 
 
+def fence_egress(trainer_network: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The fence's `trainerEgress`: every trainer's rules, then the Hub's (as the chart fills it)."""
+    if not trainer_network:
+        return []
+    hub = trainer_network.get("hubEgress")
+    return [*trainer_network["egress"], *([hub] if hub else [])]
+
+
 def operator_fence_policies(
     user: str = OPERATOR_USER,
     allowed_images: Sequence[str] = DEFAULT_ALLOWED_IMAGES,
     hub_env: Mapping[str, str] = FENCE_HUB_ENV,
+    trainer_network: Mapping[str, Any] | None = TRAINER_NETWORK,
 ) -> list[dict[str, Any]]:
     """The chart's operator fence, as the chart renders it (sans names and labels): each policy
     of the file for this operator user, allow-list and Hub variables, with the system namespaces
@@ -68,6 +110,8 @@ def operator_fence_policies(
         "allowedImages": list(allowed_images),
         "hubEnv": dict(hub_env),
         "excludedNamespaces": [*SYSTEM_NAMESPACES, SYSTEM_NAMESPACE],
+        "trainerEgress": fence_egress(trainer_network),
+        "peerPorts": list((trainer_network or {}).get("peerPorts") or []),
     }
     objects: list[dict[str, Any]] = []
     for policy in policies:
@@ -75,7 +119,8 @@ def operator_fence_policies(
         spec["matchConditions"] = [{"name": "operator-only", "expression": f"request.userInfo.username == '{user}'"}]
         for variable in spec.get("variables") or []:
             if variable["name"] in values:
-                variable["expression"] = json.dumps(values[variable["name"]], separators=(",", ":"))
+                # Sorted keys, as Helm's toJson writes them.
+                variable["expression"] = json.dumps(values[variable["name"]], separators=(",", ":"), sort_keys=True)
         name = policy["metadata"]["name"]
         binding = {
             "apiVersion": "admissionregistration.k8s.io/v1",
@@ -220,6 +265,7 @@ class OperatorProcess:
             "KUBECONFIG": str(self.kubeconfig),
             "FINETUNE_RESYNC_SECONDS": "5",
             "FINETUNE_LOG_LEVEL": "DEBUG",
+            "FINETUNE_TRAINER_NETWORK": json.dumps(TRAINER_NETWORK),
             **self.extra_env,
         }
         for key in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
