@@ -53,7 +53,10 @@ def test_all_on_renders_every_optional_part() -> None:
     for kind in ("Role", "RoleBinding"):
         assert sorted(o["metadata"]["namespace"] for o in by_kind(objects, kind)) == ["team-a", "team-b"], kind
     policies = sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in by_kind(objects, "NetworkPolicy"))
-    assert policies == [("finetune-system", "ft-finetune-operator-operator")]
+    assert policies == [
+        ("finetune-system", "ft-finetune-operator-operator"),
+        ("finetune-system", "ft-finetune-operator-trainer-rules"),
+    ]
     one(objects, "ServiceMonitor")
     deployment = one(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -266,17 +269,21 @@ def _trainer_network(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return parsed
 
 
-def _fence_variables(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    policy = _named(objects, "ValidatingAdmissionPolicy", "-fence-networkpolicies")
-    return {v["name"]: json.loads(v["expression"]) for v in policy["spec"]["variables"] if v["expression"][0] in "[{"}
+def _fence_rules(objects: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fence's parameter for NetworkPolicies: the trainers' rules as a policy of no pod."""
+    found = [o for o in by_kind(objects, "NetworkPolicy") if o["metadata"]["name"].endswith("-trainer-rules")]
+    return found[0]["spec"] if found else None
 
 
 def test_no_static_trainer_policy_the_operator_makes_one_per_job() -> None:
-    """The chart renders only the operator's own NetworkPolicy: each trainer's comes from the
-    operator, per job, in whatever namespace the job runs (tests/operator/test_e2e_network.py)."""
+    """The chart renders the operator's own NetworkPolicy and the fence's parameter (which selects
+    no pod), nothing for trainers: each trainer's comes from the operator, per job, in whatever
+    namespace the job runs (tests/operator/test_e2e_network.py)."""
     for values in ([], [ALL_ON_VALUES]):
-        (policy,) = by_kind(render(values), "NetworkPolicy")
-        assert policy["metadata"]["name"].endswith("-operator")
+        names = sorted(o["metadata"]["name"] for o in by_kind(render(values), "NetworkPolicy"))
+        assert names == ["ft-finetune-operator-operator", "ft-finetune-operator-trainer-rules"]
+        rules = _fence_rules(render(values))
+        assert rules is not None and rules["podSelector"] == {"matchLabels": {"finetune.dev/trainer-rules": "template"}}
 
 
 def test_trainer_rules_reach_the_operator_and_the_fence_from_one_value() -> None:
@@ -308,9 +315,16 @@ def test_trainer_rules_reach_the_operator_and_the_fence_from_one_value() -> None
         {"protocol": "TCP", "port": multinode.RDZV_PORT},
         {"protocol": "TCP", "port": 40000, "endPort": 50999},
     ]
-    fence = _fence_variables(objects)
-    assert fence["trainerEgress"] == [*rules["egress"], rules["hubEgress"]]
-    assert fence["peerPorts"] == rules["peerPorts"]
+    fence = _fence_rules(objects)
+    assert fence is not None
+    assert fence["egress"] == [*rules["egress"], rules["hubEgress"]]
+    assert [r["ports"] for r in fence["ingress"]] == [rules["peerPorts"]]
+    binding = _named(objects, "ValidatingAdmissionPolicyBinding", "-fence-networkpolicies")
+    assert binding["spec"]["paramRef"] == {
+        "name": "ft-finetune-operator-trainer-rules",
+        "namespace": "finetune-system",
+        "parameterNotFoundAction": "Allow",
+    }
     # A port given without a protocol gets TCP, as the API server would store it.
     bare = [
         "trainer.networkPolicy.extraEgress[0].ports[0].port=8080",
@@ -346,16 +360,20 @@ def test_turned_off_the_operator_makes_no_policy_and_the_fence_admits_none() -> 
     objects = render(sets=["trainer.networkPolicy.enabled=false"])
     assert _trainer_network(objects) == {}
     assert from_env(env_of(one(objects, "Deployment"))).trainer_network is None
-    assert _fence_variables(objects) == {"trainerEgress": [], "peerPorts": []}
+    # The fence's parameter holds no rule: it admits no NetworkPolicy from the operator.
+    rules = _fence_rules(objects)
+    assert rules is not None and "egress" not in rules and "ingress" not in rules
 
 
 def test_the_tests_rules_are_the_charts() -> None:
     """tests/support/harness.py's TRAINER_NETWORK (what the tests' operator and fence use) is what
-    the chart renders from its defaults for the local API server's address."""
-    from tests.support.harness import TRAINER_NETWORK
+    the chart renders from its defaults for the local API server's address, and so is the fence's
+    parameter."""
+    from tests.support.harness import TRAINER_NETWORK, trainer_rules_policy
 
     objects = render(sets=["trainer.networkPolicy.apiServerCIDRs={127.0.0.1/32}"])
     assert _trainer_network(objects) == TRAINER_NETWORK
+    assert _fence_rules(objects) == trainer_rules_policy()["spec"]
 
 
 def test_operator_pod_admits_only_its_ports_from_the_named_namespaces() -> None:
@@ -378,7 +396,7 @@ def test_operator_pod_admits_only_its_ports_from_the_named_namespaces() -> None:
     }
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert {p["port"] for p in rule["ports"]} == {p["containerPort"] for p in container["ports"]}
-    off = render(sets=["networkPolicy.enabled=false"])
+    off = render(sets=["networkPolicy.enabled=false", "rbac.operatorFencePolicy=false"])
     assert not by_kind(off, "NetworkPolicy")
 
 
@@ -477,13 +495,15 @@ def test_trainer_status_policy_is_the_files_rule_named_after_the_release() -> No
     from tests.support.harness import trainer_status_policy
 
     objects = render()
-    policy = _named(objects, "ValidatingAdmissionPolicy", "-trainer-status")
-    binding = _named(objects, "ValidatingAdmissionPolicyBinding", "-trainer-status")
-    source_policy, source_binding = trainer_status_policy()
-    assert policy["spec"] == source_policy["spec"]
-    assert policy["metadata"]["name"].endswith("-trainer-status")
-    assert binding["spec"] == {**source_binding["spec"], "policyName": policy["metadata"]["name"]}
-    assert policy["metadata"]["labels"][LABEL_MANAGED_BY] == "Helm"
+    source = trainer_status_policy()
+    for (source_policy, source_binding), suffix in zip(
+        (source[0:2], source[2:4]), ("-trainer-status", "-trainer-status-pod"), strict=True
+    ):
+        policy = _named(objects, "ValidatingAdmissionPolicy", suffix)
+        binding = _named(objects, "ValidatingAdmissionPolicyBinding", suffix)
+        assert policy["spec"] == source_policy["spec"]
+        assert binding["spec"] == {**source_binding["spec"], "policyName": policy["metadata"]["name"]}
+        assert policy["metadata"]["labels"][LABEL_MANAGED_BY] == "Helm"
     off = render(sets=["rbac.trainerStatusPolicy=false", "rbac.operatorFencePolicy=false"])
     assert not by_kind(off, "ValidatingAdmissionPolicy") and not by_kind(off, "ValidatingAdmissionPolicyBinding")
 
@@ -501,7 +521,7 @@ def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) 
     account = one(objects, "ServiceAccount")["metadata"]
     user = f"system:serviceaccount:{account['namespace']}:{account['name']}"
     trainer = chart_values["trainer"]
-    expected = operator_fence_policies(user, trainer["allowedImages"], trainer["hubEnv"], _trainer_network(objects))
+    expected = operator_fence_policies(user, trainer["allowedImages"], trainer["hubEnv"])
     fence = [
         o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy") and "-fence-" in o["metadata"]["name"]
     ]
@@ -514,7 +534,10 @@ def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) 
         if source["kind"] == "ValidatingAdmissionPolicy":
             assert rendered["spec"] == source["spec"], f"{suffix} drifted from files/operator-fence-policy.yaml"
         else:
-            assert rendered["spec"] == {**source["spec"], "policyName": rendered["metadata"]["name"]}
+            spec = {**source["spec"], "policyName": rendered["metadata"]["name"]}
+            if "paramRef" in spec:  # the release's trainer rules, in its namespace
+                spec["paramRef"] = {**spec["paramRef"], "name": "ft-finetune-operator-trainer-rules"}
+            assert rendered["spec"] == spec
     # The allow-list reaches both the policy and the operator, from the one value.
     jobs = _named(objects, "ValidatingAdmissionPolicy", "-fence-jobs")
     (images,) = [v for v in jobs["spec"]["variables"] if v["name"] == "allowedImages"]

@@ -53,8 +53,8 @@ def test_every_job_gets_its_own_policy_owned_by_it(jobs: Jobs, operator: Operato
     assert set(spec["policyTypes"]) == {"Ingress", "Egress"} and not spec.get("ingress")
     assert spec["egress"] == [*TRAINER_NETWORK["egress"], TRAINER_NETWORK["hubEgress"]]
     # The Job came after its policy: its pods never run without it.
-    job = jobs.batch.read_namespaced_job("solo", jobs.namespace)
-    assert job.metadata.creation_timestamp >= policy["metadata"]["creationTimestamp"]
+    job = jobs.api.sanitize_for_serialization(jobs.batch.read_namespaced_job("solo", jobs.namespace))
+    assert job["metadata"]["creationTimestamp"] >= policy["metadata"]["creationTimestamp"]
     jobs.delete("solo")
     wait_for(lambda: _policy(jobs, "solo") is None or None, 60, "the policy collected with its job")
 
@@ -70,7 +70,7 @@ def test_two_multinode_jobs_of_a_namespace_do_not_open_ports_to_each_other(
         assert spec["podSelector"]["matchLabels"][LABEL_JOB] == name
         # In: only the job's own pods, only on the rendezvous and collective ports.
         (ingress,) = spec["ingress"]
-        assert ingress["_from"] == own and ingress["ports"] == TRAINER_NETWORK["peerPorts"]
+        assert ingress["from"] == own and ingress["ports"] == TRAINER_NETWORK["peerPorts"]
         # Out: the chart's rules, the Hub's, and the same ports to its own pods alone.
         peers = [rule for rule in spec["egress"] if any("podSelector" in p and len(p) == 1 for p in rule["to"])]
         assert peers == [{"to": own, "ports": TRAINER_NETWORK["peerPorts"]}]
@@ -79,7 +79,7 @@ def test_two_multinode_jobs_of_a_namespace_do_not_open_ports_to_each_other(
         selected = [
             p["podSelector"]["matchLabels"].get(LABEL_JOB)
             for rule in spec["ingress"] + spec["egress"]
-            for p in rule.get("_from", rule.get("to", []))
+            for p in rule.get("from", rule.get("to", []))
             if "podSelector" in p and len(p) == 1
         ]
         assert other[name] not in selected and set(selected) == {name}

@@ -79,25 +79,27 @@ def test_kueue_workloads_are_only_read():
 
 def test_the_trainer_status_policy_names_what_the_operator_builds():
     """The admission policy (a YAML file the chart renders) and the Python builders agree."""
-    policy, binding = trainer_status_policy()
+    policy, binding, by_pod, by_pod_binding = trainer_status_policy()
     spec = policy["spec"]
-    assert spec["matchConstraints"]["resourceRules"] == [
-        {"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": [f"{PLURAL}/status"]}
-    ]
-    assert f"':{TRAINER_SERVICE_ACCOUNT}'" in spec["matchConditions"][0]["expression"]
+    for each in (policy, by_pod):
+        assert each["spec"]["matchConstraints"]["resourceRules"] == [
+            {"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": [f"{PLURAL}/status"]}
+        ]
+        assert f"':{TRAINER_SERVICE_ACCOUNT}'" in each["spec"]["matchConditions"][0]["expression"]
     assert rbac.service_account("ns")["metadata"]["name"] == TRAINER_SERVICE_ACCOUNT
-    # Its parameters are the namespace's trainer pods, found by the labels every pod template the
-    # operator makes carries; the label it checks on the token's pod is the job label the builders set.
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    # The second policy's parameters are the namespace's trainer pods, found by the labels every pod
+    # template the operator makes carries; the label it checks on the token's pod is the job label
+    # the builders set.
     pod_labels = job.job(OWNER, spec_of(), SETTINGS)["spec"]["template"]["metadata"]["labels"]
-    assert spec["paramKind"] == {"apiVersion": "v1", "kind": "Pod"}
-    param_ref = binding["spec"]["paramRef"]
+    assert by_pod["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "Pod"}
+    param_ref = by_pod_binding["spec"]["paramRef"]
     assert param_ref["selector"]["matchLabels"].items() <= pod_labels.items()
-    assert param_ref["parameterNotFoundAction"] == "Deny"
     assert pod_labels[LABEL_JOB] == OWNER.name
-    assert f"'{LABEL_JOB}'" in {v["name"]: v["expression"] for v in spec["variables"]}["paramJob"]
-    assert binding["spec"] == {
-        "policyName": policy["metadata"]["name"],
-        "paramRef": param_ref,
+    assert f"'{LABEL_JOB}'" in {v["name"]: v["expression"] for v in by_pod["spec"]["variables"]}["paramJob"]
+    assert by_pod_binding["spec"] == {
+        "policyName": by_pod["metadata"]["name"],
+        "paramRef": {**param_ref, "parameterNotFoundAction": "Allow"},
         "validationActions": ["Deny"],
     }
     # The policy reads the job from the pod's name "<job>-<5 characters>", or for a job of

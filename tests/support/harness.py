@@ -81,25 +81,39 @@ def operator_rules() -> list[dict[str, Any]]:
 
 
 def trainer_status_policy() -> list[dict[str, Any]]:
-    """The chart's ValidatingAdmissionPolicy and its binding, as the chart renders them (sans labels)."""
+    """The chart's two ValidatingAdmissionPolicies (by name, by the pod's label), each followed by its
+    binding, as the chart renders them (sans labels)."""
     objects = yaml.safe_load(TRAINER_POLICY_FILE.read_text())
-    assert isinstance(objects, list) and len(objects) == 2
+    assert isinstance(objects, list) and len(objects) == 4
     return objects
 
 
-def fence_egress(trainer_network: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """The fence's `trainerEgress`: every trainer's rules, then the Hub's (as the chart fills it)."""
-    if not trainer_network:
-        return []
+TRAINER_RULES = "finetune-trainer-rules"
+
+
+def trainer_rules_policy(trainer_network: Mapping[str, Any] = TRAINER_NETWORK) -> dict[str, Any]:
+    """The fence's parameter for NetworkPolicies, as the chart renders it in its namespace: a
+    NetworkPolicy that selects no pod, whose egress is every rule a trainer may get and whose one
+    ingress rule holds the multi-node ports."""
+    none = {"podSelector": {"matchLabels": {"finetune.dev/trainer-rules": "template"}}}
     hub = trainer_network.get("hubEgress")
-    return [*trainer_network["egress"], *([hub] if hub else [])]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": TRAINER_RULES, "namespace": SYSTEM_NAMESPACE},
+        "spec": {
+            **none,
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [none], "ports": list(trainer_network["peerPorts"])}],
+            "egress": [*trainer_network["egress"], *([hub] if hub else [])],
+        },
+    }
 
 
 def operator_fence_policies(
     user: str = OPERATOR_USER,
     allowed_images: Sequence[str] = DEFAULT_ALLOWED_IMAGES,
     hub_env: Mapping[str, str] = FENCE_HUB_ENV,
-    trainer_network: Mapping[str, Any] | None = TRAINER_NETWORK,
 ) -> list[dict[str, Any]]:
     """The chart's operator fence, as the chart renders it (sans names and labels): each policy
     of the file for this operator user, allow-list and Hub variables, with the system namespaces
@@ -110,8 +124,6 @@ def operator_fence_policies(
         "allowedImages": list(allowed_images),
         "hubEnv": dict(hub_env),
         "excludedNamespaces": [*SYSTEM_NAMESPACES, SYSTEM_NAMESPACE],
-        "trainerEgress": fence_egress(trainer_network),
-        "peerPorts": list((trainer_network or {}).get("peerPorts") or []),
     }
     objects: list[dict[str, Any]] = []
     for policy in policies:
@@ -128,6 +140,13 @@ def operator_fence_policies(
             "metadata": {"name": name},
             "spec": {"policyName": name, "validationActions": ["Deny"]},
         }
+        if "paramKind" in spec:
+            # The chart's trainer rules (trainer_rules_policy), in the operator's namespace.
+            binding["spec"]["paramRef"] = {
+                "name": TRAINER_RULES,
+                "namespace": SYSTEM_NAMESPACE,
+                "parameterNotFoundAction": "Allow",
+            }
         objects += [policy, binding]
     return objects
 
