@@ -21,8 +21,8 @@ NODE_ADDR_ENV: Final = "FINETUNE_NODE_ADDR"
 # Seconds a launcher waits for every node at the rendezvous before it exits RendezvousTimeout.
 RDZV_TIMEOUT_ENV: Final = "FINETUNE_RDZV_TIMEOUT_S"
 
-# On the pod template of a multi-node job, and no other: the chart's optional NetworkPolicy
-# (`trainer.networkPolicy.multiNode`) lets the pods that carry it reach each other.
+# On the pod template of a multi-node job, and no other: marks its pods (a job's own
+# NetworkPolicy, builders/network.py, opens their ports to the job's own pods by its job label).
 MULTINODE_LABEL: Final = "finetune.dev/multinode"
 
 # Kubernetes writes each Indexed Job pod's completion index (its node rank) here too, so

@@ -21,8 +21,8 @@ from finetune_api.contract import COMPONENT_TRAINER
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Kueue's WorkloadPriorityClass of the Job: orders its queue and decides preemption.
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
-# Set on the pod template of jobs that download from the Hugging Face Hub, and only those: the
-# chart's trainer NetworkPolicy allows HTTPS egress to pods that carry it.
+# Set on the pod template of jobs that download from the Hugging Face Hub, and only those: their
+# pods are the ones whose own NetworkPolicy (builders/network.py) allows HTTPS egress.
 HUB_EGRESS_LABEL = f"{GROUP}/hub-egress"
 
 

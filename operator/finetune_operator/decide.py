@@ -23,7 +23,7 @@ from finetune_plan.pod import memory_refusal, pod_plan
 
 from . import guardrails, workloads
 from .builders import job as job_builder
-from .builders import multinode, paths
+from .builders import multinode, network, paths
 from .builders import pvc as pvc_builder
 from .children import Owner
 from .settings import Settings
@@ -105,14 +105,18 @@ def image_refusal(spec: FineTuneJobSpec, settings: Settings) -> str | None:
 
 def desired_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> list[Body]:
     """A job's own children in creation order: the Job last, so it never exists without its claim
-    (and, for several nodes, without the headless Service its pods find each other through).
+    (and, for several nodes, without the headless Service its pods find each other through), and
+    its NetworkPolicy first, so that no trainer pod of it ever runs unfenced.
 
     The trainer's config rides in the Job's pod template and its identity is the namespace's
     (identity.py): a job whose output claim the user brings costs one create, its Job.
     """
     claim = pvc_builder.output_pvc(owner, spec)
     service = multinode.service(owner, spec) if spec.resources.multinode else None
+    rules = settings.trainer_network
+    policy = network.network_policy(owner, spec, rules) if rules is not None else None
     return [
+        *([policy] if policy is not None else []),
         *([claim] if claim is not None else []),
         *([service] if service is not None else []),
         multinode.indexed_job(owner, spec, settings),

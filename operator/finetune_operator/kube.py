@@ -73,6 +73,7 @@ class Kube:
         self.batch = client.BatchV1Api(api)
         self.rbac = client.RbacAuthorizationV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.networking = client.NetworkingV1Api(api)
         self._create: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
             "ServiceAccount": (self.core.create_namespaced_service_account, self.core.read_namespaced_service_account),
             "PersistentVolumeClaim": (
@@ -83,6 +84,10 @@ class Kube:
             "RoleBinding": (self.rbac.create_namespaced_role_binding, self.rbac.read_namespaced_role_binding),
             "Service": (self.core.create_namespaced_service, self.core.read_namespaced_service),
             "Job": (self.batch.create_namespaced_job, self.batch.read_namespaced_job),
+            "NetworkPolicy": (
+                self.networking.create_namespaced_network_policy,
+                self.networking.read_namespaced_network_policy,
+            ),
         }
 
     @staticmethod

@@ -219,12 +219,12 @@ class Reconciler:
         return actions.phase
 
     def _create_children(self, namespace: str, name: str, children: tuple[Body, ...]) -> tuple[Body, bool]:
-        """The Job, after the identity it runs as and the claim it mounts; (Job, created now)."""
+        """The Job, after the identity it runs as, its NetworkPolicy and claim; (Job, created now)."""
         self.identities.ensure(namespace)
-        *claims, job_child = children
+        *before, job_child = children
         where = f"{namespace}/{name}"
-        for claim in claims:
-            self._create_one(where, claim)
+        for child in before:
+            self._create_one(where, child)
         return self._create_one(where, job_child)
 
     def _create_identity(self, child: Body) -> None:

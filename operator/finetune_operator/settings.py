@@ -47,6 +47,9 @@ ENV_MAX_GPUS_PER_JOB = "FINETUNE_MAX_GPUS_PER_JOB"
 ENV_MAX_NODES_PER_JOB = "FINETUNE_MAX_NODES_PER_JOB"
 ENV_DEFAULT_ACTIVE_DEADLINE = "FINETUNE_DEFAULT_ACTIVE_DEADLINE_SECONDS"
 ENV_PENDING_TIMEOUT = "FINETUNE_PENDING_TIMEOUT_SECONDS"
+# The trainers' NetworkPolicy rules (trainer.networkPolicy), as the chart renders them; empty or
+# unset: the operator makes no NetworkPolicy (clusters without a NetworkPolicy controller).
+ENV_TRAINER_NETWORK = "FINETUNE_TRAINER_NETWORK"
 # Namespaces the operator never writes in, whatever the chart adds (it adds its own namespace).
 SYSTEM_NAMESPACES: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
 # Test hook only (acceptance: operator killed between two creates). Names the child kind after
@@ -62,6 +65,24 @@ _QUANTITY = re.compile(QUANTITY_PATTERN)
 
 class SettingsError(ValueError):
     """One line naming the setting and what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class TrainerNetwork:
+    """The egress every trainer gets, from the chart (`trainer.networkPolicy`), rule for rule.
+
+    The chart renders these rules once, for the operator (FINETUNE_TRAINER_NETWORK) and for the
+    fence, which admits a job's NetworkPolicy only with these rules; builders/network.py copies
+    them unchanged into each job's policy.
+    """
+
+    # NetworkPolicyEgressRule objects every trainer gets: the API server, DNS, `extraEgress`.
+    egress: tuple[dict[str, Any], ...]
+    # The HTTPS rule of jobs that download from the Hub (`hubEgress`); None when it is off.
+    hub_egress: dict[str, Any] | None
+    # NetworkPolicyPort objects a multi-node job's pods open to each other, and only to each other:
+    # the rendezvous port and the collectives' range.
+    peer_ports: tuple[dict[str, Any], ...]
 
 
 @dataclass(frozen=True)
@@ -94,6 +115,8 @@ class Settings:
     max_nodes_per_job: int | None = None
     default_active_deadline_seconds: int | None = None
     pending_timeout_seconds: int | None = None
+    # None: no per-job NetworkPolicy (the chart's trainer.networkPolicy.enabled false).
+    trainer_network: TrainerNetwork | None = None
     metrics_port: int = 8000
     health_port: int = 8080
     log_level: str = "INFO"
@@ -193,6 +216,30 @@ def _guardrails(env: Mapping[str, str]) -> dict[str, Any]:
     return {key: _limit(name, env[name]) for key, name in names.items() if env.get(name)}
 
 
+def _rules(name: str, field_name: str, value: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
+        raise SettingsError(f"{name}: {field_name} must be a JSON list of objects")
+    return tuple(value)
+
+
+def _trainer_network(name: str, raw: str) -> TrainerNetwork | None:
+    if not raw.strip():
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"{name}: not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(value, dict):
+        raise SettingsError(f"{name}: expected a JSON object with egress, hubEgress and peerPorts")
+    hub = value.get("hubEgress")
+    if hub is not None and not isinstance(hub, dict):
+        raise SettingsError(f"{name}: hubEgress must be a JSON object or null")
+    egress = _rules(name, "egress", value.get("egress"))
+    if not egress:
+        raise SettingsError(f"{name}: egress is empty (the trainers need at least the API server)")
+    return TrainerNetwork(egress=egress, hub_egress=hub, peer_ports=_rules(name, "peerPorts", value.get("peerPorts")))
+
+
 def _namespaces(raw: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in raw.split(",") if n.strip())
 
@@ -243,6 +290,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             dict.fromkeys((*SYSTEM_NAMESPACES, *_namespaces(env[ENV_EXCLUDED_NAMESPACES])))
         )
     updates.update(_guardrails(env))
+    if ENV_TRAINER_NETWORK in env:
+        updates["trainer_network"] = _trainer_network(ENV_TRAINER_NETWORK, env[ENV_TRAINER_NETWORK])
     if v := env.get(ENV_METRICS_PORT):
         updates["metrics_port"] = _port(ENV_METRICS_PORT, v)
     if v := env.get(ENV_HEALTH_PORT):

@@ -276,25 +276,30 @@ def test_tiny_job_succeeds_in_a_restricted_namespace(kubectl: Kube, release: dic
     # The chart's operator did the work (not some other operator that happens to watch too).
     log = kubectl.run("logs", "-n", release["operator_ns"], f"deployment/{_deployment_name()}").stdout
     assert f"{job_ns}/tiny" in log, log[-3000:]
-    # ...with the chart's defaults on: its pod is one the trainer NetworkPolicy selects, and its
-    # Job got through the operator fence (the status patches above went through too).
+    # ...with the chart's defaults on: its pod is the one its own NetworkPolicy (made by the
+    # operator, owned by the job) selects, and its Job and policy got through the operator fence
+    # (the status patches above went through too).
     pod_labels = pods[0]["metadata"]["labels"]
-    policy = kubectl.get("networkpolicy", f"{_deployment_name()}-trainer", "-n", job_ns)
+    policy = kubectl.get("networkpolicy", "tiny-network", "-n", job_ns)
     assert all(pod_labels.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
-    assert "finetune.dev/hub-egress" not in pod_labels, "a job without a Hub source got HTTPS egress"
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    assert all(rule["ports"] != [{"port": 443, "protocol": "TCP"}] for rule in policy["spec"]["egress"]), (
+        "a job without a Hub source got HTTPS egress"
+    )
 
 
 def test_default_policies_name_this_release_and_the_real_api_server(kubectl: Kube, release: dict[str, Any]) -> None:
-    """The trainer policy reaches the API server's addresses only, and the fence is keyed to this
+    """The trainers' rules reach the API server's addresses only, and the fence is keyed to this
     release's operator account. The local control plane publishes no EndpointSlice for
     `kubernetes` (hack/cluster runs the API server without the endpoint reconciler), so the
     install names the address (apiServerCIDRs); without it the chart would refuse to render."""
     operator_ns, job_ns = release["operator_ns"], release["job_ns"]
     selector = f"app.kubernetes.io/instance={_release_name()}"
-    names = sorted(p["metadata"]["name"] for p in kubectl.get("networkpolicy", "-n", job_ns, "-l", selector)["items"])
-    assert names == [f"{_deployment_name()}-trainer", f"{_deployment_name()}-trainer-hub"]
-    trainer = kubectl.get("networkpolicy", f"{_deployment_name()}-trainer", "-n", job_ns)
-    cidrs = {peer["ipBlock"]["cidr"] for peer in trainer["spec"]["egress"][0]["to"]}
+    # The chart places no trainer policy: the operator makes one per job, wherever the job is.
+    assert not kubectl.get("networkpolicy", "-n", job_ns, "-l", selector)["items"]
+    env = {e["name"]: e.get("value") for e in _ready_operator_pod(kubectl, operator_ns)["spec"]["containers"][0]["env"]}
+    api = json.loads(env["FINETUNE_TRAINER_NETWORK"])["egress"][0]
+    cidrs = {peer["ipBlock"]["cidr"] for peer in api["to"]}
     assert cidrs == {"127.0.0.1/32"}, cidrs
     kubectl.get("networkpolicy", f"{_deployment_name()}-operator", "-n", operator_ns)
     fence = [
@@ -302,7 +307,7 @@ def test_default_policies_name_this_release_and_the_real_api_server(kubectl: Kub
         for p in kubectl.get("validatingadmissionpolicy", "-l", selector)["items"]
         if "-fence-" in p["metadata"]["name"]
     ]
-    assert len(fence) == 7
+    assert len(fence) == 8
     for policy in fence:
         (condition,) = policy["spec"]["matchConditions"]
         assert condition["expression"] == f"request.userInfo.username == '{_service_account(operator_ns)}'"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from finetune_api.constants import DEFAULT_IMAGE, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
+from finetune_api.constants import DEFAULT_IMAGE, LABEL_MANAGED_BY
 from tests.support.helm import ALL_ON_VALUES, CHART, by_kind, env_of, helm, one, operator_rules, render, template_args
 
 DEFAULT_KINDS = {
@@ -55,12 +55,7 @@ def test_all_on_renders_every_optional_part() -> None:
     policies = sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in by_kind(objects, "NetworkPolicy"))
     assert policies == [
         ("finetune-system", "ft-finetune-operator-operator"),
-        ("team-a", "ft-finetune-operator-trainer"),
-        ("team-a", "ft-finetune-operator-trainer-hub"),
-        ("team-a", "ft-finetune-operator-trainer-multinode"),
-        ("team-b", "ft-finetune-operator-trainer"),
-        ("team-b", "ft-finetune-operator-trainer-hub"),
-        ("team-b", "ft-finetune-operator-trainer-multinode"),
+        ("finetune-system", "ft-finetune-operator-trainer-rules"),
     ]
     one(objects, "ServiceMonitor")
     deployment = one(objects, "Deployment")
@@ -267,20 +262,75 @@ def _named(objects: list[dict[str, Any]], kind: str, suffix: str, namespace: str
     return found[0]
 
 
-def test_network_policy_allows_only_the_api_server_and_dns() -> None:
-    from finetune_operator.children import labels
+def _trainer_network(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trainers' network rules as the operator reads them (FINETUNE_TRAINER_NETWORK)."""
+    raw = env_of(one(objects, "Deployment"))["FINETUNE_TRAINER_NETWORK"]
+    parsed: dict[str, Any] = json.loads(raw) if raw else {}
+    return parsed
 
-    policy = _named(render([ALL_ON_VALUES]), "NetworkPolicy", "-trainer", "team-a")["spec"]
-    selector = policy["podSelector"]["matchLabels"]
-    trainer_labels = labels("any-job")
-    assert selector == {LABEL_COMPONENT: trainer_labels[LABEL_COMPONENT], LABEL_MANAGED_BY: MANAGED_BY}
-    assert set(policy["policyTypes"]) == {"Ingress", "Egress"} and "ingress" not in policy
-    api, dns, proxy = policy["egress"]
-    assert api["to"] == [{"ipBlock": {"cidr": "10.0.0.10/32"}}]
-    assert {p["port"] for p in api["ports"]} == {443, 6443}
-    assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+
+def _fence_rules(objects: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fence's parameter for NetworkPolicies: the trainers' rules as a policy of no pod."""
+    found = [o for o in by_kind(objects, "NetworkPolicy") if o["metadata"]["name"].endswith("-trainer-rules")]
+    return found[0]["spec"] if found else None
+
+
+def test_no_static_trainer_policy_the_operator_makes_one_per_job() -> None:
+    """The chart renders the operator's own NetworkPolicy and the fence's parameter (which selects
+    no pod), nothing for trainers: each trainer's comes from the operator, per job, in whatever
+    namespace the job runs (tests/operator/test_e2e_network.py)."""
+    for values in ([], [ALL_ON_VALUES]):
+        names = sorted(o["metadata"]["name"] for o in by_kind(render(values), "NetworkPolicy"))
+        assert names == ["ft-finetune-operator-operator", "ft-finetune-operator-trainer-rules"]
+        rules = _fence_rules(render(values))
+        assert rules is not None and rules["podSelector"] == {"matchLabels": {"finetune.dev/trainer-rules": "template"}}
+
+
+def test_trainer_rules_reach_the_operator_and_the_fence_from_one_value() -> None:
+    """One render of trainer.networkPolicy feeds both the operator's builder and the fence: the
+    API server's addresses and ports, DNS, extraEgress (with the protocol the API server would
+    default, so that the fence compares stored rules), the Hub rule, the multi-node ports."""
+    from finetune_api import multinode
+
+    objects = render([ALL_ON_VALUES])
+    rules = _trainer_network(objects)
+    api, dns, proxy = rules["egress"]
+    assert api == {
+        "to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}],
+        "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}],
+    }
+    assert dns["to"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }
+    ]
     assert {(p["protocol"], p["port"]) for p in dns["ports"]} == {("UDP", 53), ("TCP", 53)}
-    assert proxy["ports"] == [{"protocol": "TCP", "port": 3128}]
+    assert proxy == {"to": [{"ipBlock": {"cidr": "10.0.0.20/32"}}], "ports": [{"protocol": "TCP", "port": 3128}]}
+    assert rules["hubEgress"] == {
+        "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8", "169.254.0.0/16"]}}],
+        "ports": [{"protocol": "TCP", "port": 443}],
+    }
+    assert rules["peerPorts"] == [
+        {"protocol": "TCP", "port": multinode.RDZV_PORT},
+        {"protocol": "TCP", "port": 40000, "endPort": 50999},
+    ]
+    fence = _fence_rules(objects)
+    assert fence is not None
+    assert fence["egress"] == [*rules["egress"], rules["hubEgress"]]
+    assert [r["ports"] for r in fence["ingress"]] == [rules["peerPorts"]]
+    binding = _named(objects, "ValidatingAdmissionPolicyBinding", "-fence-networkpolicies")
+    assert binding["spec"]["paramRef"] == {
+        "name": "ft-finetune-operator-trainer-rules",
+        "namespace": "finetune-system",
+        "parameterNotFoundAction": "Allow",
+    }
+    # A port given without a protocol gets TCP, as the API server would store it.
+    bare = [
+        "trainer.networkPolicy.extraEgress[0].ports[0].port=8080",
+        "trainer.networkPolicy.apiServerCIDRs={10.1.1.1/32}",
+    ]
+    assert _trainer_network(render(sets=bare))["egress"][2]["ports"] == [{"port": 8080, "protocol": "TCP"}]
 
 
 def test_network_policies_are_on_by_default_and_render_without_a_cluster_only_with_the_api_servers_address() -> None:
@@ -291,108 +341,39 @@ def test_network_policies_are_on_by_default_and_render_without_a_cluster_only_wi
     assert refused.returncode != 0 and "goroutine" not in refused.stderr
     assert "trainer.networkPolicy.apiServerCIDRs: the API server's addresses could not be looked up" in refused.stderr
     assert helm(*template_args(offline=False, sets=["trainer.networkPolicy.enabled=false"])).returncode == 0
-    objects = render()
-    trainer = _named(objects, "NetworkPolicy", "-trainer")["spec"]
-    api, dns = trainer["egress"]
+    rules = _trainer_network(render())
+    api, _dns = rules["egress"]
     assert api["to"] == [{"ipBlock": {"cidr": "10.96.0.1/32"}}]
     assert {p["port"] for p in api["ports"]} == {443, 6443}
-    assert dns["to"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
-    _named(objects, "NetworkPolicy", "-trainer-hub")
-    _named(objects, "NetworkPolicy", "-operator")
-
-
-def test_hub_jobs_alone_get_https_egress_and_never_to_private_ranges() -> None:
-    """Rendering stands in for enforcement here: the local cluster has no network plugin, so no
-    NetworkPolicy is enforced on it; what a plugin would enforce is what these objects say.
-
-    A trainer's egress to a pod of another namespace is denied: the trainer policy allows only
-    the API server's addresses and kube-dns, and the Hub rule (HTTPS) leaves out the private
-    ranges that pod and service addresses come from.
-    """
-    from finetune_api.spec import FineTuneJobSpec
-    from finetune_operator.builders import job as job_builder
-    from finetune_operator.children import HUB_EGRESS_LABEL, Owner
-    from finetune_operator.settings import Settings
-
-    objects = render()
-    hub = _named(objects, "NetworkPolicy", "-trainer-hub")["spec"]
-    assert hub["podSelector"]["matchLabels"][HUB_EGRESS_LABEL] == "true"
-    assert hub["policyTypes"] == ["Egress"]
-    (rule,) = hub["egress"]
-    assert rule["ports"] == [{"protocol": "TCP", "port": 443}]
-    (block,) = rule["to"]
-    assert block["ipBlock"]["cidr"] == "0.0.0.0/0"
-    assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"} <= set(block["ipBlock"]["except"])
-    trainer = _named(objects, "NetworkPolicy", "-trainer")["spec"]
-    for egress in trainer["egress"]:
+    for egress in rules["egress"]:
         for peer in egress["to"]:
             # No peer that could be another namespace's pod: addresses of the API server, or kube-dns.
-            assert "ipBlock" in peer or peer.get("podSelector") == {"matchLabels": {"k8s-app": "kube-dns"}}, peer
-
-    owner = Owner(name="j", namespace="team-a", uid="u")
-    settings = Settings()
-    pvc_source = {"pvc": {"claimName": "models", "path": "m"}}
-    base = {"dataset": {"source": {"pvc": {"claimName": "data", "path": "d.jsonl"}}, "format": "alpaca"}}
-    base["output"] = {"pvc": {"claimName": "out"}}
-    local = FineTuneJobSpec.model_validate({**base, "model": {"source": pvc_source}})
-    from_hub = FineTuneJobSpec.model_validate({**base, "model": {"source": {"hub": {"id": "org/m"}}}})
-    local_labels = job_builder.job(owner, local, settings)["spec"]["template"]["metadata"]["labels"]
-    hub_labels = job_builder.job(owner, from_hub, settings)["spec"]["template"]["metadata"]["labels"]
-    assert HUB_EGRESS_LABEL not in local_labels
-    assert hub_labels[HUB_EGRESS_LABEL] == "true"
-    for key, value in hub["podSelector"]["matchLabels"].items():
-        assert hub_labels.get(key) == value, f"the Hub policy selects {key}={value}, the pod has {hub_labels.get(key)}"
+            assert "ipBlock" in peer or peer["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}, peer
+    block = rules["hubEgress"]["to"][0]["ipBlock"]
+    assert block["cidr"] == "0.0.0.0/0"
+    assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"} <= set(block["except"])
 
 
-def test_multinode_policy_is_off_by_default() -> None:
-    assert not [o for o in render() if o["metadata"]["name"].endswith("-multinode")]
-    off_with_trainer_policy = render(
-        sets=["trainer.networkPolicy.enabled=false", "trainer.networkPolicy.multiNode.enabled=true"]
-    )
-    assert not [o for o in off_with_trainer_policy if o["metadata"]["name"].endswith("-multinode")]
+def test_turned_off_the_operator_makes_no_policy_and_the_fence_admits_none() -> None:
+    from finetune_operator.settings import from_env
+
+    objects = render(sets=["trainer.networkPolicy.enabled=false"])
+    assert _trainer_network(objects) == {}
+    assert from_env(env_of(one(objects, "Deployment"))).trainer_network is None
+    # The fence's parameter holds no rule: it admits no NetworkPolicy from the operator.
+    rules = _fence_rules(objects)
+    assert rules is not None and "egress" not in rules and "ingress" not in rules
 
 
-def test_multinode_policy_lets_a_jobs_pods_reach_each_other_on_its_ports_and_nothing_else_new() -> None:
-    from finetune_api import multinode
-    from finetune_api.spec import FineTuneJobSpec
-    from finetune_operator.builders import job as job_builder
-    from finetune_operator.builders.multinode import indexed_job, service
-    from finetune_operator.children import Owner
-    from finetune_operator.settings import Settings
+def test_the_tests_rules_are_the_charts() -> None:
+    """tests/support/harness.py's TRAINER_NETWORK (what the tests' operator and fence use) is what
+    the chart renders from its defaults for the local API server's address, and so is the fence's
+    parameter."""
+    from tests.support.harness import TRAINER_NETWORK, trainer_rules_policy
 
-    objects = render(sets=["trainer.networkPolicy.multiNode.enabled=true"])
-    policy = _named(objects, "NetworkPolicy", "-trainer-multinode")["spec"]
-    owner = Owner(name="j", namespace="team-a", uid="u")
-    base = {
-        "model": {"source": {"pvc": {"claimName": "models", "path": "m"}}},
-        "dataset": {"source": {"pvc": {"claimName": "data", "path": "d.jsonl"}}, "format": "alpaca"},
-        "output": {"pvc": {"claimName": "out"}},
-    }
-    two = FineTuneJobSpec.model_validate({**base, "resources": {"gpus": 4, "nodes": 2}})
-    one = FineTuneJobSpec.model_validate(base)
-    two_labels = indexed_job(owner, two, Settings())["spec"]["template"]["metadata"]["labels"]
-    one_labels = job_builder.job(owner, one, Settings())["spec"]["template"]["metadata"]["labels"]
-    selected = policy["podSelector"]["matchLabels"]
-    # The pods of a multi-node job, and not those of a job of one pod.
-    assert selected.items() <= two_labels.items()
-    assert not selected.items() <= one_labels.items()
-    assert selected[multinode.MULTINODE_LABEL] == "true"
-    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
-    expected_ports = [
-        {"protocol": "TCP", "port": multinode.RDZV_PORT},
-        {"protocol": "TCP", "port": multinode.COLLECTIVE_PORTS[0], "endPort": multinode.COLLECTIVE_PORTS[1]},
-    ]
-    (ingress,) = policy["ingress"]
-    (egress,) = policy["egress"]
-    # From and to those pods only, on the rendezvous and collective ports only.
-    assert ingress["from"] == egress["to"] == [{"podSelector": {"matchLabels": selected}}]
-    assert ingress["ports"] == egress["ports"] == expected_ports
-    # The Service names the rendezvous port the policy opens.
-    assert [p["port"] for p in service(owner, two)["spec"]["ports"]] == [multinode.RDZV_PORT]
-    # The other policies are what they were without it.
-    without = render()
-    for suffix in ("-trainer", "-trainer-hub", "-operator"):
-        assert _named(objects, "NetworkPolicy", suffix) == _named(without, "NetworkPolicy", suffix)
+    objects = render(sets=["trainer.networkPolicy.apiServerCIDRs={127.0.0.1/32}"])
+    assert _trainer_network(objects) == TRAINER_NETWORK
+    assert _fence_rules(objects) == trainer_rules_policy()["spec"]
 
 
 def test_operator_pod_admits_only_its_ports_from_the_named_namespaces() -> None:
@@ -415,7 +396,7 @@ def test_operator_pod_admits_only_its_ports_from_the_named_namespaces() -> None:
     }
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert {p["port"] for p in rule["ports"]} == {p["containerPort"] for p in container["ports"]}
-    off = render(sets=["networkPolicy.enabled=false", "trainer.networkPolicy.enabled=false"])
+    off = render(sets=["networkPolicy.enabled=false", "rbac.operatorFencePolicy=false"])
     assert not by_kind(off, "NetworkPolicy")
 
 
@@ -514,13 +495,15 @@ def test_trainer_status_policy_is_the_files_rule_named_after_the_release() -> No
     from tests.support.harness import trainer_status_policy
 
     objects = render()
-    policy = _named(objects, "ValidatingAdmissionPolicy", "-trainer-status")
-    binding = _named(objects, "ValidatingAdmissionPolicyBinding", "-trainer-status")
-    source_policy, source_binding = trainer_status_policy()
-    assert policy["spec"] == source_policy["spec"]
-    assert policy["metadata"]["name"].endswith("-trainer-status")
-    assert binding["spec"] == {**source_binding["spec"], "policyName": policy["metadata"]["name"]}
-    assert policy["metadata"]["labels"][LABEL_MANAGED_BY] == "Helm"
+    source = trainer_status_policy()
+    for (source_policy, source_binding), suffix in zip(
+        (source[0:2], source[2:4]), ("-trainer-status", "-trainer-status-pod"), strict=True
+    ):
+        policy = _named(objects, "ValidatingAdmissionPolicy", suffix)
+        binding = _named(objects, "ValidatingAdmissionPolicyBinding", suffix)
+        assert policy["spec"] == source_policy["spec"]
+        assert binding["spec"] == {**source_binding["spec"], "policyName": policy["metadata"]["name"]}
+        assert policy["metadata"]["labels"][LABEL_MANAGED_BY] == "Helm"
     off = render(sets=["rbac.trainerStatusPolicy=false", "rbac.operatorFencePolicy=false"])
     assert not by_kind(off, "ValidatingAdmissionPolicy") and not by_kind(off, "ValidatingAdmissionPolicyBinding")
 
@@ -551,7 +534,10 @@ def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) 
         if source["kind"] == "ValidatingAdmissionPolicy":
             assert rendered["spec"] == source["spec"], f"{suffix} drifted from files/operator-fence-policy.yaml"
         else:
-            assert rendered["spec"] == {**source["spec"], "policyName": rendered["metadata"]["name"]}
+            spec = {**source["spec"], "policyName": rendered["metadata"]["name"]}
+            if "paramRef" in spec:  # the release's trainer rules, in its namespace
+                spec["paramRef"] = {**spec["paramRef"], "name": "ft-finetune-operator-trainer-rules"}
+            assert rendered["spec"] == spec
     # The allow-list reaches both the policy and the operator, from the one value.
     jobs = _named(objects, "ValidatingAdmissionPolicy", "-fence-jobs")
     (images,) = [v for v in jobs["spec"]["variables"] if v["name"] == "allowedImages"]

@@ -9,6 +9,7 @@ Chart rendering needs the helm binary only; no cluster.
 """
 
 import copy
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,9 @@ from finetune_api.spec import FineTuneJobSpec
 from finetune_operator.builders import rbac
 from finetune_operator.children import Owner
 from finetune_operator.decide import desired_children
-from finetune_operator.settings import Settings
+from finetune_operator.settings import ENV_TRAINER_NETWORK, Settings, from_env
 from hack.cluster.binaries import K8S_VERSION
+from tests.support.harness import TRAINER_NETWORK
 from tests.support.helm import ALL_ON_VALUES, CHART, REPO, render
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -60,14 +62,17 @@ def problems(obj: dict[str, Any], version: str) -> str | None:
 
 
 def builder_children() -> list[dict[str, Any]]:
-    """What the operator creates for each example job: the namespace's trainer identity, the
-    output claim when the job asks for one, and the Job."""
+    """What the operator creates for each example job: the namespace's trainer identity, its
+    NetworkPolicy (with the tests' network rules), the output claim when the job asks for one,
+    and the Job."""
+    network = from_env({ENV_TRAINER_NETWORK: json.dumps(TRAINER_NETWORK)}).trainer_network
+    settings = Settings(trainer_network=network)
     objects: list[dict[str, Any]] = []
     for path in EXAMPLES:
         manifest = yaml.safe_load(path.read_text())
         spec = FineTuneJobSpec.model_validate(manifest["spec"])
         owner = Owner(name=manifest["metadata"]["name"], namespace="team-a", uid="0000-uid")
-        objects += rbac.identity(owner.namespace) + desired_children(owner, spec, Settings())
+        objects += rbac.identity(owner.namespace) + desired_children(owner, spec, settings)
     return objects
 
 
@@ -81,7 +86,7 @@ def test_the_supported_versions_have_schemas_in_the_package() -> None:
 def test_there_are_example_jobs_and_their_children() -> None:
     kinds = {o["kind"] for o in builder_children()}
     assert len(EXAMPLES) >= 2
-    assert {"Job", "ServiceAccount", "Role", "RoleBinding"} <= kinds
+    assert {"Job", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy"} <= kinds
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -7,9 +7,9 @@ from typing import Any
 
 import yaml
 
-from finetune_api.constants import GROUP, MAX_NAME_LENGTH, PLURAL, TRAINER_SERVICE_ACCOUNT
+from finetune_api.constants import GROUP, LABEL_JOB, MAX_NAME_LENGTH, PLURAL, TRAINER_SERVICE_ACCOUNT
 from finetune_api.images import DEFAULT_ALLOWED_IMAGES
-from finetune_operator.builders import rbac
+from finetune_operator.builders import job, rbac
 from tests.support.harness import (
     FENCE_POLICY_FILE,
     OPERATOR_USER,
@@ -17,6 +17,8 @@ from tests.support.harness import (
     operator_rules,
     trainer_status_policy,
 )
+from tests.support.specs import OWNER, SETTINGS
+from tests.support.specs import spec as spec_of
 
 WRITES = {"create", "patch", "update", "delete", "deletecollection"}
 
@@ -57,6 +59,7 @@ def test_children_it_creates_are_creatable():
         ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io", "rolebindings"),
         ("batch", "jobs"),
+        ("networking.k8s.io", "networkpolicies"),
         ("", "events"),
     ]:
         assert allowed(group, resource, "create"), resource
@@ -76,14 +79,29 @@ def test_kueue_workloads_are_only_read():
 
 def test_the_trainer_status_policy_names_what_the_operator_builds():
     """The admission policy (a YAML file the chart renders) and the Python builders agree."""
-    policy, binding = trainer_status_policy()
+    policy, binding, by_pod, by_pod_binding = trainer_status_policy()
     spec = policy["spec"]
-    assert spec["matchConstraints"]["resourceRules"] == [
-        {"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": [f"{PLURAL}/status"]}
-    ]
-    assert f"':{TRAINER_SERVICE_ACCOUNT}'" in spec["matchConditions"][0]["expression"]
+    for each in (policy, by_pod):
+        assert each["spec"]["matchConstraints"]["resourceRules"] == [
+            {"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": [f"{PLURAL}/status"]}
+        ]
+        assert f"':{TRAINER_SERVICE_ACCOUNT}'" in each["spec"]["matchConditions"][0]["expression"]
     assert rbac.service_account("ns")["metadata"]["name"] == TRAINER_SERVICE_ACCOUNT
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    # The second policy's parameters are the namespace's trainer pods, found by the labels every pod
+    # template the operator makes carries; the label it checks on the token's pod is the job label
+    # the builders set.
+    pod_labels = job.job(OWNER, spec_of(), SETTINGS)["spec"]["template"]["metadata"]["labels"]
+    assert by_pod["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "Pod"}
+    param_ref = by_pod_binding["spec"]["paramRef"]
+    assert param_ref["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pod_labels[LABEL_JOB] == OWNER.name
+    assert f"'{LABEL_JOB}'" in {v["name"]: v["expression"] for v in by_pod["spec"]["variables"]}["paramJob"]
+    assert by_pod_binding["spec"] == {
+        "policyName": by_pod["metadata"]["name"],
+        "paramRef": {**param_ref, "parameterNotFoundAction": "Allow"},
+        "validationActions": ["Deny"],
+    }
     # The policy reads the job from the pod's name "<job>-<5 characters>", or for a job of
     # several nodes "<job>-<index>-<5 characters>" (index < 64): the API server truncates a
     # generateName prefix past 58 characters, which neither form reaches.

@@ -17,6 +17,8 @@ is stored. The session's operator tests run the real operator inside this same f
 """
 
 import copy
+import dataclasses
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,15 +31,17 @@ from finetune_api.constants import API_VERSION, KIND, TRAINER_SERVICE_ACCOUNT
 from finetune_api.spec import FineTuneJobSpec
 from finetune_operator.builders import job as job_builder
 from finetune_operator.builders import multinode as multinode_builder
+from finetune_operator.builders import network as network_builder
 from finetune_operator.builders import pvc as pvc_builder
 from finetune_operator.builders import rbac as rbac_builder
 from finetune_operator.children import Owner
-from finetune_operator.settings import Settings
+from finetune_operator.settings import ENV_TRAINER_NETWORK, Settings, from_env
 from tests.fixtures.cluster import Cluster, token_client
 from tests.support.harness import (
     FENCE_HUB_ENV,
     OPERATOR_SA,
     SYSTEM_NAMESPACE,
+    TRAINER_NETWORK,
     Jobs,
     OperatorProcess,
     operator_fence_policies,
@@ -68,6 +72,7 @@ class Fenced:
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
         self.rbac = client.RbacAuthorizationV1Api(api)
+        self.networking = client.NetworkingV1Api(api)
 
     def refusal(self, create: Callable[..., Any], body: dict[str, Any]) -> str | None:
         """None when admitted (dry run); else the API server's message."""
@@ -522,6 +527,93 @@ def test_services_must_be_owned_and_internal(fenced: Fenced) -> None:
     exposed = copy.deepcopy(service)
     exposed["spec"]["type"] = "NodePort"
     _assert_rule(fenced.refusal(fenced.core.create_namespaced_service, exposed), "service-internal")
+
+
+# --- NetworkPolicies: a job's own, no broader -------------------------------------------------
+
+NETWORK_SETTINGS = dataclasses.replace(
+    FENCE_SETTINGS, trainer_network=from_env({ENV_TRAINER_NETWORK: json.dumps(TRAINER_NETWORK)}).trainer_network
+)
+
+
+def _network_policy(owner: Owner, kind: str) -> dict[str, Any]:
+    rules = NETWORK_SETTINGS.trainer_network
+    assert rules is not None
+    return network_builder.network_policy(owner, FineTuneJobSpec.model_validate(REAL_JOBS[kind]), rules)
+
+
+@pytest.mark.parametrize("kind", REAL_JOBS)
+def test_the_operators_real_network_policies_are_admitted(fenced: Fenced, kind: str) -> None:
+    """The policy the operator makes for each of its real Jobs (Hub rule, multi-node peers) passes."""
+    policy = _network_policy(fenced.owner, kind)
+    assert fenced.refusal(fenced.networking.create_namespaced_network_policy, policy) is None
+
+
+def _egress(policy: dict[str, Any]) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = policy["spec"]["egress"]
+    return rules
+
+
+def _ingress(policy: dict[str, Any]) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = policy["spec"]["ingress"]
+    return rules
+
+
+ANYWHERE = {"ipBlock": {"cidr": "0.0.0.0/0"}}
+OTHER_JOB = {"podSelector": {"matchLabels": {"finetune.dev/job": "other"}}}
+# (what the variant changes, the change to the multi-node job's policy, the rule that refuses it)
+NETWORK_VARIANTS: list[tuple[str, Callable[[dict[str, Any]], object], str]] = [
+    ("selects-all-pods", lambda p: p["spec"].update(podSelector={}), "networkpolicy-pods"),
+    (
+        "selects-another-job",
+        lambda p: p["spec"]["podSelector"]["matchLabels"].update({"finetune.dev/job": "other"}),
+        "networkpolicy-pods",
+    ),
+    ("egress-anywhere-any-port", lambda p: _egress(p).append({"to": [ANYWHERE]}), "networkpolicy-egress"),
+    ("egress-everything", lambda p: _egress(p).append({}), "networkpolicy-egress"),
+    (
+        "egress-anywhere-on-443",
+        lambda p: _egress(p).append({"to": [ANYWHERE], "ports": [{"protocol": "TCP", "port": 443}]}),
+        "networkpolicy-egress",
+    ),
+    (
+        "egress-to-another-job",
+        lambda p: _egress(p)[-1].update(to=[OTHER_JOB]),
+        "networkpolicy-egress",
+    ),
+    (
+        "egress-to-another-namespace",
+        lambda p: _egress(p)[-1]["to"][0].update(namespaceSelector={}),
+        "networkpolicy-egress",
+    ),
+    (
+        "egress-on-all-ports",
+        lambda p: _egress(p)[-1].pop("ports"),
+        "networkpolicy-egress",
+    ),
+    ("ingress-from-everywhere", lambda p: _ingress(p).append({}), "networkpolicy-ingress"),
+    ("ingress-from-another-job", lambda p: _ingress(p)[0].update({"from": [OTHER_JOB]}), "networkpolicy-ingress"),
+    (
+        "ingress-on-another-port",
+        lambda p: _ingress(p)[0].update(ports=[{"protocol": "TCP", "port": 22}]),
+        "networkpolicy-ingress",
+    ),
+    ("unowned", lambda p: p["metadata"].pop("ownerReferences"), "networkpolicy-owner"),
+    ("another-name", lambda p: p["metadata"].update(name="wide-open"), "networkpolicy-owner"),
+]
+
+
+@pytest.mark.parametrize(("variant", "change", "rule"), NETWORK_VARIANTS, ids=[v[0] for v in NETWORK_VARIANTS])
+def test_a_broader_network_policy_is_refused_naming_its_rule(
+    fenced: Fenced, variant: str, change: Callable[[dict[str, Any]], object], rule: str
+) -> None:
+    """With the operator's token: a policy that selects all pods, opens egress to 0.0.0.0/0, lets
+    another job's pods in or names them as peers is refused. (The local cluster runs no network
+    plugin, so nothing here is enforced on traffic: these are the objects, and their admission.)"""
+    policy = _network_policy(fenced.owner, "multi-node")
+    assert fenced.refusal(fenced.networking.create_namespaced_network_policy, policy) is None
+    change(policy)
+    _assert_rule(fenced.refusal(fenced.networking.create_namespaced_network_policy, policy), rule)
 
 
 def test_any_other_write_is_refused_naming_the_rule(fenced: Fenced) -> None:

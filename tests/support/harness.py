@@ -37,6 +37,39 @@ OPERATOR_USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{OPERATOR_SA}"
 OPERATOR_ROLE = "finetune-operator-tests"
 # The tests' `trainer.hubEnv`: the fence they install admits HF_ENDPOINT at this value only.
 FENCE_HUB_ENV = {"HF_ENDPOINT": "https://hub.fence.example"}
+# The tests' `trainer.networkPolicy`, as the chart's helper finetune-operator.trainerNetwork
+# renders the defaults with apiServerCIDRs [127.0.0.1/32] (tests/chart/test_render.py holds the
+# two equal): the operator the tests run copies these rules into each job's NetworkPolicy, and
+# the fence they install admits those rules only.
+TRAINER_NETWORK: dict[str, Any] = {
+    "egress": [
+        {
+            "to": [{"ipBlock": {"cidr": "127.0.0.1/32"}}],
+            "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}],
+        },
+        {
+            "to": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                }
+            ],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        },
+    ],
+    "hubEgress": {
+        "to": [
+            {
+                "ipBlock": {
+                    "cidr": "0.0.0.0/0",
+                    "except": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"],
+                }
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": 443}],
+    },
+    "peerPorts": [{"protocol": "TCP", "port": 29400}, {"protocol": "TCP", "port": 32768, "endPort": 60999}],
+}
 
 T = TypeVar("T")
 
@@ -48,10 +81,33 @@ def operator_rules() -> list[dict[str, Any]]:
 
 
 def trainer_status_policy() -> list[dict[str, Any]]:
-    """The chart's ValidatingAdmissionPolicy and its binding, as the chart renders them (sans labels)."""
+    """The chart's two ValidatingAdmissionPolicies (by name, by the pod's label), each followed by its
+    binding, as the chart renders them (sans labels)."""
     objects = yaml.safe_load(TRAINER_POLICY_FILE.read_text())
-    assert isinstance(objects, list) and len(objects) == 2
+    assert isinstance(objects, list) and len(objects) == 4
     return objects
+
+
+TRAINER_RULES = "finetune-trainer-rules"
+
+
+def trainer_rules_policy(trainer_network: Mapping[str, Any] = TRAINER_NETWORK) -> dict[str, Any]:
+    """The fence's parameter for NetworkPolicies, as the chart renders it in its namespace: a
+    NetworkPolicy that selects no pod, whose egress is every rule a trainer may get and whose one
+    ingress rule holds the multi-node ports."""
+    none = {"podSelector": {"matchLabels": {"finetune.dev/trainer-rules": "template"}}}
+    hub = trainer_network.get("hubEgress")
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": TRAINER_RULES, "namespace": SYSTEM_NAMESPACE},
+        "spec": {
+            **none,
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [none], "ports": list(trainer_network["peerPorts"])}],
+            "egress": [*trainer_network["egress"], *([hub] if hub else [])],
+        },
+    }
 
 
 def operator_fence_policies(
@@ -75,7 +131,8 @@ def operator_fence_policies(
         spec["matchConditions"] = [{"name": "operator-only", "expression": f"request.userInfo.username == '{user}'"}]
         for variable in spec.get("variables") or []:
             if variable["name"] in values:
-                variable["expression"] = json.dumps(values[variable["name"]], separators=(",", ":"))
+                # Sorted keys, as Helm's toJson writes them.
+                variable["expression"] = json.dumps(values[variable["name"]], separators=(",", ":"), sort_keys=True)
         name = policy["metadata"]["name"]
         binding = {
             "apiVersion": "admissionregistration.k8s.io/v1",
@@ -83,6 +140,13 @@ def operator_fence_policies(
             "metadata": {"name": name},
             "spec": {"policyName": name, "validationActions": ["Deny"]},
         }
+        if "paramKind" in spec:
+            # The chart's trainer rules (trainer_rules_policy), in the operator's namespace.
+            binding["spec"]["paramRef"] = {
+                "name": TRAINER_RULES,
+                "namespace": SYSTEM_NAMESPACE,
+                "parameterNotFoundAction": "Allow",
+            }
         objects += [policy, binding]
     return objects
 
@@ -220,6 +284,7 @@ class OperatorProcess:
             "KUBECONFIG": str(self.kubeconfig),
             "FINETUNE_RESYNC_SECONDS": "5",
             "FINETUNE_LOG_LEVEL": "DEBUG",
+            "FINETUNE_TRAINER_NETWORK": json.dumps(TRAINER_NETWORK),
             **self.extra_env,
         }
         for key in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):

@@ -8,7 +8,13 @@ from kubernetes.client.exceptions import ApiException
 
 from finetune_api import crd as crd_model
 from finetune_api.constants import CRD_NAME
-from tests.support.harness import operator_fence_policies, trainer_status_policy, wait_for
+from tests.support.harness import (
+    SYSTEM_NAMESPACE,
+    operator_fence_policies,
+    trainer_rules_policy,
+    trainer_status_policy,
+    wait_for,
+)
 
 
 def admission_policies_install(kube: client.ApiClient, objects: list[dict[str, Any]]) -> None:
@@ -45,7 +51,21 @@ def trainer_status_policy_install(kube: client.ApiClient) -> None:
 
 def operator_fence_install(kube: client.ApiClient) -> None:
     """The chart's fence around the operator's own token, for the tests' operator account: every
-    test that runs the operator runs it inside the fence, as the chart installs it."""
+    test that runs the operator runs it inside the fence, as the chart installs it, with the
+    trainers' network rules the fence reads NetworkPolicies against."""
+    core, networking = client.CoreV1Api(kube), client.NetworkingV1Api(kube)
+    try:
+        core.create_namespace({"metadata": {"name": SYSTEM_NAMESPACE}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    rules = trainer_rules_policy()
+    try:
+        networking.create_namespaced_network_policy(SYSTEM_NAMESPACE, rules)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        networking.replace_namespaced_network_policy(rules["metadata"]["name"], SYSTEM_NAMESPACE, rules)
     admission_policies_install(kube, operator_fence_policies())
 
 

@@ -80,3 +80,70 @@ app.kubernetes.io/part-of: finetune-operator
 {{- end }}
 {{- toYaml $rules }}
 {{- end }}
+
+{{/* The trainers' network rules (trainer.networkPolicy), rendered once as JSON: the operator
+     copies them into each job's NetworkPolicy (FINETUNE_TRAINER_NETWORK), and the fence admits
+     a job's policy only with these rules (finetune-fence-networkpolicies). Empty when off.
+     {"egress": [API server, DNS, extraEgress...], "hubEgress": rule or null, "peerPorts": [...]} */}}
+{{- define "finetune-operator.trainerNetwork" -}}
+{{- $np := .Values.trainer.networkPolicy }}
+{{- if $np.enabled }}
+{{- /* The API server's real addresses: policies see traffic after the Service's translation. */}}
+{{- $cidrs := $np.apiServerCIDRs }}
+{{- if not $cidrs }}
+{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" }}
+{{- range ($slice.endpoints | default list) }}
+{{- range .addresses }}
+{{- $cidrs = append $cidrs (ternary (printf "%s/128" .) (printf "%s/32" .) (contains ":" .)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- /* Not known (helm template, GitOps, or no right to read the EndpointSlice): refuse, since
+     the API server's ports on any address would reopen 443 to the private ranges that the Hub
+     rule leaves out. */}}
+{{- if not $cidrs }}
+{{- fail "trainer.networkPolicy.apiServerCIDRs: the API server's addresses could not be looked up (helm template, GitOps, or no right to read EndpointSlices); list them (kubectl get endpointslice -n default kubernetes)" }}
+{{- end }}
+{{- $apiTo := list }}
+{{- range $cidrs }}
+{{- $apiTo = append $apiTo (dict "ipBlock" (dict "cidr" .)) }}
+{{- end }}
+{{- $apiPorts := list }}
+{{- range $np.apiServerPorts }}
+{{- $apiPorts = append $apiPorts (dict "protocol" "TCP" "port" (int .)) }}
+{{- end }}
+{{- $dns := dict
+  "to" (list (dict
+    "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" "kube-system"))
+    "podSelector" (dict "matchLabels" (dict "k8s-app" "kube-dns"))))
+  "ports" (list (dict "protocol" "UDP" "port" 53) (dict "protocol" "TCP" "port" 53)) }}
+{{- $egress := list (dict "to" $apiTo "ports" $apiPorts) $dns }}
+{{- /* The fence compares rules as the API server stores them, so each port gets the protocol
+     the API server would default (TCP). */}}
+{{- range $rule := $np.extraEgress | default list }}
+{{- $rule = deepCopy $rule }}
+{{- if $rule.ports }}
+{{- $ports := list }}
+{{- range $port := $rule.ports }}
+{{- $ports = append $ports (merge (deepCopy $port) (dict "protocol" "TCP")) }}
+{{- end }}
+{{- $_ := set $rule "ports" $ports }}
+{{- end }}
+{{- $egress = append $egress $rule }}
+{{- end }}
+{{- $hub := dict }}
+{{- if $np.hubEgress.enabled }}
+{{- $block := dict "cidr" "0.0.0.0/0" }}
+{{- with $np.hubEgress.exceptCIDRs }}
+{{- $_ := set $block "except" . }}
+{{- end }}
+{{- $hub = dict "to" (list (dict "ipBlock" $block)) "ports" (list (dict "protocol" "TCP" "port" 443)) }}
+{{- end }}
+{{- $mn := $np.multiNode }}
+{{- /* 29400: the rendezvous port (finetune_api.multinode.RDZV_PORT, where the trainer listens). */}}
+{{- $peerPorts := list
+  (dict "protocol" "TCP" "port" 29400)
+  (dict "protocol" "TCP" "port" (int $mn.collectivePorts.port) "endPort" (int $mn.collectivePorts.endPort)) }}
+{{- dict "egress" $egress "hubEgress" (ternary $hub nil (gt (len $hub) 0)) "peerPorts" $peerPorts | toJson }}
+{{- end }}
+{{- end }}

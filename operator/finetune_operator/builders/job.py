@@ -222,7 +222,7 @@ def placement(spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
 def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
     pod_labels = labels(owner.name)
     if uses_hub(spec):
-        # The chart's NetworkPolicy opens HTTPS egress to pods with this label only.
+        # Marks the pods whose own NetworkPolicy opens HTTPS egress (builders/network.py).
         pod_labels[HUB_EGRESS_LABEL] = "true"
     job_meta = metadata(owner, job_name(owner.name))
     queue = spec.placement.queue_name
