@@ -215,11 +215,18 @@ def ensure_component(layout: Layout, component: Component) -> Path:
     """An optional component, built where missing (binaries and extras); its cache folder."""
     cache = binary_cache_root()
     folder = cache / component.folder
-    with _cache_lock(cache):
+
+    def incomplete() -> bool:
         missing = tuple(name for name in component.binaries if not (folder / name).is_file())
-        if missing or _missing_extras(component, cache):
-            # Extras come from the same build: a folder without them is built again whole.
-            build(component, component.binaries, cache)
+        return bool(missing or _missing_extras(component, cache))
+
+    # Builds land by rename, so a complete folder seen without the lock is complete: a checkout
+    # that needs nothing built does not wait behind another's long build of something else.
+    if incomplete():
+        with _cache_lock(cache):
+            if incomplete():
+                # Extras come from the same build: a folder without them is built again whole.
+                build(component, component.binaries, cache)
     _link(layout, {name: folder / name for name in component.binaries})
     return folder
 
@@ -228,6 +235,10 @@ def ensure(layout: Layout) -> dict[str, Path]:
     """Every binary, built where missing, and linked into the checkout's `.cache/cluster/bin/`."""
     cache = binary_cache_root()
     found: dict[str, Path] = {}
+    if all(resolve(name, cache) for component in COMPONENTS for name in component.binaries):
+        found = {name: path for c in COMPONENTS for name in c.binaries if (path := resolve(name, cache))}
+        _link(layout, found)
+        return found
     with _cache_lock(cache):
         for component in COMPONENTS:
             missing = tuple(name for name in component.binaries if resolve(name, cache) is None)
