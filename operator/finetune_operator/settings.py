@@ -47,6 +47,9 @@ ENV_MAX_GPUS_PER_JOB = "FINETUNE_MAX_GPUS_PER_JOB"
 ENV_MAX_NODES_PER_JOB = "FINETUNE_MAX_NODES_PER_JOB"
 ENV_DEFAULT_ACTIVE_DEADLINE = "FINETUNE_DEFAULT_ACTIVE_DEADLINE_SECONDS"
 ENV_PENDING_TIMEOUT = "FINETUNE_PENDING_TIMEOUT_SECONDS"
+ENV_PREFLIGHT = "FINETUNE_PREFLIGHT"
+ENV_PREFLIGHT_CPU = "FINETUNE_PREFLIGHT_CPU"
+ENV_PREFLIGHT_MEMORY = "FINETUNE_PREFLIGHT_MEMORY"
 # Namespaces the operator never writes in, whatever the chart adds (it adds its own namespace).
 SYSTEM_NAMESPACES: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
 # Test hook only (acceptance: operator killed between two creates). Names the child kind after
@@ -94,6 +97,12 @@ class Settings:
     max_nodes_per_job: int | None = None
     default_active_deadline_seconds: int | None = None
     pending_timeout_seconds: int | None = None
+    # The pre-flight Job (builders/preflight.py): its CPU pod checks a job's claims before the GPU
+    # Job exists. Its memory holds the tokenizer and the dataset's records while they are checked.
+    preflight: bool = True
+    preflight_cpu: str = "1"
+    preflight_memory: str = "2Gi"
+    preflight_deadline_seconds: int = 600
     metrics_port: int = 8000
     health_port: int = 8080
     log_level: str = "INFO"
@@ -243,6 +252,12 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             dict.fromkeys((*SYSTEM_NAMESPACES, *_namespaces(env[ENV_EXCLUDED_NAMESPACES])))
         )
     updates.update(_guardrails(env))
+    if v := env.get(ENV_PREFLIGHT):
+        updates["preflight"] = _choice(ENV_PREFLIGHT, v.lower(), ("true", "false")) == "true"
+    if v := env.get(ENV_PREFLIGHT_CPU):
+        updates["preflight_cpu"] = _quantity(ENV_PREFLIGHT_CPU, v) or s.preflight_cpu
+    if v := env.get(ENV_PREFLIGHT_MEMORY):
+        updates["preflight_memory"] = _quantity(ENV_PREFLIGHT_MEMORY, v) or s.preflight_memory
     if v := env.get(ENV_METRICS_PORT):
         updates["metrics_port"] = _port(ENV_METRICS_PORT, v)
     if v := env.get(ENV_HEALTH_PORT):

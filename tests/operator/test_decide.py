@@ -26,7 +26,15 @@ def batch_job(owner_uid: str = OWNER.uid, **spec: Any) -> dict[str, Any]:
     return {"metadata": meta, "spec": {"suspend": False, **spec}, "status": {}}
 
 
+def checked_inputs(owner_uid: str = OWNER.uid) -> dict[str, Any]:
+    """A pre-flight Job that found the inputs good (test_decide_preflight.py has the rest)."""
+    meta = {"name": f"{OWNER.name}-preflight", "namespace": OWNER.namespace, "uid": "preflight-uid"}
+    meta["ownerReferences"] = [{"kind": "FineTuneJob", "name": OWNER.name, "uid": owner_uid, "controller": True}]
+    return {"metadata": meta, "spec": {}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+
+
 def seen(job_body: dict[str, Any] | None, **kwargs: Any) -> Observed:
+    kwargs.setdefault("preflight", checked_inputs())
     return Observed(namespace=OWNER.namespace, name=OWNER.name, settings=SETTINGS, now=NOW, body=job_body, **kwargs)
 
 
@@ -119,7 +127,7 @@ def test_a_job_in_a_namespace_the_operator_never_writes_in_fails_and_creates_not
     # The chart adds its own namespace and more; a team namespace is untouched.
     extra = Settings(excluded_namespaces=(*SETTINGS.excluded_namespaces, "finetune-system"))
     team = Observed(namespace=OWNER.namespace, name=OWNER.name, settings=extra, now=NOW, body=finetunejob())
-    assert decide(team).create
+    assert decide(team).preflight is not None  # the first child: the input check
 
 
 def test_a_terminal_job_whose_job_is_gone_keeps_its_verdict_and_gets_no_new_job() -> None:
