@@ -1,61 +1,72 @@
 """`--check-inputs`: the pre-flight Job's run, on the CPU, before the operator creates the GPU Job.
 
-The same checks, in the same code, as the trainer's own first pass (recipe.Recipe._check_and_decide)
-up to the point where hardware matters: the model folder and its config, the model's family, the
-tokenizer, and the dataset through the check `ftjob check-data` runs. A bad path or a bad record
-then costs a CPU pod of seconds, not a GPU pod after scheduling and an image pull. What is on
-the Hub is not checked: the pre-flight pod has no network (and no token).
+What the trainer's first pass would find wrong before any weight loads, found without torch: the
+model folder on its claim, its config.json readable and of a family the trainer trains (with the
+LoRA targets it names), and the dataset on its claim through the check `ftjob check-data` runs
+without a tokenizer (every record's format, line by line). A bad path or a bad record then costs
+a CPU pod of about a second of work, not a GPU pod after scheduling and an image pull.
+
+Left to the GPU pod, which loads them anyway: the tokenizer and the token counts (importing
+torch and transformers would cost the check several seconds on every job), and whatever is on
+the Hub (the pre-flight pod has no network and no token).
 """
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
+from finetune_plan.families import ModelConfigError, check_model
 
 from .failures import TrainerFailure
 
 log = logging.getLogger(__name__)
+WHERE_MODEL = "spec.model.source.pvc"
 
 
-def _model_folder(config: TrainerConfig) -> None:
+def _model(config: TrainerConfig) -> dict[str, Any]:
     folder = Path(config.paths.model)
     if not folder.exists():
-        raise TrainerFailure(ExitReason.InvalidConfig, f"spec.model.source.pvc: {folder}: no such folder")
+        raise TrainerFailure(ExitReason.InvalidConfig, f"{WHERE_MODEL}: {folder}: no such folder")
     if not folder.is_dir():
-        raise TrainerFailure(ExitReason.InvalidConfig, f"spec.model.source.pvc: {folder}: a file, not a model folder")
-
-
-def _paths(config: TrainerConfig) -> None:
-    """The paths alone, first: a wrong one is said in a second, before torch is imported."""
-    if config.spec.model.source.pvc is not None:
-        _model_folder(config)
-    dataset = Path(config.paths.dataset)
-    if config.spec.dataset.source.pvc is not None and not dataset.exists():
-        # The words read_records uses, which the GPU pod would have said.
-        raise TrainerFailure(ExitReason.InvalidData, f"spec.dataset: {dataset}: no such file or folder")
+        raise TrainerFailure(ExitReason.InvalidConfig, f"{WHERE_MODEL}: {folder}: a file, not a model folder")
+    path = folder / "config.json"
+    if not path.is_file():
+        # The words model_loading uses, which the GPU pod would have said.
+        raise TrainerFailure(
+            ExitReason.InvalidConfig, f"{WHERE_MODEL}: {folder} is not a model folder (no config.json there)"
+        )
+    try:
+        model_config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TrainerFailure(
+            ExitReason.InvalidConfig, f"{WHERE_MODEL}: {path}: cannot read the model config: {exc}"
+        ) from None
+    if not isinstance(model_config, dict):
+        raise TrainerFailure(ExitReason.InvalidConfig, f"{WHERE_MODEL}: {path}: not a JSON object")
+    return model_config
 
 
 def check_inputs(config: TrainerConfig) -> dict[str, Any]:
     """What was checked, for the log; TrainerFailure (InvalidConfig, InvalidData) at the first problem."""
     spec = config.spec
-    _paths(config)
+    model_config = _model(config) if spec.model.source.pvc is not None else None
+    dataset = Path(config.paths.dataset)
+    if spec.dataset.source.pvc is not None and not dataset.exists():
+        # Before the model's family: a wrong path is the likelier mistake, and the one to name.
+        raise TrainerFailure(ExitReason.InvalidData, f"spec.dataset: {dataset}: no such file or folder")
     checked: dict[str, Any] = {}
-    model_config: Any = None
-    tokenizer: Any = None
-    if spec.model.source.pvc is not None:
-        from . import families
-        from .model_loading import load_model_config, load_tokenizer
-
-        model_config = load_model_config(config)  # no config.json there, or unreadable: InvalidConfig
-        checked["family"] = families.check(model_config, spec).label
-        tokenizer = load_tokenizer(config)
-        checked["model"] = config.paths.model
+    if model_config is not None:
+        try:
+            family, targets = check_model(model_config, spec.lora.target_modules)
+        except ModelConfigError as exc:
+            raise TrainerFailure(ExitReason.InvalidConfig, str(exc)) from None
+        checked.update(model=config.paths.model, family=family.label, targets=list(targets))
     if spec.dataset.source.pvc is not None:
         from .data.loading import check_dataset
 
-        # Without the tokenizer (a Hub model) the records are still checked, as `check-data` does.
-        report = check_dataset(config, tokenizer, model_config)
-        checked.update(dataset=config.paths.dataset, samples=len(report.samples), tokens=report.tokens)
+        report = check_dataset(config, tokenizer=None, model_config=None)
+        checked.update(dataset=config.paths.dataset, records=report.total, samples=len(report.samples))
     return checked
