@@ -678,9 +678,11 @@ def test_a_job_with_a_disallowed_image_fails_with_image_not_allowed_and_gets_no_
         assert failed["reason"] == "ImageNotAllowed", status
         assert "spec.image: 'docker.io/evil/miner:latest' is not in the trainer image allow-list" in failed["message"]
         assert jobs.events_with("evil", "ImageNotAllowed")
-        # The owner job next to it (allowed image, default) gets its Job: the fence admits it.
-        wait_for(lambda: _job_exists(jobs, "owner"), 60, "the allowed job's Job")
+        # The owner job next to it (allowed image, default) gets its first Job, the input check:
+        # the fence admits it. (Its claims are not in this namespace, so the check waits there.)
+        wait_for(lambda: _job_exists(jobs, contract.preflight_job_name("owner")), 60, "the allowed job's Job")
         assert not _job_exists(jobs, "evil"), "a Job was created for a disallowed image"
+        assert not _job_exists(jobs, contract.preflight_job_name("evil")), "an input check for a disallowed image"
         assert "Traceback" not in proc.tail(200_000)
     finally:
         proc.stop()
