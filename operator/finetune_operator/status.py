@@ -435,6 +435,12 @@ def compute(obs: Observation) -> Outcome:
         phase = "Running" if running or finishing else "Pending"
         if phase == "Pending" and admission is not None and admission.admitted:
             phase = "Admitted"
+        # A job that ran stays Running between attempts (a retry, or the moment between a
+        # trainer's last exit and the Job's verdict): the phase only moves forward, and the
+        # Running condition says that no trainer runs.
+        between = phase != "Running" and current.get("phase") == "Running"
+        if between:
+            phase = "Running"
         if "Suspended" in conds:
             conds["Suspended"] = _condition("Suspended", False, "Resumed", "resumed", obs)
         if running:
@@ -446,7 +452,8 @@ def compute(obs: Observation) -> Outcome:
             conds["Running"] = _condition("Running", False, "WaitingForNodes", gathering, obs)
         else:
             waiting = "waiting to retry" if restarts else "waiting for the trainer pod"
-            conds["Running"] = _condition("Running", False, "Pending", message or waiting, obs)
+            reason = "Restarting" if between else "Pending"
+            conds["Running"] = _condition("Running", False, reason, message or waiting, obs)
     status["phase"] = phase
     if retried is not None and message is None and phase == "Running":
         # Said while the retry runs (a Pending job's message is the scheduler's: an Event each).

@@ -309,13 +309,16 @@ def test_a_second_oom_fails_the_job_with_the_plan_and_the_peak_and_keeps_the_ret
     assert [e.reason for e in actions.events] == ["OutOfMemory"]
 
 
-def test_between_the_oom_and_the_retry_the_pending_job_says_nothing_of_scheduling() -> None:
+def test_between_the_oom_and_the_retry_the_job_stays_running_and_says_nothing_of_scheduling() -> None:
     running = {"phase": "Running", "observedGeneration": 1}
     pods = [RETRIED, job_pod("b", "Pending", created="2026-01-01T00:00:05Z")]
     actions = decide(seen(finetunejob(status=running), job=batch_job(), pods=pods))
-    assert actions.phase == "Pending" and actions.status_patch is not None
-    assert "message" not in actions.status_patch
-    assert [e.reason for e in actions.events] == ["OutOfMemoryRetry", "Pending"]
+    # Never back from Running to Pending: the Running condition says the retry is coming.
+    assert actions.phase == "Running" and actions.status_patch is not None
+    assert actions.status_patch["message"] == RETRY_SAID  # the retry's words, not the scheduler's
+    condition = next(c for c in actions.status_patch["conditions"] if c["type"] == "Running")
+    assert (condition["status"], condition["reason"]) == ("False", "Restarting")
+    assert [e.reason for e in actions.events] == ["OutOfMemoryRetry"]
 
 
 # --- the platform's guardrails (guardrails.py) ---------------------------------------------
