@@ -47,6 +47,9 @@ PREFLIGHT_COMMAND: Final = (*TRAINER_COMMAND, CHECK_INPUTS_FLAG)
 # The pre-flight Job is named after its job with this suffix, labelled with this component.
 PREFLIGHT_SUFFIX: Final = "-preflight"
 COMPONENT_PREFLIGHT: Final = "preflight"
+# Its pods keep component "trainer", so that the chart's trainer NetworkPolicy (no ingress; DNS
+# and the API server only) holds for them too; this label tells them from the trainer's.
+PREFLIGHT_POD_LABEL: Final = "finetune.dev/preflight"
 
 # --- what the trainer writes inside its output folder (status.output points here) -------------
 

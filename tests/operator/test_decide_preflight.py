@@ -46,6 +46,9 @@ def test_a_new_job_on_claims_gets_its_input_check_first_and_nothing_else() -> No
     assert actions.preflight is not None
     check = actions.preflight
     assert check["metadata"]["name"] == "tiny-preflight"
+    # Its pods are trainer pods to the chart's NetworkPolicy (no ingress; DNS and the API server).
+    pod_labels = check["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["finetune.dev/component"] == "trainer" and pod_labels[contract.PREFLIGHT_POD_LABEL] == "true"
     pod = check["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["command"] == list(contract.PREFLIGHT_COMMAND)

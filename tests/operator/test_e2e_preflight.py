@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, watch
 
-from finetune_api.contract import COMPONENT_PREFLIGHT, preflight_job_name
+from finetune_api.contract import preflight_job_name
 from hack.cluster.nodes import GPU_RESOURCE
 from tests.support.harness import Jobs, OperatorProcess, wait_for
 from tests.support.specs import body
@@ -76,7 +76,7 @@ def test_a_wrong_dataset_path_fails_naming_the_claim_and_no_gpu_job_ever_exists(
     assert status["message"] == said
     assert phases == ["Pending", "Failed"], phases  # never Running, never back
     assert jobs.pods("wrong-path") == []  # no trainer pod at all
-    (check,) = jobs.pods("wrong-path", COMPONENT_PREFLIGHT)
+    (check,) = jobs.pods("wrong-path", preflight=True)
     assert GPU_RESOURCE not in check["spec"]["containers"][0]["resources"]["limits"]
     assert jobs.events_with("wrong-path", "CheckingInputs", "InvalidData")
 

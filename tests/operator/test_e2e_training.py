@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from finetune_api.contract import COMPONENT_PREFLIGHT
 from tests.support.cli import ftjob
 from tests.support.harness import Jobs, OperatorProcess, wait_for
 from tests.support.processes import trainer_pid, worker_pid
@@ -73,7 +72,7 @@ def test_invalid_data_fails_at_once_without_retries(
     assert failed["reason"] == "InvalidData", failed
     assert "claim 'datasets', path 'bad.jsonl': line 2" in failed["message"], failed
     # Found by the input check, once, before any trainer pod (tests/operator/test_e2e_preflight.py).
-    assert jobs.pods("bad") == [] and len(jobs.pods("bad", COMPONENT_PREFLIGHT)) == 1
+    assert jobs.pods("bad") == [] and len(jobs.pods("bad", preflight=True)) == 1
     assert status.get("restarts", 0) == 0
     assert jobs.events_with("bad", "InvalidData")
 
@@ -89,7 +88,7 @@ def test_a_target_the_model_lacks_fails_at_once_in_one_line_without_retries(
     assert failed["message"].startswith("spec.lora.targetModules: qkv_proj"), failed
     assert "\n" not in failed["message"] and "Traceback" not in failed["message"]
     assert status.get("restarts", 0) == 0
-    assert jobs.pods("fused") == [] and len(jobs.pods("fused", COMPONENT_PREFLIGHT)) == 1, "found once, before training"
+    assert jobs.pods("fused") == [] and len(jobs.pods("fused", preflight=True)) == 1, "found once, before training"
 
 
 def test_a_retryable_failure_restarts_and_resumes_from_the_checkpoint(

@@ -8,7 +8,9 @@ costs a CPU pod of seconds instead of GPUs held through scheduling and an image 
 
 Its shape is narrower than the trainer Job's, and the fence admits the pre-flight command only
 in it: no GPU or other extended resource, no Hub token, no ServiceAccount token, no network
-label, the model and dataset claims read-only, and no output claim.
+label, the model and dataset claims read-only, and no output claim. The Job is labelled
+component "preflight"; its pods keep component "trainer" (with PREFLIGHT_POD_LABEL), so the
+chart's trainer NetworkPolicy covers them.
 """
 
 from typing import Any, Final
@@ -25,6 +27,7 @@ from finetune_api.contract import (
     MODEL_MOUNT,
     OFFLINE,
     PREFLIGHT_COMMAND,
+    PREFLIGHT_POD_LABEL,
     TMP_MOUNT,
     preflight_job_name,
 )
@@ -110,7 +113,7 @@ def preflight_job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> di
         "activeDeadlineSeconds": settings.preflight_deadline_seconds,
         "template": {
             "metadata": {
-                "labels": labels(owner.name, COMPONENT_PREFLIGHT),
+                "labels": {**labels(owner.name), PREFLIGHT_POD_LABEL: "true"},
                 "annotations": {CONFIG_ANNOTATION: config_json(owner, spec)},
             },
             "spec": pod_spec,
