@@ -7,6 +7,7 @@ how a time is written. A change here changes all three together.
 """
 
 import datetime
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
@@ -39,6 +40,16 @@ MOUNT_PATHS: Final = (CONFIG_DIR, OUTPUT_MOUNT, SHM_MOUNT, TMP_MOUNT, MODEL_MOUN
 # The container's command, and it has no args: the fence pins both to these (the chart's
 # files/operator-fence-policy.yaml, held to this by tests/operator/test_fence_file.py).
 TRAINER_COMMAND: Final = ("python", "-m", "finetune_trainer", "--config", CONFIG_PATH)
+# The pre-flight Job's command: the same trainer, checking the inputs on the CPU before any GPU
+# Job exists (the fence admits this command only in the pre-flight's shape: no GPU, no token).
+CHECK_INPUTS_FLAG: Final = "--check-inputs"
+PREFLIGHT_COMMAND: Final = (*TRAINER_COMMAND, CHECK_INPUTS_FLAG)
+# The pre-flight Job is named after its job with this suffix, labelled with this component.
+PREFLIGHT_SUFFIX: Final = "-preflight"
+COMPONENT_PREFLIGHT: Final = "preflight"
+# Its pods keep component "trainer", so that the chart's trainer NetworkPolicy (no ingress; DNS
+# and the API server only) holds for them too; this label tells them from the trainer's.
+PREFLIGHT_POD_LABEL: Final = "finetune.dev/preflight"
 
 # --- what the trainer writes inside its output folder (status.output points here) -------------
 
@@ -56,6 +67,10 @@ def output_claim_name(job: str, spec: "FineTuneJobSpec") -> str:
     if spec.output.pvc is not None:
         return spec.output.pvc.claim_name
     return f"{job}{OUTPUT_CLAIM_SUFFIX}"
+
+
+def preflight_job_name(job: str) -> str:
+    return f"{job}{PREFLIGHT_SUFFIX}"
 
 
 def _join(root: str, relative: str) -> str:
@@ -84,6 +99,27 @@ def trainer_paths(
         "output": _join(mount("output", output_claim_name(job, spec)), relative),
         "cache": hub_cache if uses_hub(spec) else None,
     }
+
+
+# A path in a trainer's message ends at a blank, a colon, a semicolon, a comma or a quote.
+_REST_OF_PATH: Final = r"(/[^\s:;,'\"]*)?(?=[\s:;,'\"]|$)"
+
+
+def _in_claim(claim: str) -> Callable[["re.Match[str]"], str]:
+    def written(match: "re.Match[str]") -> str:
+        return f"claim {claim!r}, path {(match.group(1) or '').strip('/') or '/'!r}"
+
+    return written
+
+
+def on_claims(message: str, spec: "FineTuneJobSpec") -> str:
+    """A trainer's message with each in-pod path of the model or dataset written as the claim and
+    the path in it, the way the user wrote the spec: "/mnt/dataset/support/train.json" becomes
+    "claim 'data', path 'support/train.json'" (the mount is the pod's detail, not the user's)."""
+    for mount, source in ((MODEL_MOUNT, spec.model.source.pvc), (DATASET_MOUNT, spec.dataset.source.pvc)):
+        if source is not None:
+            message = re.sub(re.escape(mount) + _REST_OF_PATH, _in_claim(source.claim_name), message)
+    return message
 
 
 # --- the environment the libraries read at import ----------------------------------------------

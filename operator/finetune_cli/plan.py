@@ -30,6 +30,7 @@ from finetune_plan.plan import Plan
 from finetune_plan.pod import memory_refusal
 from finetune_plan.report import render
 
+from .claim_paths import path_problems
 from .errors import CliError
 from .family import family_line
 
@@ -61,7 +62,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("file", metavar="FILE.yaml")
     parser.add_argument("--model-config", metavar="PATH", help="the model's config.json (or its folder)")
-    parser.add_argument("--volumes", metavar="DIR", help="folder holding PVCs as DIR/<claimName>/ ($FTJOB_VOLUMES)")
+    parser.add_argument(
+        "--volumes",
+        metavar="DIR",
+        help="folder holding PVCs as DIR/<claimName>/ ($FTJOB_VOLUMES); the model and dataset paths must be there",
+    )
     parser.add_argument("--gpus", type=int, metavar="N", help="GPUs per pod (default: spec.resources.gpus)")
     parser.add_argument("--gpu-product", metavar="NAME", help=f"GPU product; known: {', '.join(known_names())}")
     parser.add_argument("--gpu-memory-gib", type=float, metavar="X", help="memory per GPU (default: the product's)")
@@ -298,6 +303,10 @@ def run(args: argparse.Namespace) -> int:
         source = args.file if len(documents) == 1 else f"{args.file}[{doc.index}]"
         if doc.job is None:
             raise CliError("; ".join(format_problems(doc.problems, source)))
+        explicit = args.volumes or os.environ.get("FTJOB_VOLUMES")
+        if explicit and (missing := path_problems(doc.job.spec, Path(explicit))):
+            # What the operator's input check would refuse, before a plan built on a guess.
+            raise CliError(f"{source}: " + "; ".join(missing))
         launch, token_origin = plan_job(doc.job, args)
         spec = planned_spec(doc.job.spec, args)
         name = doc.job.metadata.name or doc.job.metadata.generate_name or ""

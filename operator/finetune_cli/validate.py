@@ -26,6 +26,7 @@ from finetune_api.constants import DEFAULT_IMAGE
 from finetune_api.problems import format_problems
 from finetune_plan.pod import memory_refusal, pod_plan
 
+from .claim_paths import path_problems
 from .errors import CliError
 from .family import family_line
 from .plan import read_json
@@ -42,11 +43,17 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "trainer.image when unset) against trainer.allowedImages: `FILE: ImageNotAllowed: ...`, exit 1. "
         "For a model the planner knows by name, a resources.memory below the pod's host figure: "
         "`FILE: WontFit: ...`, exit 3 (what the operator would refuse). With --model-config, also its "
-        "family and lora.targetModules (see Model families), exit 1.",
+        "family and lora.targetModules (see Model families), exit 1. With --volumes, the model and dataset "
+        "paths as the operator's input check finds them: `FILE: spec.dataset: claim 'C', path 'P': ...`, exit 1.",
     )
     parser.add_argument("files", nargs="+", metavar="FILE")
     parser.add_argument(
         "--model-config", metavar="PATH", help="the model's config.json (or its folder): also check its family"
+    )
+    parser.add_argument(
+        "--volumes",
+        metavar="DIR",
+        help="folder holding PVCs as DIR/<claimName>/: also check that the model and dataset paths are there",
     )
     parser.add_argument(
         "--values",
@@ -135,6 +142,16 @@ def fit_problems(path: str, documents: list[ParsedDocument], model_config: dict[
     return lines
 
 
+def volume_problems(path: str, documents: list[ParsedDocument], volumes: Path) -> list[str]:
+    """`FILE: field: claim 'C', path 'P': problem` for each input not where the spec says."""
+    return [
+        f"{_source(path, documents, doc)}: {problem}"
+        for doc in documents
+        if doc.job is not None
+        for problem in path_problems(doc.job.spec, volumes)
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     model_config = read_json(Path(args.model_config), "--model-config") if args.model_config else None
     allow_list = read_allow_list(Path(args.values)) if args.values else None
@@ -150,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         problems = spec_problems(path, documents, model_config, notes)
         if allow_list is not None:
             problems += image_problems(path, documents, allow_list)
+        if args.volumes:
+            problems += volume_problems(path, documents, Path(args.volumes))
         if problems:
             code = 1
             for line in problems:

@@ -21,9 +21,10 @@ from finetune_api.problems import problems_from
 from finetune_api.spec import FineTuneJobSpec
 from finetune_plan.pod import memory_refusal, pod_plan
 
-from . import guardrails, workloads
+from . import guardrails, preflight, workloads
 from .builders import job as job_builder
 from .builders import multinode, network, paths
+from .builders import preflight as preflight_builder
 from .builders import pvc as pvc_builder
 from .children import Owner
 from .settings import Settings
@@ -54,7 +55,8 @@ class Observed:
     now: str
     body: Body | None  # the FineTuneJob; None: it is gone
     job: Body | None = None  # the Job of the job's name, whoever owns it
-    pods: Sequence[Body] = ()  # the pods labelled with the job's name
+    preflight: Body | None = None  # the pre-flight Job (builders/preflight.py), whoever owns it
+    pods: Sequence[Body] = ()  # the pods labelled with the job's name (the Job's and the pre-flight's)
     workloads: Sequence[Body] = ()  # Kueue's Workloads of Jobs of that name
     # The "namespace/name" of our FineTuneJob behind each Job UID a Workload names as preemptor.
     preemptors: Mapping[str, str] = field(default_factory=dict)
@@ -74,6 +76,9 @@ class Actions:
 
     forget: bool = False  # the FineTuneJob is gone
     create: tuple[Body, ...] = ()  # children in creation order, the Job last
+    # The pre-flight Job to create before the GPU Job's children, after the job's NetworkPolicy
+    # (its pod is the job's pod as far as the policy goes: no pod of a job runs unfenced).
+    preflight: tuple[Body, ...] = ()
     job_patch: Body | None = None  # fields of the live Job to change
     status_patch: Body | None = None  # a merge patch of the operator's status fields
     announcement: Transition | None = None  # JobCreated, before the status patch
@@ -86,6 +91,28 @@ class Actions:
     def writes(self) -> bool:
         """Whether carrying these out writes status or Events (paced during a burst)."""
         return self.status_patch is not None or self.announced
+
+
+def _inputs(
+    seen: Observed, owner: Owner, spec: FineTuneJobSpec, current: Body
+) -> tuple[Actions | None, preflight.Verdict | None]:
+    """(what to do first, or the pre-flight's verdict) for a job without its Job yet: create the
+    pre-flight Job, wait for it (checking), then the GPU Job (passed), or fail (failed). None,
+    None: no pre-flight (nothing on a claim, or the platform switched it off)."""
+    if not preflight_builder.needed(spec, seen.settings):
+        return None, None
+    check = seen.preflight if seen.preflight is not None and owned_by(seen.preflight, owner.uid) else None
+    phase = current.get("phase")
+    if check is None and phase in TERMINAL_PHASES:
+        return None, None  # the verdict is written, and nothing more is made
+    if check is None and seen.preflight is not None:
+        # A deleted job's of the same name, still being collected: its deletion queues us again.
+        return Actions(phase=phase), None
+    if check is None:
+        check_job = preflight_builder.preflight_job(owner, spec, seen.settings)
+        return Actions(preflight=(*network_children(owner, spec, seen.settings), check_job), phase=phase), None
+    uid = (check.get("metadata") or {}).get("uid")
+    return None, preflight.verdict(seen.name, spec, check, [p for p in seen.pods if owned_by(p, uid)])
 
 
 def parse_spec(body: Body) -> tuple[FineTuneJobSpec | None, str | None]:
@@ -113,14 +140,18 @@ def desired_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) ->
     """
     claim = pvc_builder.output_pvc(owner, spec)
     service = multinode.service(owner, spec) if spec.resources.multinode else None
-    rules = settings.trainer_network
-    policy = network.network_policy(owner, spec, rules) if rules is not None else None
     return [
-        *([policy] if policy is not None else []),
+        *network_children(owner, spec, settings),
         *([claim] if claim is not None else []),
         *([service] if service is not None else []),
         multinode.indexed_job(owner, spec, settings),
     ]
+
+
+def network_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> list[Body]:
+    """The job's NetworkPolicy, or none where the platform switched per-job policies off."""
+    rules = settings.trainer_network
+    return [network.network_policy(owner, spec, rules)] if rules is not None else []
 
 
 def output_status(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any]:
@@ -239,6 +270,7 @@ def decide(seen: Observed) -> Actions:
     invalid_reason = INVALID
     job: Body | None = None
     pods: list[Body] = []
+    checking: str | None = None
     if spec is not None:
         # A Job that another owner holds is a deleted FineTuneJob's of the same name, still
         # being collected: not ours, and nothing is created until the name is free.
@@ -250,10 +282,20 @@ def decide(seen: Observed) -> Actions:
         elif seen.job is None and (refused := _refused(spec, current, seen)) is not None:
             # Decided before any child exists: the job ends Failed and no Job is ever made.
             invalid, invalid_reason = refused
-        elif seen.job is None and current.get("phase") not in TERMINAL_PHASES:
-            # The pass that creates a Job writes nothing else: its status and Event follow in
-            # the next pass, paced while Jobs are being created (runtime/pacing.py).
-            return Actions(create=tuple(desired_children(owner, spec, seen.settings)), phase=current.get("phase"))
+        elif seen.job is None:
+            first, check = _inputs(seen, owner, spec, current)
+            if first is not None:
+                return first
+            if check is not None and check.state == "failed":
+                # Before any GPU Job: the job ends Failed, naming the claim and the path in it.
+                invalid, invalid_reason = check.message, check.reason
+            elif check is not None and check.state == "checking":
+                checking = check.message
+            elif current.get("phase") not in TERMINAL_PHASES:
+                # The pass that creates a Job writes nothing else: its status and Event follow in
+                # the next pass, paced while Jobs are being created (runtime/pacing.py).
+                children = tuple(desired_children(owner, spec, seen.settings))
+                return Actions(create=children, phase=current.get("phase"))
         if job is not None:
             uid = (job.get("metadata") or {}).get("uid")
             pods = [p for p in seen.pods if owned_by(p, uid)]
@@ -281,6 +323,7 @@ def decide(seen: Observed) -> Actions:
             admission=admission,
             preemptor=preemptor,
             nodes=spec.resources.nodes if spec is not None else 1,
+            checking=checking,
         )
     )
     announcement = None

@@ -110,14 +110,22 @@ class Reconciler:
             if body is not None:
                 self.cache.put_finetunejob(body)
         job = self.cache.job(namespace, name)
-        pods = self.cache.pods(namespace, name) if job is not None else []
+        # The pre-flight Job matters only until the Job exists (decide._inputs).
+        check_name = contract.preflight_job_name(name)
+        check = self.cache.job(namespace, check_name) if job is None else None
+        pods = self.cache.pods(namespace, name) if job is not None or check is not None else []
         status = (body or {}).get("status") or {}
         if job is None and status and status.get("phase") not in contract.TERMINAL_PHASES:
             # Reconciled before, yet no Job in the cache: the watch may not have caught up. (A
             # job never reconciled has none; creating it answers with the one there is.)
             job = self.kube.get_job(namespace, name)
+            if job is None and check is None:
+                check = self.kube.get_job(namespace, check_name)
+                if check is not None:
+                    self.cache.put_job(check)
             if job is not None:
                 self.cache.put_job(job)
+            if job is not None or check is not None:
                 pods = self._list_pods(namespace, name)
         found = self.cache.workloads(namespace, name) if job is not None else []
         with self._guard:
@@ -129,6 +137,7 @@ class Reconciler:
             now=contract.now(),
             body=body,
             job=job,
+            preflight=check,
             pods=pods,
             workloads=found,
             preemptors=self._preemptors(found),
@@ -176,6 +185,20 @@ class Reconciler:
                     self.enqueue(namespace, name, UPDATE)
                     return actions.phase
                 seen = dataclasses.replace(seen, job=job, pods=self._list_pods(namespace, name))
+                continue
+            if actions.preflight:
+                try:
+                    check, created = self._create_children(namespace, name, actions.preflight)
+                except ChildRejected as exc:
+                    seen = dataclasses.replace(seen, rejected=str(exc))
+                    continue
+                self.cache.put_job(check)
+                if created:
+                    # Like a Job's create: its status (checking inputs) follows in the next pass.
+                    self.pacer.created()
+                    self.enqueue(namespace, name, UPDATE)
+                    return actions.phase
+                seen = dataclasses.replace(seen, preflight=check, pods=self._list_pods(namespace, name))
                 continue
             if actions.list_nodes:
                 values = self.kube.node_values(self.settings.gpu_product_label)

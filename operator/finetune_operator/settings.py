@@ -50,6 +50,9 @@ ENV_PENDING_TIMEOUT = "FINETUNE_PENDING_TIMEOUT_SECONDS"
 # The trainers' NetworkPolicy rules (trainer.networkPolicy), as the chart renders them; empty or
 # unset: the operator makes no NetworkPolicy (clusters without a NetworkPolicy controller).
 ENV_TRAINER_NETWORK = "FINETUNE_TRAINER_NETWORK"
+ENV_PREFLIGHT = "FINETUNE_PREFLIGHT"
+ENV_PREFLIGHT_CPU = "FINETUNE_PREFLIGHT_CPU"
+ENV_PREFLIGHT_MEMORY = "FINETUNE_PREFLIGHT_MEMORY"
 # Namespaces the operator never writes in, whatever the chart adds (it adds its own namespace).
 SYSTEM_NAMESPACES: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
 # Test hook only (acceptance: operator killed between two creates). Names the child kind after
@@ -117,6 +120,12 @@ class Settings:
     pending_timeout_seconds: int | None = None
     # None: no per-job NetworkPolicy (the chart's trainer.networkPolicy.enabled false).
     trainer_network: TrainerNetwork | None = None
+    # The pre-flight Job (builders/preflight.py): its CPU pod checks a job's claims before the GPU
+    # Job exists. Its memory holds the tokenizer and the dataset's records while they are checked.
+    preflight: bool = True
+    preflight_cpu: str = "1"
+    preflight_memory: str = "2Gi"
+    preflight_deadline_seconds: int = 600
     metrics_port: int = 8000
     health_port: int = 8080
     log_level: str = "INFO"
@@ -292,6 +301,12 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     updates.update(_guardrails(env))
     if ENV_TRAINER_NETWORK in env:
         updates["trainer_network"] = _trainer_network(ENV_TRAINER_NETWORK, env[ENV_TRAINER_NETWORK])
+    if v := env.get(ENV_PREFLIGHT):
+        updates["preflight"] = _choice(ENV_PREFLIGHT, v.lower(), ("true", "false")) == "true"
+    if v := env.get(ENV_PREFLIGHT_CPU):
+        updates["preflight_cpu"] = _quantity(ENV_PREFLIGHT_CPU, v) or s.preflight_cpu
+    if v := env.get(ENV_PREFLIGHT_MEMORY):
+        updates["preflight_memory"] = _quantity(ENV_PREFLIGHT_MEMORY, v) or s.preflight_memory
     if v := env.get(ENV_METRICS_PORT):
         updates["metrics_port"] = _port(ENV_METRICS_PORT, v)
     if v := env.get(ENV_HEALTH_PORT):

@@ -56,6 +56,8 @@ CONDITION_ORDER: tuple[str, ...] = get_args(ConditionType)
 # Before Kueue has made the job's Workload (or where Kueue does not run at all).
 NO_WORKLOAD = "NoWorkload"
 NO_WORKLOAD_MESSAGE = "waiting for Kueue to make the job's Workload (is Kueue managing batch/v1 Jobs?)"
+# A job whose pre-flight Job checks its inputs (preflight.py): Pending, saying so.
+CHECKING_INPUTS = "CheckingInputs"
 # The trainer's exit after its first OOM: the Job retries it with a tighter plan.
 RETRIED_OOM = ExitReason.OutOfMemoryRetry.name
 
@@ -81,6 +83,8 @@ class Observation:
     preemptor: str | None = None
     # spec.resources.nodes: the pods of one attempt (an Indexed Job when more than one).
     nodes: int = 1
+    # What the pre-flight Job is doing while it checks the inputs, before the Job exists.
+    checking: str | None = None
 
 
 @dataclass(frozen=True)
@@ -348,6 +352,9 @@ def compute(obs: Observation) -> Outcome:
             kept = {k: v for k, v in owned_part(current).items() if k != "conditions"}
             return _finish(obs, {**kept, **status}, conds)
         status["phase"] = "Pending"
+        if obs.checking:
+            conds["Running"] = _condition("Running", False, CHECKING_INPUTS, obs.checking, obs)
+            status["message"] = obs.checking
         return _finish(obs, status, conds)
 
     job_status = job.get("status") or {}
@@ -428,6 +435,12 @@ def compute(obs: Observation) -> Outcome:
         phase = "Running" if running or finishing else "Pending"
         if phase == "Pending" and admission is not None and admission.admitted:
             phase = "Admitted"
+        # A job that ran stays Running between attempts (a retry, or the moment between a
+        # trainer's last exit and the Job's verdict): the phase only moves forward, and the
+        # Running condition says that no trainer runs.
+        between = phase != "Running" and current.get("phase") == "Running"
+        if between:
+            phase = "Running"
         if "Suspended" in conds:
             conds["Suspended"] = _condition("Suspended", False, "Resumed", "resumed", obs)
         if running:
@@ -439,7 +452,8 @@ def compute(obs: Observation) -> Outcome:
             conds["Running"] = _condition("Running", False, "WaitingForNodes", gathering, obs)
         else:
             waiting = "waiting to retry" if restarts else "waiting for the trainer pod"
-            conds["Running"] = _condition("Running", False, "Pending", message or waiting, obs)
+            reason = "Restarting" if between else "Pending"
+            conds["Running"] = _condition("Running", False, reason, message or waiting, obs)
     status["phase"] = phase
     if retried is not None and message is None and phase == "Running":
         # Said while the retry runs (a Pending job's message is the scheduler's: an Event each).
@@ -487,13 +501,25 @@ def transitions(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Tra
             out.append(Transition("Warning", str(failed["reason"]), str(failed["message"]) or "the job failed"))
         elif new_phase in ("Queued", "Admitted") and after.get("message"):
             out.append(Transition("Normal", str(new_phase), str(after["message"])))
+        elif new_phase == "Pending" and _checking(after):
+            out.append(Transition("Normal", CHECKING_INPUTS, str(after["message"])))
         elif new_phase == "Pending" and after.get("message"):
             out.append(Transition("Warning", "Unschedulable", str(after["message"])))
         else:
             out.append(Transition("Normal", str(new_phase), f"phase {old_phase or 'None'} -> {new_phase}"))
     elif new_phase == "Pending" and after.get("message") and after.get("message") != before.get("message"):
-        out.append(Transition("Warning", "Unschedulable", str(after["message"])))
+        if _checking(after):
+            out.append(Transition("Normal", CHECKING_INPUTS, str(after["message"])))
+        else:
+            out.append(Transition("Warning", "Unschedulable", str(after["message"])))
     return out
+
+
+def _checking(status: Mapping[str, Any]) -> bool:
+    """Whether a Pending job's message is the pre-flight's (not the scheduler's)."""
+    return any(
+        c.get("type") == "Running" and c.get("reason") == CHECKING_INPUTS for c in status.get("conditions") or []
+    )
 
 
 def needs_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:

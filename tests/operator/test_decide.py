@@ -26,7 +26,15 @@ def batch_job(owner_uid: str = OWNER.uid, **spec: Any) -> dict[str, Any]:
     return {"metadata": meta, "spec": {"suspend": False, **spec}, "status": {}}
 
 
+def checked_inputs(owner_uid: str = OWNER.uid) -> dict[str, Any]:
+    """A pre-flight Job that found the inputs good (test_decide_preflight.py has the rest)."""
+    meta = {"name": f"{OWNER.name}-preflight", "namespace": OWNER.namespace, "uid": "preflight-uid"}
+    meta["ownerReferences"] = [{"kind": "FineTuneJob", "name": OWNER.name, "uid": owner_uid, "controller": True}]
+    return {"metadata": meta, "spec": {}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+
+
 def seen(job_body: dict[str, Any] | None, **kwargs: Any) -> Observed:
+    kwargs.setdefault("preflight", checked_inputs())
     return Observed(namespace=OWNER.namespace, name=OWNER.name, settings=SETTINGS, now=NOW, body=job_body, **kwargs)
 
 
@@ -119,7 +127,7 @@ def test_a_job_in_a_namespace_the_operator_never_writes_in_fails_and_creates_not
     # The chart adds its own namespace and more; a team namespace is untouched.
     extra = Settings(excluded_namespaces=(*SETTINGS.excluded_namespaces, "finetune-system"))
     team = Observed(namespace=OWNER.namespace, name=OWNER.name, settings=extra, now=NOW, body=finetunejob())
-    assert decide(team).create
+    assert decide(team).preflight  # the first child: the input check
 
 
 def test_a_terminal_job_whose_job_is_gone_keeps_its_verdict_and_gets_no_new_job() -> None:
@@ -301,13 +309,16 @@ def test_a_second_oom_fails_the_job_with_the_plan_and_the_peak_and_keeps_the_ret
     assert [e.reason for e in actions.events] == ["OutOfMemory"]
 
 
-def test_between_the_oom_and_the_retry_the_pending_job_says_nothing_of_scheduling() -> None:
+def test_between_the_oom_and_the_retry_the_job_stays_running_and_says_nothing_of_scheduling() -> None:
     running = {"phase": "Running", "observedGeneration": 1}
     pods = [RETRIED, job_pod("b", "Pending", created="2026-01-01T00:00:05Z")]
     actions = decide(seen(finetunejob(status=running), job=batch_job(), pods=pods))
-    assert actions.phase == "Pending" and actions.status_patch is not None
-    assert "message" not in actions.status_patch
-    assert [e.reason for e in actions.events] == ["OutOfMemoryRetry", "Pending"]
+    # Never back from Running to Pending: the Running condition says the retry is coming.
+    assert actions.phase == "Running" and actions.status_patch is not None
+    assert actions.status_patch["message"] == RETRY_SAID  # the retry's words, not the scheduler's
+    condition = next(c for c in actions.status_patch["conditions"] if c["type"] == "Running")
+    assert (condition["status"], condition["reason"]) == ("False", "Restarting")
+    assert [e.reason for e in actions.events] == ["OutOfMemoryRetry"]
 
 
 # --- the platform's guardrails (guardrails.py) ---------------------------------------------

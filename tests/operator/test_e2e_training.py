@@ -78,9 +78,10 @@ def test_invalid_data_fails_at_once_without_retries(
     failed = jobs.condition("bad", "Failed")
     assert status["phase"] == "Failed"
     assert failed["reason"] == "InvalidData", failed
-    assert "line" in failed["message"]
-    assert status["restarts"] == 0
-    assert len(jobs.pods("bad")) == 1, "a non-retryable failure must not be retried"
+    assert "claim 'datasets', path 'bad.jsonl': line 2" in failed["message"], failed
+    # Found by the input check, once, before any trainer pod (tests/operator/test_e2e_preflight.py).
+    assert jobs.pods("bad") == [] and len(jobs.pods("bad", preflight=True)) == 1
+    assert status.get("restarts", 0) == 0
     assert jobs.events_with("bad", "InvalidData")
 
 
@@ -94,8 +95,8 @@ def test_a_target_the_model_lacks_fails_at_once_in_one_line_without_retries(
     assert failed["reason"] == "InvalidConfig", failed
     assert failed["message"].startswith("spec.lora.targetModules: qkv_proj"), failed
     assert "\n" not in failed["message"] and "Traceback" not in failed["message"]
-    assert status["restarts"] == 0
-    assert len(jobs.pods("fused")) == 1, "a configuration failure must not be retried"
+    assert status.get("restarts", 0) == 0
+    assert jobs.pods("fused") == [] and len(jobs.pods("fused", preflight=True)) == 1, "found once, before training"
 
 
 def test_a_retryable_failure_restarts_and_resumes_from_the_checkpoint(

@@ -130,3 +130,34 @@ def test_the_charts_schema_admits_the_hub_variables_the_fence_and_the_operator_k
     hub_env = schema["properties"]["trainer"]["properties"]["hubEnv"]
     assert list(hub_env["properties"]) == list(contract.HUB_ENDPOINT_ENV)
     assert hub_env["additionalProperties"] is False
+
+
+def _preflights() -> list[tuple[str, dict[str, Any]]]:
+    from finetune_operator.builders import preflight
+
+    out = []
+    for kind, spec_body in KINDS.items():
+        spec = FineTuneJobSpec.model_validate(spec_body)
+        if preflight.needed(spec, SETTINGS):
+            out.append((kind, preflight.preflight_job(OWNER, spec, SETTINGS)))
+    return out
+
+
+def test_the_fence_pins_the_preflight_shape_from_the_contract_and_the_builder() -> None:
+    """The input check's command, folders, resources and name suffix, as the builder writes them."""
+    assert _literal(JOBS, "preflightCommand") == list(contract.PREFLIGHT_COMMAND)
+    assert json.loads(_expression(JOBS, "preflightSuffix").replace("'", '"')) == contract.PREFLIGHT_SUFFIX
+    allowed = _literal(JOBS, "preflightMountPaths")
+    assert set(allowed) < set(contract.MOUNT_PATHS) and contract.OUTPUT_MOUNT not in allowed
+    built = _preflights()
+    # The Hub kinds have nothing on a claim to check: they get no pre-flight.
+    assert {kind for kind, _ in built} == {"claims", "kueue"}
+    for kind, preflight_job in built:
+        container = _container(preflight_job)
+        pod = preflight_job["spec"]["template"]["spec"]
+        assert container["command"] == list(contract.PREFLIGHT_COMMAND), kind
+        assert {m["mountPath"] for m in container["volumeMounts"]} <= set(allowed), kind
+        for side in ("limits", "requests"):
+            assert set(container["resources"][side]) <= set(_literal(JOBS, "preflightResources")), kind
+        assert pod["automountServiceAccountToken"] is False and "nodeSelector" not in pod, kind
+        assert preflight_job["metadata"]["name"].endswith(contract.PREFLIGHT_SUFFIX), kind

@@ -120,3 +120,14 @@ def test_guardrails_come_from_env_and_zero_means_no_limit():
     assert (s.default_active_deadline_seconds, s.pending_timeout_seconds) == (86400, 600)
     with pytest.raises(SettingsError, match=r"^FINETUNE_PENDING_TIMEOUT_SECONDS: expected a whole number"):
         from_env({"FINETUNE_PENDING_TIMEOUT_SECONDS": "10m"})
+
+
+def test_the_input_check_settings_come_from_env_and_bad_ones_name_the_variable():
+    assert (Settings().preflight, Settings().preflight_cpu, Settings().preflight_memory) == (True, "1", "2Gi")
+    env = {"FINETUNE_PREFLIGHT": "false", "FINETUNE_PREFLIGHT_CPU": "500m", "FINETUNE_PREFLIGHT_MEMORY": "8Gi"}
+    settings = from_env(env)
+    assert (settings.preflight, settings.preflight_cpu, settings.preflight_memory) == (False, "500m", "8Gi")
+    with pytest.raises(SettingsError, match="FINETUNE_PREFLIGHT: expected one of true, false"):
+        from_env({"FINETUNE_PREFLIGHT": "maybe"})
+    with pytest.raises(SettingsError, match="FINETUNE_PREFLIGHT_MEMORY"):
+        from_env({"FINETUNE_PREFLIGHT_MEMORY": "lots"})

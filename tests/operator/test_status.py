@@ -55,7 +55,10 @@ def test_a_failed_pod_while_retries_remain_is_a_restart_not_a_failure():
     ]
     before = {"phase": "Running", "restarts": 0}
     out = observe(current=before, job=job(failed=1), pods=pods)
-    assert out.phase == "Pending"
+    # The phase never goes back from Running to Pending; the Running condition says no trainer runs.
+    assert out.phase == "Running"
+    running = conditions(out)["Running"]
+    assert (running["status"], running["reason"], running["message"]) == ("False", "Restarting", "waiting to retry")
     assert out.status["restarts"] == 1
     assert "Failed" not in conditions(out)
     assert ("Warning", "Restarted") in [(t.type, t.reason) for t in out.transitions]

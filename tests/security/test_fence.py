@@ -27,11 +27,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from finetune_api import contract
 from finetune_api.constants import API_VERSION, KIND, TRAINER_SERVICE_ACCOUNT
 from finetune_api.spec import FineTuneJobSpec
 from finetune_operator.builders import job as job_builder
 from finetune_operator.builders import multinode as multinode_builder
 from finetune_operator.builders import network as network_builder
+from finetune_operator.builders import preflight as preflight_builder
 from finetune_operator.builders import pvc as pvc_builder
 from finetune_operator.builders import rbac as rbac_builder
 from finetune_operator.children import Owner
@@ -381,6 +383,58 @@ def test_a_job_changed_in_one_way_is_refused_naming_its_rule(
     assert "finetune-operator fence, rule " + rule in message, message
 
 
+def _preflight(owner: Owner, kind: str = "one-node") -> dict[str, Any]:
+    spec = FineTuneJobSpec.model_validate(REAL_JOBS[kind])
+    return preflight_builder.preflight_job(owner, spec, FENCE_SETTINGS)
+
+
+@pytest.mark.parametrize("kind", ["one-node", "multi-node"])
+def test_the_operators_preflight_job_is_admitted(fenced: Fenced, kind: str) -> None:
+    assert fenced.refusal(fenced.batch.create_namespaced_job, _preflight(fenced.owner, kind)) is None
+
+
+def _limit(job: dict[str, Any], resource: str, value: str) -> None:
+    for side in ("limits", "requests"):
+        _container(job)["resources"][side][resource] = value
+
+
+# The input check's command in any other shape than the pre-flight's: the GPU Job's resources, a
+# token, the output claim, a writable claim, Hub egress, another name. Each refused by job-preflight.
+PREFLIGHT_VARIANTS: list[tuple[str, Callable[[dict[str, Any]], object]]] = [
+    ("a-gpu", lambda j: _limit(j, "nvidia.com/gpu", "1")),
+    ("another-extended-resource", lambda j: _limit(j, "example.com/fpga", "1")),
+    ("service-account-token", lambda j: _pod(j).update(automountServiceAccountToken=True)),
+    ("token-left-default", lambda j: _pod(j).pop("automountServiceAccountToken")),
+    ("hub-token", lambda j: _set_env(j, {"name": "HF_TOKEN", "valueFrom": _secret("hub-token", "token")})),
+    (
+        "output-claim",
+        lambda j: (
+            _pod(j)["volumes"].append({"name": "output", "persistentVolumeClaim": {"claimName": "o"}}),
+            _container(j)["volumeMounts"].append({"name": "output", "mountPath": "/mnt/output"}),
+        ),
+    ),
+    ("writable-claim", lambda j: _pod(j)["volumes"][-1]["persistentVolumeClaim"].update(readOnly=False)),
+    ("hub-egress", lambda j: j["spec"]["template"]["metadata"]["labels"].update({"finetune.dev/hub-egress": "true"})),
+    ("another-name", lambda j: j["metadata"].update(name="owner")),
+]
+
+
+@pytest.mark.parametrize("change", [v[1] for v in PREFLIGHT_VARIANTS], ids=[v[0] for v in PREFLIGHT_VARIANTS])
+def test_the_input_check_in_another_shape_is_refused(
+    fenced: Fenced, change: Callable[[dict[str, Any]], object]
+) -> None:
+    job = _preflight(fenced.owner)
+    change(job)
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-preflight")
+
+
+def test_the_gpu_job_cannot_run_the_input_check(fenced: Fenced) -> None:
+    """The trainer Job's shape (a GPU, the token, the output claim) with the input check's command."""
+    job = _real_job(fenced.owner, "multi-node")
+    _container(job)["command"] = list(contract.PREFLIGHT_COMMAND)
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-preflight")
+
+
 def test_a_job_made_under_an_earlier_hub_endpoint_can_still_be_suspended(
     kube: client.ApiClient, fenced: Fenced
 ) -> None:
@@ -716,9 +770,11 @@ def test_a_job_with_a_disallowed_image_fails_with_image_not_allowed_and_gets_no_
         assert failed["reason"] == "ImageNotAllowed", status
         assert "spec.image: 'docker.io/evil/miner:latest' is not in the trainer image allow-list" in failed["message"]
         assert jobs.events_with("evil", "ImageNotAllowed")
-        # The owner job next to it (allowed image, default) gets its Job: the fence admits it.
-        wait_for(lambda: _job_exists(jobs, "owner"), 60, "the allowed job's Job")
+        # The owner job next to it (allowed image, default) gets its first Job, the input check:
+        # the fence admits it. (Its claims are not in this namespace, so the check waits there.)
+        wait_for(lambda: _job_exists(jobs, contract.preflight_job_name("owner")), 60, "the allowed job's Job")
         assert not _job_exists(jobs, "evil"), "a Job was created for a disallowed image"
+        assert not _job_exists(jobs, contract.preflight_job_name("evil")), "an input check for a disallowed image"
         assert "Traceback" not in proc.tail(200_000)
     finally:
         proc.stop()

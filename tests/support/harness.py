@@ -24,6 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from finetune_api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from finetune_api.contract import PREFLIGHT_POD_LABEL
 from finetune_api.images import DEFAULT_ALLOWED_IMAGES
 from finetune_operator.settings import SYSTEM_NAMESPACES
 
@@ -390,8 +391,12 @@ class Jobs:
     def condition(self, name: str, kind: str) -> dict[str, Any]:
         return next((c for c in self.status(name).get("conditions") or [] if c["type"] == kind), {})
 
-    def pods(self, name: str) -> list[dict[str, Any]]:
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{GROUP}/job={name}")
+    def pods(self, name: str, preflight: bool = False) -> list[dict[str, Any]]:
+        """The job's trainer pods (preflight: its input check's)."""
+        selector = (
+            f"{GROUP}/job={name},{PREFLIGHT_POD_LABEL}" if preflight else f"{GROUP}/job={name},!{PREFLIGHT_POD_LABEL}"
+        )
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector)
         return [self.api.sanitize_for_serialization(p) for p in pods.items]
 
     def events(self, name: str) -> list[dict[str, Any]]:

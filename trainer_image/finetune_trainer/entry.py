@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
+from finetune_api.contract import CHECK_INPUTS_FLAG
 from finetune_api.problems import problems_from
 from finetune_api.reasons import TERMINATION_LOG, ExitReason, termination_message
 from finetune_api.trainer_config import TrainerConfig
@@ -47,6 +48,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         metavar="N",
         help="processes to train with, overriding the plan (for CPU runs; GPUs get one process each)",
+    )
+    parser.add_argument(
+        CHECK_INPUTS_FLAG,
+        action="store_true",
+        help="check the model and dataset (paths, model config, data) on the CPU, then exit: the pre-flight Job",
     )
     # Set by the launcher on the processes it starts; not for users.
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -224,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _outcome(termination, _self_check, worker=False)
     if not args.config:
         return fail(termination, ExitReason.InvalidConfig, "--config PATH is required")
+    if args.check_inputs:
+        return _outcome(termination, lambda: _check_inputs(args.config), worker=False)
     code = _outcome(termination, lambda: _run(args), worker=args.worker)
     if args.worker:
         _end_worker(code)
@@ -239,6 +247,17 @@ def _end_worker(code: int) -> NoReturn:
             stream.flush()
     logging.shutdown()
     os._exit(code)
+
+
+def _check_inputs(path: str) -> None:
+    config = load_config(path)
+    from .environment import prepare_process_environment
+
+    prepare_process_environment(config)
+    from .input_check import check_inputs
+    from .progress import emit
+
+    emit("inputsChecked", **check_inputs(config))
 
 
 def _self_check() -> None:

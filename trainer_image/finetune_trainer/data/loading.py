@@ -63,6 +63,9 @@ def check_dataset(config: TrainerConfig, tokenizer: Any, model_config: Any) -> D
             f"{len(report.problems)} problem(s) in {config.paths.dataset}: {shown}"
             + (f"; and {more} more" if more > 0 else ""),
         )
+    if tokenizer is None:  # the pre-flight's check (input_check.py): records only, as check-data without --tokenizer
+        log.info("data: %d records, %d samples well formed", report.total, len(report.samples))
+        return report
     log.info(
         "data: %d records, %d samples ready: %d tokens, %d trained",
         report.total,

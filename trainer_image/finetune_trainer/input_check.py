@@ -1,0 +1,72 @@
+"""`--check-inputs`: the pre-flight Job's run, on the CPU, before the operator creates the GPU Job.
+
+What the trainer's first pass would find wrong before any weight loads, found without torch: the
+model folder on its claim, its config.json readable and of a family the trainer trains (with the
+LoRA targets it names), and the dataset on its claim through the check `ftjob check-data` runs
+without a tokenizer (every record's format, line by line). A bad path or a bad record then costs
+a CPU pod of about a second of work, not a GPU pod after scheduling and an image pull.
+
+Left to the GPU pod, which loads them anyway: the tokenizer and the token counts (importing
+torch and transformers would cost the check several seconds on every job), and whatever is on
+the Hub (the pre-flight pod has no network and no token).
+"""
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from finetune_api.reasons import ExitReason
+from finetune_api.trainer_config import TrainerConfig
+from finetune_plan.families import ModelConfigError, check_model
+
+from .failures import TrainerFailure
+
+log = logging.getLogger(__name__)
+WHERE_MODEL = "spec.model.source.pvc"
+
+
+def _model(config: TrainerConfig) -> dict[str, Any]:
+    folder = Path(config.paths.model)
+    if not folder.exists():
+        raise TrainerFailure(ExitReason.InvalidConfig, f"{WHERE_MODEL}: {folder}: no such folder")
+    if not folder.is_dir():
+        raise TrainerFailure(ExitReason.InvalidConfig, f"{WHERE_MODEL}: {folder}: a file, not a model folder")
+    path = folder / "config.json"
+    if not path.is_file():
+        # The words model_loading uses, which the GPU pod would have said.
+        raise TrainerFailure(
+            ExitReason.InvalidConfig, f"{WHERE_MODEL}: {folder} is not a model folder (no config.json there)"
+        )
+    try:
+        model_config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TrainerFailure(
+            ExitReason.InvalidConfig, f"{WHERE_MODEL}: {path}: cannot read the model config: {exc}"
+        ) from None
+    if not isinstance(model_config, dict):
+        raise TrainerFailure(ExitReason.InvalidConfig, f"{WHERE_MODEL}: {path}: not a JSON object")
+    return model_config
+
+
+def check_inputs(config: TrainerConfig) -> dict[str, Any]:
+    """What was checked, for the log; TrainerFailure (InvalidConfig, InvalidData) at the first problem."""
+    spec = config.spec
+    model_config = _model(config) if spec.model.source.pvc is not None else None
+    dataset = Path(config.paths.dataset)
+    if spec.dataset.source.pvc is not None and not dataset.exists():
+        # Before the model's family: a wrong path is the likelier mistake, and the one to name.
+        raise TrainerFailure(ExitReason.InvalidData, f"spec.dataset: {dataset}: no such file or folder")
+    checked: dict[str, Any] = {}
+    if model_config is not None:
+        try:
+            family, targets = check_model(model_config, spec.lora.target_modules)
+        except ModelConfigError as exc:
+            raise TrainerFailure(ExitReason.InvalidConfig, str(exc)) from None
+        checked.update(model=config.paths.model, family=family.label, targets=list(targets))
+    if spec.dataset.source.pvc is not None:
+        from .data.loading import check_dataset
+
+        report = check_dataset(config, tokenizer=None, model_config=None)
+        checked.update(dataset=config.paths.dataset, records=report.total, samples=len(report.samples))
+    return checked
