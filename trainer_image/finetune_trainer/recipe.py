@@ -41,7 +41,7 @@ from .distributed import topology
 from .distributed.gradsync import all_equal, sum_figures
 from .distributed.resume import resume_point
 from .distributed.topology import Topology
-from .export import save_adapter, save_merged, write_summary
+from .export import public_name, save_adapter, save_merged, write_summary
 from .failures import TrainerFailure
 from .hardware import (
     apply_memory_cap,
@@ -521,7 +521,7 @@ class Recipe:
     def export(self) -> None:
         """Rank 0: the adapter (and the merged model when asked), the last status."""
         try:
-            self.adapter_path = save_adapter(self.adapter, self.tokenizer, self.output)
+            self.adapter_path = save_adapter(self.adapter, self.tokenizer, self.output, public_name(self.config))
             self.merged = (
                 save_merged(self.config, self.adapter_path, self.tokenizer, self.output)
                 if self.spec.output.merge
