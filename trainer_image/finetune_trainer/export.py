@@ -8,14 +8,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from finetune_api.contract import ADAPTER_DIR, MERGED_DIR, public_model_name
+from finetune_api.contract import (
+    ADAPTER_DIR,
+    GGUF_ADAPTER_TYPE,
+    MERGED_DIR,
+    gguf_adapter_file,
+    gguf_base_file,
+    gguf_merged_file,
+    public_model_name,
+)
 from finetune_api.trainer_config import TrainerConfig
 
+from .gguf_export import convert_lora, convert_model
 from .merge_stream import merge_folder
 
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
+# The merged folder the merged GGUF is converted from when `merged` itself was not asked for.
+MERGED_FOR_GGUF = ".merged-for-gguf"
 
 
 def write_atomically(final: Path, writer: Callable[[Path], None]) -> Path:
@@ -89,7 +100,7 @@ def base_folder(config: TrainerConfig) -> Path:
     return files[0].parent
 
 
-def save_merged(config: TrainerConfig, adapter: Path, tokenizer: Any, output: Path) -> Path:
+def save_merged(config: TrainerConfig, adapter: Path, tokenizer: Any, output: Path, name: str = MERGED_DIR) -> Path:
     """The base with the adapter added, streamed shard by shard (merge_stream.py): the host holds
     one shard and one layer, never the whole base, so the pod that trained can merge."""
     base = base_folder(config)
@@ -99,7 +110,42 @@ def save_merged(config: TrainerConfig, adapter: Path, tokenizer: Any, output: Pa
         log.info("merged the adapter into %d weights of %s", len(changed), base)
         tokenizer.save_pretrained(str(folder))
 
-    return write_atomically(output / MERGED_DIR, write)
+    return write_atomically(output / name, write)
+
+
+def _atomic_file(final: Path, writer: Callable[[Path], object]) -> Path:
+    """Write a file under a temporary name, then rename it: a reader never sees half a GGUF."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temp = final.with_name(f".{final.name}.tmp")
+    temp.unlink(missing_ok=True)
+    writer(temp)
+    temp.rename(final)
+    return final
+
+
+def save_formats(config: TrainerConfig, adapter: Path, tokenizer: Any, output: Path) -> dict[str, Path]:
+    """Every format of spec.output.formats from the saved adapter: merged (streamed), the GGUF base
+    and LoRA, the merged GGUF (converted from the streamed merge's folder, which is removed again
+    when merged itself was not asked for). Returns what was written by format."""
+    out = config.spec.output
+    written: dict[str, Path] = {"peft": adapter}
+    if written.keys() >= set(out.written):
+        return written
+    base = base_folder(config)
+    kind = out.gguf_type
+    if "merged" in out.written:
+        written["merged"] = save_merged(config, adapter, tokenizer, output)
+    if "gguf-lora" in out.written:
+        _atomic_file(output / gguf_base_file(kind), lambda temp: convert_model(base, temp, kind))
+        lora = output / gguf_adapter_file()
+        written["gguf-lora"] = _atomic_file(lora, lambda temp: convert_lora(adapter, base, temp, GGUF_ADAPTER_TYPE))
+    if "gguf" in out.written:
+        merged = written.get("merged") or save_merged(config, adapter, tokenizer, output, MERGED_FOR_GGUF)
+        target = output / gguf_merged_file(kind)
+        written["gguf"] = _atomic_file(target, lambda temp: convert_model(merged, temp, kind))
+        if "merged" not in written:
+            shutil.rmtree(merged, ignore_errors=True)
+    return written
 
 
 def write_summary(output: Path, summary: dict[str, Any]) -> Path:

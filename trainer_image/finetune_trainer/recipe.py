@@ -41,8 +41,9 @@ from .distributed import topology
 from .distributed.gradsync import all_equal, sum_figures
 from .distributed.resume import resume_point
 from .distributed.topology import Topology
-from .export import public_name, save_adapter, save_merged, write_summary
+from .export import public_name, save_adapter, save_formats, write_summary
 from .failures import TrainerFailure
+from .gguf_export import GgufError
 from .hardware import (
     apply_memory_cap,
     choose_attention,
@@ -522,15 +523,20 @@ class Recipe:
         """Rank 0: the adapter (and the merged model when asked), the last status."""
         try:
             self.adapter_path = save_adapter(self.adapter, self.tokenizer, self.output, public_name(self.config))
-            self.merged = (
-                save_merged(self.config, self.adapter_path, self.tokenizer, self.output)
-                if self.spec.output.merge
-                else None
-            )
+            self.formats = self._save_formats()
+            self.merged = self.formats.get("merged")
             if self.reporter is not None:
                 self.reporter.progress(self.progress.status_progress())
         finally:
             self.cleanup()
+
+    def _save_formats(self) -> dict[str, Path]:
+        """spec.output.formats beyond the adapter; a converter's failure is one line, not retried
+        (the same input fails again), with the adapter already written."""
+        try:
+            return save_formats(self.config, self.adapter_path, self.tokenizer, self.output)
+        except (GgufError, ValueError) as exc:
+            raise TrainerFailure(ExitReason.InvalidConfig, f"spec.output.formats: {exc}") from None
 
     # --- summary -------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -548,6 +554,7 @@ class Recipe:
             "trainedTokens": self.trained_tokens,
             "adapterPath": str(self.adapter_path),
             "mergedPath": str(self.merged) if self.merged else None,
+            "formats": {name: str(path) for name, path in self.formats.items()},
             "resumedFrom": checkpoint_ref(self.resume_from) if self.resume_from else None,
             "lastCheckpoint": checkpoint_ref(latest) if latest else None,
             "parallelism": self.launch.parallelism,
