@@ -28,11 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from finetune_api.contract import SAMPLES_FILE
 from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
 from finetune_plan.memory import GIB
 
-from . import existing, families, fingerprint, test_hooks
+from . import existing, families, fingerprint, samples, test_hooks
 from .checkpoints import Checkpoint, CheckpointStore, checkpoint_name
 from .data.batches import Row, Schedule, make_rows
 from .data.checks import DataReport
@@ -523,12 +524,42 @@ class Recipe:
         """Rank 0: the adapter (and the merged model when asked), the last status."""
         try:
             self.adapter_path = save_adapter(self.adapter, self.tokenizer, self.output, public_name(self.config))
+            self.samples_path = self._answer_samples()
             self.formats = self._save_formats()
             self.merged = self.formats.get("merged")
             if self.reporter is not None:
                 self.reporter.progress(self.progress.status_progress())
         finally:
             self.cleanup()
+
+    def _answer_samples(self) -> Path | None:
+        """output.samples: greedy answers with and without the adapter to samples.jsonl beside the
+        adapter, the first into status.sample. Rank 0 alone runs this, after the other ranks have
+        left: under fsdp it holds a shard of the model only, so it answers nothing there."""
+        asked = self.spec.output.samples
+        if asked.count == 0 and not asked.sample_prompts:
+            return None
+        if self.launch.parallelism == "fsdp":
+            log.info("output.samples: not answered under fsdp (rank 0 holds a shard of the model)")
+            return None
+        pools = [self.eval_samples, self.train_samples]
+        prompts = samples.choose_prompts(asked.sample_prompts, asked.count, pools, self.tokenizer)
+        if not prompts:
+            return None
+        device = self.mode.loop_device(self.device)
+        rows = samples.answer(
+            self.adapter.peft_model,
+            self.head,
+            self.tokenizer,
+            prompts,
+            max_new_tokens=asked.max_new_tokens,
+            device=device,
+        )
+        path = samples.write(self.adapter_path.parent / SAMPLES_FILE, rows)
+        emit("samples", path=str(path), count=len(rows))
+        if self.reporter is not None:
+            self.reporter.sample(samples.status_sample(rows, path))
+        return path
 
     def _save_formats(self) -> dict[str, Path]:
         """spec.output.formats beyond the adapter; a converter's failure is one line, not retried
@@ -555,6 +586,7 @@ class Recipe:
             "adapterPath": str(self.adapter_path),
             "mergedPath": str(self.merged) if self.merged else None,
             "formats": {name: str(path) for name, path in self.formats.items()},
+            "samplesPath": str(self.samples_path) if self.samples_path else None,
             "resumedFrom": checkpoint_ref(self.resume_from) if self.resume_from else None,
             "lastCheckpoint": checkpoint_ref(latest) if latest else None,
             "parallelism": self.launch.parallelism,
