@@ -52,6 +52,9 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_SERVER=OFF",
     "-DLLAMA_BUILD_COMMON=OFF",
     "-DLLAMA_CURL=OFF",
+    # libllama finds ggml beside itself wherever the folder is copied to.
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+    "-DCMAKE_INSTALL_RPATH=$ORIGIN",
 )
 
 

@@ -6,6 +6,7 @@ sdist (hack/llama_cpp.py builds it once into the cache: minutes the first time).
 as Hugging Face's tokenizer makes them, so the comparison is of the weights, not the tokenizers.
 """
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -119,3 +120,42 @@ def test_the_llama_server_command_of_the_status_loads_in_llama_cpp(llama: Any, e
     out = llm.create_completion("What sound does a cow make?", max_tokens=4, temperature=0.0)
     assert out["choices"][0]["text"] is not None
     llm.close()
+
+
+def test_a_trained_job_writes_every_format_and_its_gguf_answers_like_its_adapter(
+    llama: Any, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    """The trainer end to end: formats merged, gguf-lora and gguf after a short run, at the paths
+    the status names, and llama.cpp's greedy tokens on them are PEFT's on the trained adapter."""
+    from finetune_api import contract
+    from finetune_trainer.tiny_model import write_alpaca
+    from tests.trainer.conftest import make_job_dir
+
+    assets = tmp_path / "assets"
+    (assets / "models").mkdir(parents=True)
+    (assets / "models" / "tiny-llama").symlink_to(exported["base"])
+    write_alpaca(assets / "datasets" / "alpaca.jsonl")
+    (tmp_path / "job").mkdir()
+    job = make_job_dir(tmp_path / "job", assets)
+    job.spec_changes = {
+        "training": {"maxSteps": 6},
+        "checkpoints": {"everySteps": 6},
+        "output": {"formats": ["merged", "gguf-lora", "gguf"], "samples": {"count": 0}},
+    }
+    run = job.run(timeout=900, env={CONVERTERS_ENV: os.environ[CONVERTERS_ENV]})
+    assert run.code == 0, run.stderr[-3000:]
+    summary = json.loads((job.output / "summary.json").read_text())
+    assert sorted(summary["formats"]) == ["gguf", "gguf-lora", "merged", "peft"]
+    assert summary["formats"]["gguf"] == str(job.output / contract.gguf_merged_file("f16"))
+    assert summary["formats"]["gguf-lora"] == str(job.output / contract.gguf_adapter_file())
+    assert (job.output / contract.gguf_base_file("f16")).is_file()
+    assert not (job.output / ".merged-for-gguf").exists()
+    ids, tuned, _ = _hf_logits({"base": exported["base"], "adapter": job.output / "adapter"})
+    for prompt_ids, expected in zip(ids, tuned, strict=True):
+        lora = _llama_logits(
+            llama, job.output / contract.gguf_base_file("f16"), job.output / contract.gguf_adapter_file(), prompt_ids
+        )
+        merged = _llama_logits(llama, job.output / contract.gguf_merged_file("f16"), None, prompt_ids)
+        for got in (lora, merged):
+            assert torch.equal(got.argmax(-1), expected.argmax(-1))
+            assert float((got - expected).abs().max()) < F16_TOLERANCE
