@@ -30,6 +30,7 @@ llama-cpp: $(STAMP) ## llama.cpp of the pinned llama-cpp-python sdist, built onc
 	$(PY) -m hack.llama_cpp python
 
 test: $(STAMP) ## tests it: every test (sets itself up; starts and stops the local control plane)
+	$(PY) -m hack.llama_cpp python >/dev/null
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## tests that need neither the control plane nor the trainer

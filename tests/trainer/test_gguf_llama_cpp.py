@@ -20,6 +20,10 @@ from finetune_trainer.merge_stream import merge_folder
 from finetune_trainer.tiny_model import make_tiny_model
 from hack import llama_cpp as pinned
 
+# The first run builds libllama (hack/llama_cpp.py; `make test` builds it before pytest starts):
+# minutes on two busy cores, beyond the suite's per-test limit.
+pytestmark = pytest.mark.timeout(3600)
+
 PROMPTS = ["What sound does a cow make?", "Give the opposite of the word. hot", "Repeat the colours. red blue"]
 # f16 weights against the fp32 model: logits of magnitude ~3 move by a few 1e-3; 0.05 holds
 # with room (the measured figure is printed) and is far below the adapter's own effect (> 0.5).
