@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED := 1
 PINS := trainer_image/requirements.txt operator/requirements.txt tests/requirements.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: help dev test test-fast lint crds crds-check cluster-up cluster-down demo bench soak images-lint clean
+.PHONY: help dev llama-cpp test test-fast lint crds crds-check cluster-up cluster-down demo bench soak images-lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -26,7 +26,11 @@ $(STAMP): pyproject.toml $(PINS)
 
 dev: $(STAMP) ## create `.venv` with everything the tests need (from nothing)
 
+llama-cpp: $(STAMP) ## llama.cpp of the pinned llama-cpp-python sdist, built once into the cache: its GGUF converters and the bindings the GGUF tests load (the tests call it too)
+	$(PY) -m hack.llama_cpp python
+
 test: $(STAMP) ## tests it: every test (sets itself up; starts and stops the local control plane)
+	$(PY) -m hack.llama_cpp python >/dev/null
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## tests that need neither the control plane nor the trainer

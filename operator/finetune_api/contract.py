@@ -55,6 +55,38 @@ PREFLIGHT_POD_LABEL: Final = "finetune.dev/preflight"
 
 ADAPTER_DIR: Final = "adapter"
 MERGED_DIR: Final = "merged"
+GGUF_DIR: Final = "gguf"
+# The sample answers, beside the adapter (one JSON object a line).
+SAMPLES_FILE: Final = "samples.jsonl"
+# The GGUF adapter is f16 whatever ggufType: llama.cpp applies it to a quantised base as it is.
+GGUF_ADAPTER_TYPE: Final = "f16"
+
+
+def gguf_base_file(gguf_type: str) -> str:
+    """The base model alone as GGUF, what llama-server -m loads under a gguf-lora adapter."""
+    return f"{GGUF_DIR}/base-{gguf_type}.gguf"
+
+
+def gguf_adapter_file() -> str:
+    return f"{GGUF_DIR}/adapter-{GGUF_ADAPTER_TYPE}.gguf"
+
+
+def gguf_merged_file(gguf_type: str) -> str:
+    return f"{GGUF_DIR}/merged-{gguf_type}.gguf"
+
+
+def public_model_name(spec: "FineTuneJobSpec", config_name: str | None, folder: str) -> str:
+    """The base model's public name, what the adapter names (base_model_name_or_path) and a server
+    serves it as: spec.model.name, else the hub id, else the name the checkpoint's config carries
+    (`_name_or_path`, when it is a name and not a local folder), else the folder."""
+    if spec.model.name:
+        return spec.model.name
+    if spec.model.source.hub is not None:
+        return spec.model.source.hub.id
+    if config_name and not config_name.startswith(("/", ".", "~")):
+        return config_name
+    return folder
+
 
 # --- claims ----------------------------------------------------------------------------------
 

@@ -115,6 +115,16 @@ class DatasetSource(_OneSource):
 
 class ModelSpec(ApiModel):
     source: ModelSource = Field(description="Where the base model (a Hugging Face folder) comes from.")
+    name: (
+        Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)?$")]
+        | None
+    ) = Field(
+        default=None,
+        description="The model's public name, e.g. meta-llama/Llama-3.3-70B-Instruct: what the adapter's "
+        "adapter_config.json names as its base (base_model_name_or_path), so a server that serves the model "
+        "under that name (vLLM) takes the adapter as it is. Unset: the hub id for a hub model; for a PVC model "
+        "the _name_or_path its config.json carries, else the folder.",
+    )
 
 
 DatasetFormat = Literal["alpaca", "sharegpt", "messages", "text", "completion"]
@@ -347,6 +357,47 @@ class OutputStorage(ApiModel):
 
 ONE_OUTPUT = "exactly one of pvc or storage must be set"
 OnExisting = Literal["resume", "fresh", "fail"]
+# What the job writes beside the checkpoints: peft is always written (the others are made from it).
+OutputFormat = Literal["peft", "merged", "gguf-lora", "gguf"]
+OUTPUT_FORMATS: Final[tuple[OutputFormat, ...]] = ("peft", "merged", "gguf-lora", "gguf")
+# q4_k_m is left out: it needs llama.cpp's C++ quantiser, which the trainer image does not build.
+GgufType = Literal["f16", "q8_0"]
+# vLLM's default --max-lora-rank: an adapter of a higher rank needs the flag.
+VLLM_DEFAULT_MAX_LORA_RANK: Final = 16
+VLLM_LORA_RANKS: Final = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_lora_rank(r: int) -> int:
+    """The smallest --max-lora-rank vLLM allows that holds rank r."""
+    return next(rank for rank in VLLM_LORA_RANKS if rank >= r)
+
+
+def lora_rank_warning(r: int) -> str | None:
+    """The line `ftjob validate` and the status give for an adapter vLLM refuses by default."""
+    if r <= VLLM_DEFAULT_MAX_LORA_RANK:
+        return None
+    return (
+        f"lora.r is {r}: vLLM serves LoRA ranks up to {VLLM_DEFAULT_MAX_LORA_RANK} by default; "
+        f"serve it with --max-lora-rank {vllm_max_lora_rank(r)}"
+    )
+
+
+def _peft_only() -> list[OutputFormat]:
+    return ["peft"]
+
+
+class SamplesSpec(ApiModel):
+    count: Annotated[int, Field(ge=0, le=32)] = Field(
+        default=3,
+        description="Prompts answered after training (0: none): the first ones of the eval split (of the training "
+        "data without one), or samplePrompts.",
+    )
+    sample_prompts: Annotated[list[Annotated[str, Field(min_length=1, max_length=4096)]], Field(max_length=32)] = Field(
+        default_factory=list, description="Prompts to answer instead of the data's."
+    )
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = Field(
+        default=128, description="Greedy tokens generated per answer."
+    )
 
 
 class OutputSpec(ApiModel):
@@ -356,7 +407,25 @@ class OutputSpec(ApiModel):
 
     pvc: OutputPvc | None = None
     storage: OutputStorage | None = None
-    merge: bool = Field(default=False, description="Also write the adapter merged into the base model.")
+    merge: bool = Field(
+        default=False, description="Also write the adapter merged into the base model (formats: merged)."
+    )
+    formats: Annotated[list[OutputFormat], Field(max_length=4)] = Field(
+        default_factory=_peft_only,
+        description="What to write: peft (the adapter folder, always written), merged (the base with the adapter "
+        "added, safetensors, streamed shard by shard), gguf-lora (the adapter for llama.cpp's --lora, with the base "
+        "as GGUF beside it) and gguf (the merged model as one GGUF of ggufType), with llama.cpp's own converters.",
+    )
+    gguf_type: GgufType = Field(
+        default="f16",
+        description="Tensor type of the GGUF model files (the GGUF LoRA is f16): f16 or q8_0, as llama.cpp's "
+        "converter writes them. For q4_k_m, run llama.cpp's llama-quantize on the f16 file.",
+    )
+    samples: SamplesSpec = Field(
+        default_factory=SamplesSpec,
+        description="Greedy answers after training, with the adapter and with the base, to samples.jsonl beside "
+        "the adapter; the first answer goes to status.output.sample.",
+    )
     on_existing: OnExisting = Field(
         default="resume",
         description="What a new job does with checkpoints it finds in its output folder that another job wrote "
@@ -371,6 +440,12 @@ class OutputSpec(ApiModel):
         if (self.pvc is None) == (self.storage is None):
             raise ValueError(ONE_OUTPUT)
         return self
+
+    @property
+    def written(self) -> tuple[OutputFormat, ...]:
+        """The formats written, in the API's order: peft always, merged also for merge: true."""
+        asked = {"peft", *self.formats, *(("merged",) if self.merge else ())}
+        return tuple(f for f in OUTPUT_FORMATS if f in asked)
 
 
 # --- where it runs -------------------------------------------------------------------------

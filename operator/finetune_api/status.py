@@ -69,10 +69,42 @@ class CheckpointRef(ApiModel):
     time: Timestamp | None = None
 
 
-class OutputPaths(ApiModel):
-    adapter_path: Annotated[str, Field(max_length=4096)] | None = None
-    merged_path: Annotated[str, Field(max_length=4096)] | None = None
+Path = Annotated[str, Field(max_length=4096)]
+
+
+class OutputFile(ApiModel):
+    """One format the job writes (spec.output.formats), where it lands and how to serve it."""
+
+    format: Annotated[str, Field(max_length=16)]
     claim_name: Annotated[str, Field(max_length=253)] | None = None
+    path: Path | None = Field(default=None, description="The folder (peft, merged) or file (gguf) in the claim.")
+    base_path: Path | None = Field(default=None, description="gguf-lora: the base model as GGUF, beside it.")
+    serve: Annotated[str, Field(max_length=8192)] | None = Field(
+        default=None, description="A command that serves it, with the claim mounted at /mnt/output."
+    )
+
+
+class OutputPaths(ApiModel):
+    adapter_path: Path | None = None
+    merged_path: Path | None = None
+    claim_name: Annotated[str, Field(max_length=253)] | None = None
+    base_model: Annotated[str, Field(max_length=4096)] | None = Field(
+        default=None, description="The base model's public name, as adapter_config.json names it."
+    )
+    rank: int | None = Field(default=None, description="lora.r")
+    alpha: int | None = Field(default=None, description="lora.alpha")
+    target_modules: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=64)] | None = None
+    formats: Annotated[list[OutputFile], Field(max_length=8)] | None = None
+    warning: Message | None = Field(default=None, description="What a server needs told, e.g. --max-lora-rank.")
+
+
+class Sample(ApiModel):
+    """The first of the sample answers (samples.jsonl beside the adapter has them all)."""
+
+    prompt: Annotated[str, Field(max_length=1024)] | None = None
+    answer: Annotated[str, Field(max_length=1024)] | None = Field(default=None, description="With the adapter.")
+    base_answer: Annotated[str, Field(max_length=1024)] | None = Field(default=None, description="Without it.")
+    path: Path | None = Field(default=None, description="samples.jsonl")
 
 
 class PreemptionRef(ApiModel):
@@ -132,6 +164,7 @@ class FineTuneJobStatus(ApiModel):
     observed_generation: int | None = None
     progress: Annotated[Progress | None, BY_TRAINER] = None
     last_checkpoint: Annotated[CheckpointRef | None, BY_TRAINER] = None
+    sample: Annotated[Sample | None, BY_TRAINER] = None
     restarts: int | None = None
     start_time: Timestamp | None = None
     completion_time: Timestamp | None = None

@@ -122,14 +122,7 @@ def describe(job: dict[str, Any]) -> str:
     else:
         # Only what this job reported: a re-created job's start may find older ones (its message says).
         lines.append("Checkpoint:  none reported by this job")
-    output = status.get("output") or {}
-    if output:
-        pieces = [
-            f"claim {output['claimName']}" if output.get("claimName") else "",
-            f"adapter {output['adapterPath']}" if output.get("adapterPath") else "",
-            f"merged {output['mergedPath']}" if output.get("mergedPath") else "",
-        ]
-        lines.append(f"Output:      {', '.join(p for p in pieces if p)}")
+    lines.extend(output_lines(status.get("output") or {}, status.get("sample") or {}))
     lines.append(f"Restarts:    {status.get('restarts') or 0}")
     if status.get("startTime"):
         lines.append(f"Started:     {status['startTime']} ({age(status['startTime'])} ago)")
@@ -153,6 +146,31 @@ def describe(job: dict[str, Any]) -> str:
         for r in rows:
             lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
     return "\n".join(line.rstrip() for line in lines)
+
+
+def output_lines(output: dict[str, Any], sample: dict[str, Any]) -> list[str]:
+    """What the job writes and how to serve it (status.output), and its first sample answer."""
+    lines = []
+    if output:
+        pieces = [
+            f"claim {output['claimName']}" if output.get("claimName") else "",
+            f"adapter {output['adapterPath']}" if output.get("adapterPath") else "",
+            f"merged {output['mergedPath']}" if output.get("mergedPath") else "",
+        ]
+        lines.append(f"Output:      {', '.join(p for p in pieces if p)}")
+    if output.get("baseModel"):
+        targets = ",".join(output.get("targetModules") or [])
+        lines.append(
+            f"Adapter:     base {output['baseModel']}, rank {output.get('rank')}, alpha {output.get('alpha')}"
+            + (f", modules {targets}" if targets else "")
+        )
+    for entry in output.get("formats") or []:
+        lines.append(f"Serve {entry.get('format', '?')}: ".ljust(13) + str(entry.get("serve") or entry.get("path")))
+    if output.get("warning"):
+        lines.append(f"Warning:     {one_line(output['warning'])}")
+    if sample.get("answer") is not None:
+        lines.append(f"Sample:      {one_line(str(sample.get('prompt') or ''))!r} -> {one_line(sample['answer'])!r}")
+    return lines
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ import yaml
 from finetune_api import ManifestError, ParsedDocument, images, parse_file
 from finetune_api.constants import DEFAULT_IMAGE
 from finetune_api.problems import format_problems
+from finetune_api.spec import lora_rank_warning
 from finetune_plan.pod import memory_refusal, pod_plan
 
 from .claim_paths import path_problems
@@ -152,6 +153,15 @@ def volume_problems(path: str, documents: list[ParsedDocument], volumes: Path) -
     ]
 
 
+def serving_warnings(path: str, documents: list[ParsedDocument]) -> list[str]:
+    """`FILE: warning: ...` for a valid job a server refuses as is (vLLM's LoRA rank limit)."""
+    lines = []
+    for doc in documents:
+        if doc.job is not None and (warning := lora_rank_warning(doc.job.spec.lora.r)):
+            lines.append(f"{_source(path, documents, doc)}: warning: {warning}")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     model_config = read_json(Path(args.model_config), "--model-config") if args.model_config else None
     allow_list = read_allow_list(Path(args.values)) if args.values else None
@@ -183,4 +193,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"{path}: valid; family {' | '.join(dict.fromkeys(notes))}")
         else:
             print(f"{path}: valid")
+        for line in serving_warnings(path, documents):
+            print(line)
     return code

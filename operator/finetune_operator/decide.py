@@ -23,7 +23,7 @@ from finetune_plan.pod import memory_refusal, pod_plan
 
 from . import guardrails, preflight, workloads
 from .builders import job as job_builder
-from .builders import multinode, network, paths
+from .builders import multinode, network, serving
 from .builders import preflight as preflight_builder
 from .builders import pvc as pvc_builder
 from .children import Owner
@@ -155,14 +155,7 @@ def network_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) ->
 
 
 def output_status(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "claimName": pvc_builder.output_claim_name(owner, spec),
-        "adapterPath": paths.adapter_path(owner.name, spec),
-    }
-    merged = paths.merged_path(owner.name, spec)
-    if merged:
-        out["mergedPath"] = merged
-    return out
+    return serving.output_status(owner.name, spec, pvc_builder.output_claim_name(owner, spec))
 
 
 def job_patch(job: Body, spec: FineTuneJobSpec, settings: Settings) -> Body:

@@ -153,3 +153,12 @@ def test_image_requirements_are_exact_pins_of_what_the_tests_run(requirements: P
     assert not mismatched, "\n".join(mismatched)
     # CI installs every pin (`make dev` takes these files as constraints): none may be absent there.
     assert not (missing and in_ci()), f"pinned but not installed under CI: {missing}"
+
+
+def test_the_trainer_image_unpacks_the_llama_cpp_the_tests_pin() -> None:
+    """The GGUF converters in the image are those the GGUF tests run (hack/llama_cpp.py)."""
+    from hack import llama_cpp
+
+    text = (REPO / "trainer_image" / "Dockerfile").read_text()
+    assert f"ARG LLAMA_CPP_PYTHON_VERSION={llama_cpp.VERSION}\n" in text
+    assert "ENV FINETUNE_LLAMA_CPP=/opt/llama.cpp" in text

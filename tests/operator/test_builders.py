@@ -54,11 +54,11 @@ def test_the_pod_template_carries_the_trainer_config_and_a_volume_makes_it_the_c
 def test_output_path_follows_the_pvc_path_and_status_points_at_the_adapter():
     s = spec(output={"pvc": {"claimName": "outputs", "path": "runs/a"}, "merge": True})
     assert config.trainer_config(OWNER, s).paths.output == "/mnt/output/runs/a"
-    assert output_status(OWNER, s) == {
-        "claimName": "outputs",
-        "adapterPath": "/mnt/output/runs/a/adapter",
-        "mergedPath": "/mnt/output/runs/a/merged",
-    }
+    out = output_status(OWNER, s)
+    assert out["claimName"] == "outputs"
+    assert out["adapterPath"] == "/mnt/output/runs/a/adapter"
+    assert out["mergedPath"] == "/mnt/output/runs/a/merged"
+    assert [f["format"] for f in out["formats"]] == ["peft", "merged"]
 
 
 def test_every_owned_child_points_at_the_finetunejob_and_carries_the_job_label():

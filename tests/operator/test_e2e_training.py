@@ -44,7 +44,7 @@ def checkpointed(jobs: Jobs, name: str) -> dict | None:
 def test_tiny_cpu_job_trains_reports_progress_and_leaves_an_adapter(
     jobs: Jobs, training_volumes: dict[str, Path], operator: OperatorProcess
 ) -> None:
-    jobs.create("tiny", cpu_spec())
+    jobs.create("tiny", cpu_spec(output={"samples": {"count": 1, "maxNewTokens": 8}}))
     phases, steps, status = watch_until_done(jobs, "tiny")
     assert status["phase"] == "Succeeded", status
     assert "Running" in phases
@@ -54,6 +54,11 @@ def test_tiny_cpu_job_trains_reports_progress_and_leaves_an_adapter(
     adapter = host_path(training_volumes, status["output"]["adapterPath"])
     assert (adapter / "adapter_config.json").is_file()
     assert any(adapter.glob("adapter_model.*"))
+    # output.samples: samples.jsonl beside the adapter, its first answer in the status.
+    sample = status["sample"]
+    rows = [json.loads(line) for line in host_path(training_volumes, sample["path"]).read_text().splitlines()]
+    assert len(rows) == 1 and sample["prompt"] == rows[0]["prompt"][:240] and sample["answer"] == rows[0]["answer"]
+    assert [f["format"] for f in status["output"]["formats"]] == ["peft"]
     assert status["restarts"] == 0
     assert status["startTime"] and status["completionTime"]
     assert jobs.events_with("tiny", "JobCreated", "Running", "Succeeded")

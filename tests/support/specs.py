@@ -15,7 +15,8 @@ SETTINGS = Settings(trainer_image="registry.example/trainer:1", default_cpu="2",
 BASE: dict[str, Any] = {
     "model": {"source": {"pvc": {"claimName": "models", "path": "tiny-llama"}}},
     "dataset": {"source": {"pvc": {"claimName": "datasets", "path": "tiny/alpaca.jsonl"}}, "format": "alpaca"},
-    "output": {"pvc": {"claimName": "outputs"}},
+    # Sample answers kept short: the trainer runs a few greedy forwards on the CPU, not hundreds.
+    "output": {"pvc": {"claimName": "outputs"}, "samples": {"count": 1, "maxNewTokens": 8}},
     "precision": "fp32",
     "training": {"maxSteps": 6, "batchSize": 2, "gradientAccumulation": 1, "maxLength": 64},
     "checkpoints": {"everySteps": 2, "keep": 2},

@@ -52,7 +52,8 @@ BASE_JOB: dict[str, Any] = {
             "seed": 42,
         },
         "checkpoints": {"everySteps": 10, "keep": 2},
-        "output": {"pvc": {"claimName": "outputs"}},
+        # Sample answers kept short: a few dozen greedy forwards on the CPU.
+        "output": {"pvc": {"claimName": "outputs"}, "samples": {"count": 2, "maxNewTokens": 12}},
         "resources": {"gpus": 0, "cpu": "1"},
     },
 }

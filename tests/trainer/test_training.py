@@ -64,6 +64,14 @@ def test_tiny_llama_learns_through_the_full_recipe(reference_run: tuple[JobDir, 
     # Alpaca trains on the answers: fewer targets than tokens, the same counts in the summary.
     assert (progress["tokens"], progress["trainedTokens"]) == (summary["tokens"], summary["trainedTokens"])
     assert 0 < summary["trainedTokens"] < summary["tokens"]
+    # output.samples: greedy answers with the adapter and without, beside the adapter.
+    rows = [json.loads(line) for line in (job.output / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and summary["samplesPath"] == str(job.output / "samples.jsonl")
+    assert all(set(row) == {"prompt", "answer", "baseAnswer"} and row["prompt"] for row in rows)
+    assert any(row["answer"] != row["baseAnswer"] for row in rows), rows
+    # The adapter names its base: no name anywhere here, so the folder it was loaded from.
+    config = json.loads((job.output / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"].endswith("tiny-llama")
 
 
 def test_unreachable_api_server_never_stops_training(reference_run: tuple[JobDir, Run]) -> None:

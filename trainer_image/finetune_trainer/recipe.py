@@ -28,11 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from finetune_api.contract import SAMPLES_FILE
 from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
 from finetune_plan.memory import GIB
 
-from . import existing, families, fingerprint, test_hooks
+from . import existing, families, fingerprint, samples, test_hooks
 from .checkpoints import Checkpoint, CheckpointStore, checkpoint_name
 from .data.batches import Row, Schedule, make_rows
 from .data.checks import DataReport
@@ -41,8 +42,9 @@ from .distributed import topology
 from .distributed.gradsync import all_equal, sum_figures
 from .distributed.resume import resume_point
 from .distributed.topology import Topology
-from .export import save_adapter, save_merged, write_summary
+from .export import public_name, save_adapter, save_formats, write_summary
 from .failures import TrainerFailure
+from .gguf_export import GgufError
 from .hardware import (
     apply_memory_cap,
     choose_attention,
@@ -521,16 +523,51 @@ class Recipe:
     def export(self) -> None:
         """Rank 0: the adapter (and the merged model when asked), the last status."""
         try:
-            self.adapter_path = save_adapter(self.adapter, self.tokenizer, self.output)
-            self.merged = (
-                save_merged(self.config, self.adapter_path, self.tokenizer, self.output)
-                if self.spec.output.merge
-                else None
-            )
+            self.adapter_path = save_adapter(self.adapter, self.tokenizer, self.output, public_name(self.config))
+            self.samples_path = self._answer_samples()
+            self.formats = self._save_formats()
+            self.merged = self.formats.get("merged")
             if self.reporter is not None:
                 self.reporter.progress(self.progress.status_progress())
         finally:
             self.cleanup()
+
+    def _answer_samples(self) -> Path | None:
+        """output.samples: greedy answers with and without the adapter to samples.jsonl beside the
+        adapter, the first into status.sample. Rank 0 alone runs this, after the other ranks have
+        left: under fsdp it holds a shard of the model only, so it answers nothing there."""
+        asked = self.spec.output.samples
+        if asked.count == 0 and not asked.sample_prompts:
+            return None
+        if self.launch.parallelism == "fsdp":
+            log.info("output.samples: not answered under fsdp (rank 0 holds a shard of the model)")
+            return None
+        pools = [self.eval_samples, self.train_samples]
+        prompts = samples.choose_prompts(asked.sample_prompts, asked.count, pools, self.tokenizer)
+        if not prompts:
+            return None
+        device = self.mode.loop_device(self.device)
+        rows = samples.answer(
+            self.adapter.peft_model,
+            self.head,
+            self.tokenizer,
+            prompts,
+            max_new_tokens=asked.max_new_tokens,
+            device=device,
+        )
+        path = samples.write(self.adapter_path.parent / SAMPLES_FILE, rows)
+        emit("samples", path=str(path), count=len(rows))
+        if self.reporter is not None:
+            self.reporter.sample(samples.status_sample(rows, path))
+        return path
+
+    def _save_formats(self) -> dict[str, Path]:
+        """spec.output.formats beyond the adapter; a converter's failure is one line, not retried
+        (the same input fails again), with the adapter already written."""
+        try:
+            return save_formats(self.config, self.adapter_path, self.tokenizer, self.output)
+        except (GgufError, ValueError) as exc:
+            raise TrainerFailure(ExitReason.InvalidConfig, f"spec.output.formats: {exc}") from None
 
     # --- summary -------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -548,6 +585,8 @@ class Recipe:
             "trainedTokens": self.trained_tokens,
             "adapterPath": str(self.adapter_path),
             "mergedPath": str(self.merged) if self.merged else None,
+            "formats": {name: str(path) for name, path in self.formats.items()},
+            "samplesPath": str(self.samples_path) if self.samples_path else None,
             "resumedFrom": checkpoint_ref(self.resume_from) if self.resume_from else None,
             "lastCheckpoint": checkpoint_ref(latest) if latest else None,
             "parallelism": self.launch.parallelism,

@@ -1,4 +1,5 @@
-"""Live progress into the FineTuneJob: `status.progress` and `status.lastCheckpoint`, nothing else.
+"""Live progress into the FineTuneJob: `status.progress`, `status.lastCheckpoint` and, once
+trained, `status.sample` (the first sample answer); nothing else.
 
 The trainer uses its pod's ServiceAccount (or KUBECONFIG when set) and sends JSON merge patches
 to the status subresource, at most every `interval` seconds plus at each checkpoint. Patching
@@ -92,6 +93,12 @@ class StatusReporter:
     def checkpoint(self, step: int, path: str, when: str) -> None:
         with self._wake:
             self._pending["lastCheckpoint"] = {"step": step, "path": path, "time": when}
+            self._due = True
+            self._wake.notify()
+
+    def sample(self, sample: dict[str, Any]) -> None:
+        with self._wake:
+            self._pending["sample"] = sample
             self._due = True
             self._wake.notify()
 

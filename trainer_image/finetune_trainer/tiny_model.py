@@ -85,6 +85,35 @@ def train_tokenizer(vocab_size: int = 512) -> Any:
     return tokenizer
 
 
+def train_llama_tokenizer(vocab_size: int = 512) -> Any:
+    """Llama 2's kind of tokenizer.json (BPE over `▁`-joined words with byte fallback): the kind
+    llama.cpp's converter reads without a known pre-tokenizer hash, so a tiny model made with it
+    converts to GGUF (a byte-level BPE trained here has a hash no converter knows)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<pad>"]
+    core = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    core.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    core.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size + len(byte_tokens), special_tokens=specials + byte_tokens, show_progress=False
+    )
+    core.train_from_iterator(_corpus(), trainer=trainer)
+    bos = core.token_to_id("<s>")
+    core.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
 def make_tiny_model(
     folder: Path,
     *,
@@ -95,12 +124,14 @@ def make_tiny_model(
     intermediate: int = 128,
     vocab_size: int = 512,
     seed: int = 0,
+    llama_tokenizer: bool = False,
 ) -> Path:
-    """Write a random-init LlamaForCausalLM (float32 safetensors) and its tokenizer into `folder`."""
+    """Write a random-init LlamaForCausalLM (float32 safetensors) and its tokenizer into `folder`
+    (Llama 2's kind of tokenizer with `llama_tokenizer`, which llama.cpp's converter takes)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = train_tokenizer(vocab_size)
+    tokenizer = train_llama_tokenizer(vocab_size) if llama_tokenizer else train_tokenizer(vocab_size)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,

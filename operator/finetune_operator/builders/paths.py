@@ -22,4 +22,4 @@ def adapter_path(job: str, spec: FineTuneJobSpec) -> str:
 
 
 def merged_path(job: str, spec: FineTuneJobSpec) -> str | None:
-    return f"{output_dir(job, spec)}/{contract.MERGED_DIR}" if spec.output.merge else None
+    return f"{output_dir(job, spec)}/{contract.MERGED_DIR}" if "merged" in spec.output.written else None

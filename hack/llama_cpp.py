@@ -1,0 +1,169 @@
+"""llama.cpp, pinned: its converters for the GGUF export, and llama-cpp-python to test the result.
+
+The `llama-cpp-python` sdist vendors one llama.cpp tree: `convert_hf_to_gguf.py`,
+`convert_lora_to_gguf.py`, their `conversion/` package and the matching `gguf-py`. Those are
+what the trainer runs (the trainer image unpacks the same sdist), so the GGUF files are written
+by llama.cpp's own code, and read back in the tests by the same llama.cpp compiled from it.
+
+Only package registries are reachable: the sdist comes from the package index and is built here
+with the machine's compiler (pip's isolated build brings scikit-build-core, and cmake and ninja
+from the index where the machine has none). A build happens once per version,
+under a lock, into a temporary folder renamed into place, like the Go binaries (hack/cluster):
+
+    ~/.cache/finetune-operator/llama-cpp-python/<version>/
+        sdist/llama_cpp_python-<version>.tar.gz
+        llama.cpp/       convert_*.py, conversion/, gguf-py/   (`converters`)
+        python/llama_cpp/  the sdist's bindings + lib/libllama.so  (`python_package`)
+
+    python -m hack.llama_cpp converters   # unpack the converters; prints their folder
+    python -m hack.llama_cpp python       # build libllama once; prints the folder for sys.path
+"""
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .cluster.layout import binary_cache_root
+
+VERSION = "0.3.36"
+# The gguf package its llama.cpp vendors (gguf-py/pyproject.toml): the image installs this one.
+GGUF_VERSION = "0.19.0"
+PACKAGE = "llama-cpp-python"
+VENDOR = "vendor/llama.cpp"
+PYTHON_ENV = "LLAMA_CPP_PYTHON"
+CONVERTER_PARTS = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion", "gguf-py")
+# A CPU build of the library alone: no native tuning (a cached build may move between machines
+# of one kind), no tools, examples, tests, common or multimodal library: the bindings load
+# libllama and ggml, and the rest would double a build on two cores (pip's wheel build of the
+# sdist compiles all of it: over 40 minutes here).
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_COMMON=OFF",
+    "-DLLAMA_CURL=OFF",
+    # libllama finds ggml beside itself wherever the folder is copied to.
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+    "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+)
+
+
+def cache_dir(version: str = VERSION) -> Path:
+    return binary_cache_root() / "llama-cpp-python" / version
+
+
+@contextmanager
+def _lock(folder: Path) -> Iterator[None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True)
+
+
+def sdist(version: str = VERSION) -> Path:
+    """The pinned sdist, downloaded once."""
+    folder = cache_dir(version) / "sdist"
+    found = sorted(folder.glob("*.tar.gz")) if folder.is_dir() else []
+    if found:
+        return found[0]
+    temp = Path(tempfile.mkdtemp(prefix=".sdist-", dir=cache_dir(version)))
+    _pip("download", "--no-deps", "--no-binary", ":all:", f"{PACKAGE}=={version}", "-d", str(temp))
+    shutil.rmtree(folder, ignore_errors=True)
+    temp.rename(folder)
+    return sorted(folder.glob("*.tar.gz"))[0]
+
+
+def converters(version: str = VERSION) -> Path:
+    """llama.cpp's converters and gguf-py from the sdist, unpacked once; returns their folder."""
+    target = cache_dir(version) / "llama.cpp"
+    if (target / "convert_hf_to_gguf.py").is_file():
+        return target
+    with _lock(cache_dir(version)):
+        if (target / "convert_hf_to_gguf.py").is_file():
+            return target
+        archive = sdist(version)
+        temp = Path(tempfile.mkdtemp(prefix=".llama.cpp-", dir=cache_dir(version)))
+        with tarfile.open(archive) as tar:
+            root = tar.getnames()[0].split("/")[0]
+            prefixes = tuple(f"{root}/{VENDOR}/{part}" for part in CONVERTER_PARTS)
+            members = [m for m in tar.getmembers() if m.name.startswith(prefixes)]
+            tar.extractall(temp, members=members, filter="data")
+        (temp / root / VENDOR).rename(temp / "tree")
+        (temp / "tree").rename(target)
+        shutil.rmtree(temp)
+    return target
+
+
+def _build_library(source: Path, build: Path) -> Path:
+    """libllama and ggml, shared, for the CPU: the only targets the bindings load."""
+    configure = ["cmake", "-S", str(source), "-B", str(build), "-DBUILD_SHARED_LIBS=ON", *CMAKE_FLAGS]
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
+    jobs = str(os.cpu_count() or 2)
+    subprocess.run(
+        ["cmake", "--build", str(build), "--target", "llama", "-j", jobs], check=True, stdout=subprocess.DEVNULL
+    )
+    return build / "bin"
+
+
+def python_package(version: str = VERSION) -> Path:
+    """The folder to put on sys.path for `import llama_cpp`: the sdist's bindings with libllama
+    and ggml built from its vendored llama.cpp in `llama_cpp/lib`, where they look first. Built
+    once per version (minutes on two cores). `LLAMA_CPP_PYTHON`, when set, names such a folder
+    built elsewhere, as KUBEBUILDER_ASSETS does for the Go binaries."""
+    supplied = os.environ.get(PYTHON_ENV)
+    if supplied:
+        return Path(supplied)
+    target = cache_dir(version) / "python"
+    if (target / "llama_cpp" / "lib" / "libllama.so").exists():
+        return target
+    with _lock(cache_dir(version)):
+        if (target / "llama_cpp" / "lib" / "libllama.so").exists():
+            return target
+        archive = sdist(version)
+        temp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_dir(version)))
+        with tarfile.open(archive) as tar:
+            tar.extractall(temp / "src", filter="data")
+        root = next((temp / "src").iterdir())
+        lib = _build_library(root / VENDOR, temp / "build")
+        package = temp / "python" / "llama_cpp"
+        shutil.copytree(root / "llama_cpp", package, ignore=shutil.ignore_patterns("server"))
+        (package / "lib").mkdir()
+        for item in lib.glob("*.so*"):
+            shutil.copy2(item, package / "lib" / item.name, follow_symlinks=False)
+        shutil.rmtree(target, ignore_errors=True)
+        (temp / "python").rename(target)
+        shutil.rmtree(temp)
+    return target
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else "python"
+    if command == "converters":
+        print(converters())
+    elif command == "python":
+        converters()
+        print(python_package())
+    else:
+        print(f"usage: python -m hack.llama_cpp [converters|python], not {command!r}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
