@@ -28,7 +28,7 @@ from hack.cluster.control_plane import ClusterState, admin_ssl_context, http_ok
 from hack.cluster.layout import REPO_ROOT, STATE_DIR_ENV, Layout
 from hack.cluster.pki import Pki
 from tests.reliability.cluster_kit import LOAD_SPEC
-from tests.support.harness import Jobs, OperatorProcess, wait_for
+from tests.support.harness import NO_INPUT_CHECK, Jobs, OperatorProcess, wait_for
 
 from .cluster_kit import add_gpu_nodes, has_default_sa, load_pvcs, our_identity
 
@@ -96,7 +96,9 @@ def scenario(layout: Layout, tmp_path: Path, jobs: int, restarts: int, gap_s: fl
     load_pvcs(core, namespace)
     add_gpu_nodes(core, "restart", 4)
     kubeconfig = our_identity(api, layout.kubeconfig, tmp_path, "restart")
-    operator = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log", env={"FINETUNE_LOG_LEVEL": "INFO"})
+    operator = OperatorProcess(
+        kubeconfig, namespace, tmp_path / "operator.log", env=NO_INPUT_CHECK | {"FINETUNE_LOG_LEVEL": "INFO"}
+    )
     operator.start()
     ft = Jobs(api, namespace)
     batch = client.BatchV1Api(api)

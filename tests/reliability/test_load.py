@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 
 from tests.fixtures.cluster import Cluster
-from tests.support.harness import Jobs, OperatorProcess, wait_for
+from tests.support.harness import NO_INPUT_CHECK, Jobs, OperatorProcess, wait_for
 
 from .cluster_kit import (
     LOAD_SPEC,
@@ -200,7 +200,7 @@ def compare(
                 ours_config,
                 ours_ns,
                 tmp_path / f"ours-{index}.log",
-                env={"FINETUNE_LOG_LEVEL": "INFO", "FINETUNE_RESYNC_SECONDS": "30"},
+                env=NO_INPUT_CHECK | {"FINETUNE_LOG_LEVEL": "INFO", "FINETUNE_RESYNC_SECONDS": "30"},
             )
             runs = [(floor_ns, floor_op, "floor"), (ours_ns, ours_op, "ours")]
             figures: dict[str, LoadFigures] = {}

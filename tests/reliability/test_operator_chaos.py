@@ -24,7 +24,7 @@ from kubernetes import client
 from finetune_operator.crash_hook import CRASH_EXIT_CODE
 from tests.fixtures.cluster import Cluster
 from tests.reliability.cluster_kit import LOAD_SPEC
-from tests.support.harness import Jobs, OperatorProcess, wait_for
+from tests.support.harness import NO_INPUT_CHECK, Jobs, OperatorProcess, wait_for
 
 from .cluster_kit import (
     JobWatch,
@@ -72,7 +72,9 @@ def chaos(cluster: Cluster, kube: client.ApiClient, tmp_path: Path, jobs: int, k
             for round_ in range(kills):
                 crash_after = rng.choice(CRASH_KINDS) if round_ % 2 else None
                 env = {"FINETUNE_TEST_CRASH_AFTER": crash_after} if crash_after else {}
-                operator = OperatorProcess(config, namespace, log, env={**env, "FINETUNE_LOG_LEVEL": "INFO"})
+                operator = OperatorProcess(
+                    config, namespace, log, env={**env, **NO_INPUT_CHECK, "FINETUNE_LOG_LEVEL": "INFO"}
+                )
                 operator.start(wait=False)
                 # Feed jobs in while the operator lives, a burst per round.
                 burst = max(1, len(pending) // max(1, kills - round_))
@@ -91,7 +93,9 @@ def chaos(cluster: Cluster, kube: client.ApiClient, tmp_path: Path, jobs: int, k
                 )
             for name in pending:
                 ft.create(name, LOAD_SPEC)
-            operator = OperatorProcess(config, namespace, log, env={"FINETUNE_LOG_LEVEL": "INFO"}).start()
+            operator = OperatorProcess(
+                config, namespace, log, env=NO_INPUT_CHECK | {"FINETUNE_LOG_LEVEL": "INFO"}
+            ).start()
             terminal = ("Succeeded", "Failed")
 
             def all_terminal() -> bool:

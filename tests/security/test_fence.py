@@ -657,13 +657,29 @@ NETWORK_VARIANTS: list[tuple[str, Callable[[dict[str, Any]], object], str]] = [
 ]
 
 
+@pytest.fixture(scope="module")
+def network_fence(kube: client.ApiClient, fenced: Fenced) -> Fenced:
+    """The fenced token once the NetworkPolicy fence reads its parameter. The binding admits
+    everything while the API server has not found the chart's rules object (Allow: see
+    files/operator-fence-policy.yaml), so the chart's objects are (re)applied as the chart
+    installs them and the fence is seen to refuse a policy selecting all pods before any case."""
+    from tests.support.install import operator_fence_install
+
+    operator_fence_install(kube)
+    wide = _network_policy(fenced.owner, "multi-node")
+    wide["spec"]["podSelector"] = {}
+    wait_for(lambda: fenced.refusal(fenced.networking.create_namespaced_network_policy, wide), 60, "the fence's rules")
+    return fenced
+
+
 @pytest.mark.parametrize(("variant", "change", "rule"), NETWORK_VARIANTS, ids=[v[0] for v in NETWORK_VARIANTS])
 def test_a_broader_network_policy_is_refused_naming_its_rule(
-    fenced: Fenced, variant: str, change: Callable[[dict[str, Any]], object], rule: str
+    network_fence: Fenced, variant: str, change: Callable[[dict[str, Any]], object], rule: str
 ) -> None:
     """With the operator's token: a policy that selects all pods, opens egress to 0.0.0.0/0, lets
     another job's pods in or names them as peers is refused. (The local cluster runs no network
     plugin, so nothing here is enforced on traffic: these are the objects, and their admission.)"""
+    fenced = network_fence
     policy = _network_policy(fenced.owner, "multi-node")
     assert fenced.refusal(fenced.networking.create_namespaced_network_policy, policy) is None
     change(policy)

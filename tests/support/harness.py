@@ -89,6 +89,11 @@ def trainer_status_policy() -> list[dict[str, Any]]:
     return objects
 
 
+# An operator without the input check (preflight.enabled false), for jobs whose pods are KWOK's and
+# whose claims hold no model: the reliability runs measure the operator's own reconcile; the
+# input check has its own tests (tests/operator/test_e2e_preflight.py).
+NO_INPUT_CHECK = {"FINETUNE_PREFLIGHT": "false"}
+
 TRAINER_RULES = "finetune-trainer-rules"
 
 
