@@ -114,7 +114,12 @@ def fenced(cluster: Cluster, kube: client.ApiClient, tmp_path_factory: pytest.Te
     )
     owner = Owner(name="owner", namespace=namespace, uid=ftj["metadata"]["uid"])
     token = token_client(cluster, core, SYSTEM_NAMESPACE, OPERATOR_SA)
-    yield Fenced(token, namespace, owner)
+    fenced = Fenced(token, namespace, owner)
+    # The fence was (re)applied as this module started (its conftest installs the chart's objects):
+    # a policy takes a moment to reach the admission plugin, so wait until it refuses an image off
+    # the allow-list before any case, as the image cases below do for their own policy.
+    wait_for(lambda: fenced.refusal(fenced.batch.create_namespaced_job, fenced.job("docker.io/x/y:1")), 60, "the fence")
+    yield fenced
     core.delete_namespace(namespace, propagation_policy="Background")
 
 
