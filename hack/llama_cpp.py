@@ -19,17 +19,15 @@ under a lock, into a temporary folder renamed into place, like the Go binaries (
     python -m hack.llama_cpp python       # build libllama once; prints the folder for sys.path
 """
 
-import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
+from .cluster.binaries import cache_lock
 from .cluster.layout import binary_cache_root
 
 VERSION = "0.3.36"
@@ -62,14 +60,6 @@ def cache_dir(version: str = VERSION) -> Path:
     return binary_cache_root() / "llama-cpp-python" / version
 
 
-@contextmanager
-def _lock(folder: Path) -> Iterator[None]:
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / ".build.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def _pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True)
 
@@ -92,7 +82,7 @@ def converters(version: str = VERSION) -> Path:
     target = cache_dir(version) / "llama.cpp"
     if (target / "convert_hf_to_gguf.py").is_file():
         return target
-    with _lock(cache_dir(version)):
+    with cache_lock(cache_dir(version)):
         if (target / "convert_hf_to_gguf.py").is_file():
             return target
         archive = sdist(version)
@@ -132,7 +122,7 @@ def python_package(version: str = VERSION) -> Path:
     target = cache_dir(version) / "python"
     if (target / "llama_cpp" / "lib" / "libllama.so").exists():
         return target
-    with _lock(cache_dir(version)):
+    with cache_lock(cache_dir(version)):
         if (target / "llama_cpp" / "lib" / "libllama.so").exists():
             return target
         archive = sdist(version)

@@ -141,7 +141,7 @@ def _copy_extras(component: Component, out: Path, env: dict[str, str]) -> None:
 
 
 @contextmanager
-def _cache_lock(cache: Path) -> Iterator[None]:
+def cache_lock(cache: Path) -> Iterator[None]:
     """Two checkouts starting at once must not build the same thing twice on two cores."""
     cache.mkdir(parents=True, exist_ok=True)
     with (cache / ".build.lock").open("w") as lock:
@@ -223,7 +223,7 @@ def ensure_component(layout: Layout, component: Component) -> Path:
     # Builds land by rename, so a complete folder seen without the lock is complete: a checkout
     # that needs nothing built does not wait behind another's long build of something else.
     if incomplete():
-        with _cache_lock(cache):
+        with cache_lock(cache):
             if incomplete():
                 # Extras come from the same build: a folder without them is built again whole.
                 build(component, component.binaries, cache)
@@ -239,7 +239,7 @@ def ensure(layout: Layout) -> dict[str, Path]:
         found = {name: path for c in COMPONENTS for name in c.binaries if (path := resolve(name, cache))}
         _link(layout, found)
         return found
-    with _cache_lock(cache):
+    with cache_lock(cache):
         for component in COMPONENTS:
             missing = tuple(name for name in component.binaries if resolve(name, cache) is None)
             if missing:

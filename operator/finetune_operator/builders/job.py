@@ -168,6 +168,15 @@ def volumes(
         {"name": "shm", "mountPath": SHM_MOUNT},
         {"name": "tmp", "mountPath": TMP_MOUNT},
     ]
+    inputs, input_mounts = input_claims(spec)
+    return vols + inputs, mounts + input_mounts
+
+
+def input_claims(spec: FineTuneJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The model and dataset claims a spec names, as volumes and read-only mounts (the trainer's
+    Job and the input check's mount them alike)."""
+    vols: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
     for name, source, mount in (
         ("model", spec.model.source.pvc, MODEL_MOUNT),
         ("dataset", spec.dataset.source.pvc, DATASET_MOUNT),

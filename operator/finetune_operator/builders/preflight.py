@@ -24,8 +24,6 @@ from finetune_api.contract import (
     CONFIG_DIR,
     CONFIG_KEY,
     CONTAINER,
-    DATASET_MOUNT,
-    MODEL_MOUNT,
     OFFLINE,
     PREFLIGHT_COMMAND,
     PREFLIGHT_POD_LABEL,
@@ -38,7 +36,7 @@ from finetune_api.spec import FineTuneJobSpec
 from ..children import Owner, labels, metadata
 from ..settings import Settings
 from .config import config_json
-from .job import security_contexts
+from .job import input_claims, security_contexts
 
 # Room for the tokenizer files and library caches the check writes under HOME.
 TMP_SIZE: Final = "1Gi"
@@ -60,14 +58,8 @@ def _volumes(spec: FineTuneJobSpec) -> tuple[list[dict[str, Any]], list[dict[str
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": TMP_MOUNT},
     ]
-    for name, source, mount in (
-        ("model", spec.model.source.pvc, MODEL_MOUNT),
-        ("dataset", spec.dataset.source.pvc, DATASET_MOUNT),
-    ):
-        if source is not None:
-            vols.append({"name": name, "persistentVolumeClaim": {"claimName": source.claim_name, "readOnly": True}})
-            mounts.append({"name": name, "mountPath": mount, "readOnly": True})
-    return vols, mounts
+    inputs, input_mounts = input_claims(spec)
+    return vols + inputs, mounts + input_mounts
 
 
 def _environment() -> list[dict[str, Any]]:
