@@ -31,12 +31,14 @@ WIDTHS: Final[dict[str, dict[str, int]]] = {
 class Point:
     width: str
     seq: int
-    ckpt: bool
+    ckpt: bool | str  # gradientCheckpointing: true, false or "auto"
     batch: int = 1
+    layers: int | None = None  # a set depth (auto); None: the deepest the plan says fits
 
     @property
     def name(self) -> str:
-        return f"{self.width}-s{self.seq}-b{self.batch}-{'ckpt' if self.ckpt else 'nockpt'}"
+        word = "auto" if self.ckpt == "auto" else "ckpt" if self.ckpt else "nockpt"
+        return f"{self.width}-s{self.seq}-b{self.batch}-{word}"
 
 
 # Points whose deepest fitting slice is at most 16 layers of either shape (two models of about
@@ -50,6 +52,13 @@ POINTS: Final = (
     Point("70b", 512, False),
     Point("70b", 1024, True, batch=4),
     Point("70b", 2048, True),
+)
+# `gradientCheckpointing: auto` (and `activationOffload: auto`, both the defaults) at depths where
+# all-recompute leaves room: the plan keeps layers up to its margin and offloads the rest, so
+# these plans stand at the cap less the margin by construction.
+AUTO_POINTS: Final = (
+    Point("8b", 4096, "auto", layers=16),
+    Point("70b", 1024, "auto", batch=2, layers=6),
 )
 
 
@@ -99,7 +108,10 @@ def planned(point: Point, layers: int, steps: int) -> Any:
 
 
 def deepest(point: Point, steps: int, most: int = 120) -> int:
-    """The most layers the plan says fit (0 when not even one does)."""
+    """The most layers the plan says fit (0 when not even one does); a point's set depth when it
+    fits."""
+    if point.layers is not None:
+        return point.layers if planned(point, point.layers, steps).fits else 0
     low, high = 0, most
     while low < high:
         middle = (low + high + 1) // 2

@@ -7,8 +7,11 @@ Shapes (the issue's acceptance):
   keeps what the plan leaves under the cap less the margin;
 - `70b-4l`: the 4-layer 70B-shaped slice, 2048 tokens, uncapped: `auto` keeps every layer.
 
-With `--recompute-offload`, the capped shape runs a third time: auto with the layers it leaves
-to recompute offloaded to pinned host memory instead (`activationOffload: true`).
+`auto` is the default of both settings: on the capped shape the planner keeps what fits and
+offloads the rest (`activationOffload: auto` turns on where the copies cost less than the
+recompute). With `--recompute-keep-only`, the capped shape runs a third time: `auto` with
+offload off, the layers it cannot keep recomputed (what `auto` chose before offload had a
+prefetch).
 
 Each run trains `steps` steps (2 of warm-up, as `bench.trainer_job` counts) with the bench's
 recipe (LoRA r=8 on q/k/v/o, no dropout, fp32, paged 8-bit AdamW). The record holds per shape
@@ -29,9 +32,9 @@ from bench import boundary, families
 GIB: Final = boundary.GIB
 CAP_GIB: Final = boundary.CAP_GIB
 SEQ: Final = 2048
-# (label, gradientCheckpointing, activationOffload); the offload run only with --recompute-offload.
+# (label, gradientCheckpointing, activationOffload); the keep-only run only with --recompute-keep-only.
 RUNS: Final = (("allRecompute", True, False), ("auto", "auto", "auto"))
-OFFLOAD_RUN: Final = ("autoOffload", "auto", True)
+KEEP_ONLY_RUN: Final = ("autoKeepOnly", "auto", False)
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,10 @@ def build_argv(python: str, folder: Path, shape: Shape) -> list[str]:
     return [python, "-c", families.BUILD, str(folder), json.dumps(config)]
 
 
-def runs(shape: Shape, offload: bool) -> list[tuple[str, bool | str, bool | str]]:
-    """The runs of `shape`: all-recompute, auto, and with `offload` (the capped shape only, where
-    layers are left to recompute) auto with the rest offloaded."""
-    return [*RUNS, *([OFFLOAD_RUN] if offload and shape.cap_gib is not None else [])]
+def runs(shape: Shape, keep_only: bool) -> list[tuple[str, bool | str, bool | str]]:
+    """The runs of `shape`: all-recompute, auto, and with `keep_only` (the capped shape only,
+    where not every layer is kept) auto with offload off."""
+    return [*RUNS, *([KEEP_ONLY_RUN] if keep_only and shape.cap_gib is not None else [])]
 
 
 def trainer_spec(ckpt: bool | str, steps: int, offload: bool | str = "auto") -> dict[str, Any]:
@@ -134,6 +137,7 @@ def run_row(label: str, launch: Any, ours: dict[str, Any] | None) -> dict[str, A
         measuredOverPlan=round(measured / row["planGiB"], 3) if measured else None,
         trainerKeptLayers=trainer.get("kept_layers"),
         trainerRecomputedLayers=trainer.get("recomputed_layers"),
+        trainerOffloadedLayers=trainer.get("offloaded_layers"),
         peakHostGiBPerProcess=ours.get("peakHostGiBPerProcess"),
         peakHostAnonGiBPerProcess=ours.get("peakHostAnonGiBPerProcess"),
         loadSeconds=ours.get("loadSeconds"),
@@ -150,10 +154,10 @@ def judge(shape: Shape, rows: list[dict[str, Any]]) -> dict[str, Any]:
     ratio = None
     if base.get("tokPerS") and auto.get("tokPerS"):
         ratio = round(auto["tokPerS"] / base["tokPerS"], 3)
-    offloaded = by.get(OFFLOAD_RUN[0], {})
-    offload_ratio = None
-    if base.get("tokPerS") and offloaded.get("tokPerS"):
-        offload_ratio = round(offloaded["tokPerS"] / base["tokPerS"], 3)
+    keep_only = by.get(KEEP_ONLY_RUN[0], {})
+    keep_only_ratio = None
+    if base.get("tokPerS") and keep_only.get("tokPerS"):
+        keep_only_ratio = round(keep_only["tokPerS"] / base["tokPerS"], 3)
     planned_ratio = None
     if base.get("planTokPerS") and auto.get("planTokPerS"):
         planned_ratio = round(auto["planTokPerS"] / base["planTokPerS"], 3)
@@ -166,13 +170,14 @@ def judge(shape: Shape, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "runs": rows,
         "ratio": ratio,
         "plannedRatio": planned_ratio,
-        **({"offloadRatio": offload_ratio} if offloaded else {}),
+        **({"keepOnlyRatio": keep_only_ratio} if keep_only else {}),
     }
 
 
 HEADER: Final = (
-    "| shape | run | layers kept / recomputed | tok/s | ratio | plan GiB (allocated) | measured peak GiB "
-    "| measured / plan allocated | host peak GiB |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    "| shape | run | layers kept / recomputed / offloaded | tok/s | ratio | plan GiB (allocated) | measured peak GiB "
+    "| measured / plan allocated | host peak GiB (planned pinned) |\n"
+    "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 )
 
 
@@ -180,14 +185,15 @@ def table(record: dict[str, Any]) -> str:
     lines = [HEADER]
     for shape in record.get("shapes", []):
         for row in shape["runs"]:
-            ratio = {"auto": shape.get("ratio"), OFFLOAD_RUN[0]: shape.get("offloadRatio")}.get(row["run"])
+            ratio = {"auto": shape.get("ratio"), KEEP_ONLY_RUN[0]: shape.get("keepOnlyRatio")}.get(row["run"])
             measured = row.get("measuredPeakGiB")
             lines.append(
                 f"| {shape['shape']}{'' if shape['capGiB'] is None else ' @ ' + str(shape['capGiB'])} | {row['run']} "
-                f"| {row['keptLayers']} / {row['recomputedLayers']} | {row.get('tokPerS') or '-'} | {ratio or '-'} "
+                f"| {row['keptLayers']} / {row['recomputedLayers']} / {row.get('offloadedLayers', 0)} "
+                f"| {row.get('tokPerS') or '-'} | {ratio or '-'} "
                 f"| {row['planGiB']:.2f} ({row['planAllocatedGiB']:.2f}) "
                 f"| {'-' if measured is None else f'{measured:.2f}'} | {row.get('measuredOverPlanAllocated') or '-'} "
-                f"| {row.get('peakHostGiBPerProcess') or '-'} |"
+                f"| {row.get('peakHostGiBPerProcess') or '-'} ({row.get('plannedPinnedHostGiBPerProcess', 0.0)}) |"
             )
     return "\n".join(lines)
 

@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--boundary-points", default="", help="`boundary`: only these points (names, comma list)")
     parser.add_argument(
-        "--recompute-offload", action="store_true", help="`recompute`: also auto with activationOffload true (8B)"
+        "--recompute-keep-only", action="store_true", help="`recompute`: also auto with activationOffload false (8B)"
     )
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=4, help="timed steps after warm-up")
@@ -388,7 +388,7 @@ class Bench:
 
         steps = max(8, self.args.steps)
         wanted = {n for n in self.args.boundary_points.split(",") if n}
-        points = [p for p in boundary.POINTS if not wanted or p.name in wanted]
+        points = [p for p in (*boundary.POINTS, *boundary.AUTO_POINTS) if not wanted or p.name in wanted]
         chosen = [(point, boundary.deepest(point, steps)) for point in points]
         print(f"[bench] boundary: {[(p.name, n) for p, n in chosen]}", flush=True)
         rows: list[dict[str, Any]] = []
@@ -470,7 +470,7 @@ class Bench:
             if not (model / "config.json").exists():
                 self.child(f"build-{shape.name}", recompute.build_argv(sys.executable, model, shape), 1, timeout=300.0)
             rows = []
-            for label, ckpt, offload in recompute.runs(shape, self.args.recompute_offload):
+            for label, ckpt, offload in recompute.runs(shape, self.args.recompute_keep_only):
                 launch = recompute.planned(shape, ckpt, steps, peaks[0].get("memory_gib"), offload)
                 ours = None
                 if self.left_s() > 45:

@@ -18,11 +18,11 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from .memory import GIB
+from .memory import GIB, POD_HOST_MARGIN_BYTES, POD_HOST_MARGIN_FRACTION, pod_host_bytes
 from .plan import Plan
 
-MARGIN_FRACTION: Final = 0.10
-MARGIN_BYTES: Final = 2 * GIB
+MARGIN_FRACTION: Final = POD_HOST_MARGIN_FRACTION
+MARGIN_BYTES: Final = POD_HOST_MARGIN_BYTES
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class HostNeed:
 
     @property
     def pod_bytes(self) -> float:
-        return self.processes * self.per_process * (1 + MARGIN_FRACTION) + MARGIN_BYTES
+        return pod_host_bytes(self.per_process, self.processes)
 
     @property
     def gib(self) -> int:

@@ -124,6 +124,16 @@ def host_bytes_per_process(shape: ModelShape, recipe: Recipe) -> float:
     return largest * FP32 + PROCESS_HOST_BASE_BYTES
 
 
+# The pod's margin over its trainers' host memory (host.py says why; the README states it).
+POD_HOST_MARGIN_FRACTION: Final = 0.10
+POD_HOST_MARGIN_BYTES: Final = 2 * GIB
+
+
+def pod_host_bytes(per_process: float, processes: int) -> float:
+    """The host memory a pod of `processes` trainers of `per_process` bytes asks for."""
+    return processes * per_process * (1 + POD_HOST_MARGIN_FRACTION) + POD_HOST_MARGIN_BYTES
+
+
 def whole_load_host_bytes_per_process(shape: ModelShape, recipe: Recipe) -> float:
     """fsdp's host memory per process when a checkpoint cannot be streamed (no safetensors
     files): the whole packed model, as the loader before streaming held it."""

@@ -14,6 +14,7 @@ from typing import Any, Final, cast
 
 from finetune_api import modes
 from finetune_api.modes import RunMode as Parallelism
+from finetune_api.quantities import to_bytes
 from finetune_api.spec import FineTuneJobSpec
 
 from .families import DEFAULT_FAMILY, resolve_targets
@@ -100,6 +101,7 @@ def choose(
         loss_chunks=loss_chunks,
         checkpointing=spec.training.gradient_checkpointing,
         offload=spec.training.activation_offload,
+        host_limit=None if spec.resources.memory is None else to_bytes(spec.resources.memory),
     )
     parallelism = cast(Parallelism, modes.to_spec(plan.mode))
     return LaunchPlan(parallelism, modes.processes(parallelism, gpus), plan)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, cast
 
-from finetune_api.modes import MODES, to_spec
+from finetune_api.modes import MODES, processes, to_spec
 
 from . import calibration as cal
 from . import memory as mem
@@ -439,8 +439,11 @@ def _activations(
     chunks: Sequence[int],
     checkpointing: Choice,
     offload: Choice,
+    host_limit: float | None = None,
 ) -> tuple[Layout, Activations]:
-    """The layers that keep, recompute or offload their activations, for a layout that fits."""
+    """The layers that keep, recompute or offload their activations, for a layout that fits.
+    `host_limit`: the pod's host memory when the spec sets it (an offload `auto` turns on must
+    fit it with the rest of the pod's plan)."""
     plain = replace(recipe, loss_chunk_tokens=layout.loss_chunk_tokens, kept_layers=0, offload=False)
     all_recompute = replace(plain, gradient_checkpointing=True)
     baseline = _rate(shape, all_recompute, hw, layout.mode)
@@ -461,24 +464,58 @@ def _activations(
         return layout, Activations(all_recompute, note, why, baseline)
     layout, chosen = sized
     rate = _rate(shape, chosen, hw, layout.mode)
-    note = describe(shape, chosen, mem.offload_host_bytes(shape, chosen))
-    note += f"; {rate:,.0f} tokens/s against {baseline:,.0f} all-recompute"
     if wanted:
         why = "on (activationOffload: true)"
     elif offload == "auto" and mem.recomputed_layers(shape, chosen):
-        alt = _sized(shape, all_recompute, hw, layout.mode, chunks=[layout.loss_chunk_tokens], offload=True)
-        figure = "" if alt is None else f" (planned with it: {_rate(shape, alt[1], hw, alt[0].mode):,.0f} tokens/s)"
-        why = (
-            "off (auto): the trainer copies offloaded activations back when the backward reaches them, "
-            f"without prefetch, so their transfer is not planned as hidden under compute{figure}"
+        layout, chosen, why = _offload_if_it_pays(
+            shape, all_recompute, hw=hw, layout=layout, kept_only=chosen, rate=rate, host_limit=host_limit
         )
+        rate = _rate(shape, chosen, hw, layout.mode)
     else:
         why = (
             "off"
             + ("" if offload == "auto" else " (activationOffload: false)")
             + (": no layer recomputes" if not mem.recomputed_layers(shape, chosen) else "")
         )
+    note = describe(shape, chosen, mem.offload_host_bytes(shape, chosen))
+    note += f"; {rate:,.0f} tokens/s against {baseline:,.0f} all-recompute"
     return layout, Activations(chosen, note, why, baseline)
+
+
+def _offload_if_it_pays(
+    shape: ModelShape,
+    all_recompute: Recipe,
+    *,
+    hw: Hardware,
+    layout: Layout,
+    kept_only: Recipe,
+    rate: float,
+    host_limit: float | None,
+) -> tuple[Layout, Recipe, str]:
+    """`activationOffload: auto` when some layers still recompute: offload them instead when the
+    plan says it is faster (each layer's copies cross the host link under the compute of its
+    neighbours: `speed.offload_stall_seconds`) and the pinned memory fits the pod's host memory
+    when the spec sets it."""
+    alt = _sized(shape, all_recompute, hw, layout.mode, chunks=[layout.loss_chunk_tokens], offload=True)
+    if alt is None:
+        return layout, kept_only, "off (auto): no room on the GPU for the layers in flight"
+    alt_layout, offloaded = alt
+    alt_rate = _rate(shape, offloaded, hw, alt_layout.mode)
+    pinned = mem.offload_host_bytes(shape, offloaded)
+    figures = f"{alt_rate:,.0f} tokens/s with it against {rate:,.0f} recomputing"
+    if alt_rate <= rate:
+        return layout, kept_only, f"off (auto): {figures}"
+    if host_limit is not None:
+        per_process = mem.host_bytes_per_process(shape, offloaded) + pinned
+        pod = mem.pod_host_bytes(per_process, processes(to_spec(alt_layout.mode), hw.gpus))
+        if pod > host_limit:
+            return (
+                layout,
+                kept_only,
+                f"off (auto): {figures}, but its {pinned / GIB:.1f} GiB of pinned host memory per process "
+                f"would take the pod to {pod / GIB:.1f} GiB, above spec.resources.memory",
+            )
+    return alt_layout, offloaded, f"on (auto): {figures}, the copy back a layer ahead of the backward"
 
 
 def _fits(shape: ModelShape, recipe: Recipe, hw: Hardware, modes: Sequence[Mode], chunks: Sequence[int]) -> bool:
@@ -560,6 +597,7 @@ def make_plan(
     loss_chunks: Sequence[int] | None = None,
     checkpointing: Choice | None = None,
     offload: Choice = False,
+    host_limit: float | None = None,
 ) -> Plan:
     """Plan `shape` trained with `recipe` on `hardware`.
 
@@ -568,7 +606,8 @@ def make_plan(
     logits first, then chunks of LOSS_CHUNK_TOKENS, unless the recipe names a chunk size.
     `checkpointing` (`training.gradientCheckpointing`; None: the recipe's as it is) and `offload`
     (`training.activationOffload`) decide which layers keep, recompute or offload their
-    activations (`recompute`); `auto` plans the mode all-recompute, then keeps what fits.
+    activations (`recompute`); `auto` plans the mode all-recompute, then keeps what fits;
+    `host_limit` (the pod's `resources.memory`, when set) bounds what offload `auto` may pin.
     """
     if hardware.gpus < 1:
         raise ValueError("the planner needs at least one GPU")
@@ -594,7 +633,14 @@ def make_plan(
     activations = None
     if layout.fits and checkpointing is not None:
         layout, activations = _activations(
-            shape, recipe, hardware, layout, chunks=chunks, checkpointing=checkpointing, offload=offload
+            shape,
+            recipe,
+            hardware,
+            layout,
+            chunks=chunks,
+            checkpointing=checkpointing,
+            offload=offload,
+            host_limit=host_limit,
         )
         chosen = activations.recipe
     else:

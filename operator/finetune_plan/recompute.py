@@ -17,9 +17,12 @@ the planner before SDPA's fp32 attention matrix was counted (today's plan: 47.8 
 that run, 9 % above). So the term is kept as it is: conservative, not tuned down.
 
 Offload (`true`) moves the saved tensors of every layer not kept to pinned host memory in the
-forward and back in the backward, in place of the recompute. `auto` leaves it off: the trainer
-copies each tensor back when the backward asks for it (no prefetch yet), so the planner cannot
-count the copies as hidden under compute; the plan says what offload would have given.
+forward and back in the backward, in place of the recompute; the trainer starts each layer's
+copy back while the backward is still at the layer after it (`finetune_trainer.activations`).
+`auto` turns it on where layers would still recompute, when the speed model says the copies
+cost less than the recompute they replace (`speed.offload_stall_seconds`: what does not hide
+under the neighbouring layers' compute), and when the pinned memory fits a pod whose
+`resources.memory` is set.
 """
 
 from __future__ import annotations

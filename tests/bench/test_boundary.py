@@ -28,3 +28,13 @@ def test_each_point_is_the_deepest_slice_its_plan_fits_with_under_a_gib_to_spare
         assert boundary.planned(point, layers, 8).fits
         assert not boundary.planned(point, layers + 1, 8).fits
         assert boundary.planned(point, layers, 8).layout.fullest.headroom < 2**30, point
+
+
+def test_each_auto_point_keeps_some_layers_not_all_and_fits() -> None:
+    """The `auto` points stand where all-recompute leaves room: the plan keeps at least one layer
+    and leaves at least one to recompute or offload, so they test the sizing, not a corner."""
+    for point in boundary.AUTO_POINTS:
+        assert point.ckpt == "auto" and point.layers is not None
+        assert boundary.deepest(point, 8) == point.layers
+        summary = boundary.planned(point, point.layers, 8).summary
+        assert 0 < summary["kept_layers"] < point.layers, (point, summary)

@@ -138,22 +138,48 @@ def test_the_per_layer_table_is_the_layer_memory_record() -> None:
 
 
 def test_the_recompute_record_is_its_table_and_sentences() -> None:
-    """bench/README's recompute table is `bench.recompute.table` of the record; the README's
-    sentence gives the 8B auto run's figures from it."""
+    """bench/README's recompute table is `bench.recompute.table` of the record; the sentences give
+    the 8B auto run's figures from it, and the bytes moved from the trainer's committed log."""
     from bench.recompute import table
 
-    data = json.loads((RESULTS / "2026-12-01-h200-recompute.json").read_text())
+    data = json.loads((RESULTS / "2026-12-02-h200-recompute.json").read_text())
     assert table(data).strip() in BENCH_README
     (eight,) = [s for s in data["shapes"] if s["shape"] == "8b"]
+    (slice70,) = [s for s in data["shapes"] if s["shape"] == "70b-4l"]
     runs = {r["run"]: r for r in eight["runs"]}
-    auto, every = runs["auto"], runs["allRecompute"]
+    auto, every, kept = runs["auto"], runs["allRecompute"], runs["autoKeepOnly"]
     assert_stated(
-        f"`auto` kept {auto['keptLayers']} of {eight['layers']} layers, {auto['tokPerS']} against "
-        f"{every['tokPerS']} tokens/s all-recompute ({eight['ratio']:.3f}x; planned {eight['plannedRatio']:.3f}x), "
-        f"peak {auto['measuredPeakGiB']} GiB against a plan of {auto['planGiB']}"
+        f"`auto` kept {auto['keptLayers']} of {eight['layers']} layers and offloaded the other "
+        f"{auto['offloadedLayers']}: {auto['tokPerS']} against {every['tokPerS']} tokens/s all-recompute "
+        f"({eight['ratio']:.3f}x; planned {eight['plannedRatio']:.3f}x), peak {auto['measuredPeakGiB']} GiB "
+        f"against a plan of {auto['planGiB']}"
+    )
+    assert_stated(
+        f"`auto` kept {auto['keptLayers']} layers and offloaded the other {auto['offloadedLayers']}", BENCH_README
     )
     assert_stated(f"made {eight['ratio']:.3f}x (planned {eight['plannedRatio']:.3f}x)", BENCH_README)
-    assert auto["lossLast"] == every["lossLast"]  # "the same loss, to every digit"
+    assert_stated(f"keeping layers alone, {kept['tokPerS']} tokens/s ({eight['keepOnlyRatio']:.3f}x)")
+    assert_stated(f"made {eight['keepOnlyRatio']:.3f}x", BENCH_README)
+    assert_stated(f"uncapped: {slice70['ratio']:.3f}x (planned {slice70['plannedRatio']:.3f}x)", BENCH_README)
+    assert_stated(f"measured / plan allocated {auto['measuredOverPlanAllocated']}", BENCH_README)
+    assert auto["lossLast"] == every["lossLast"] == kept["lossLast"]  # "the same loss, to every digit"
+    log = (RESULTS / "logs" / "2026-12-02-h200-recompute-8b-auto.log").read_text()
+    line = re.search(r"offload: (\d+) layers, ([\d.]+) GiB to host memory per forward \(([\d.]+) GiB per layer\)", log)
+    assert line is not None and int(line[1]) == auto["offloadedLayers"]
+    assert_stated(
+        f"offload: {line[1]} layers, {line[2]} GiB to host memory per forward ({line[3]} GiB per layer)", BENCH_README
+    )
+    assert_stated(f"The trainer moved {line[3]} GiB per offloaded layer per forward", BENCH_README)
+
+
+def test_the_auto_boundary_points_are_their_record() -> None:
+    """bench/README's table of `auto` at the edge is `bench.boundary.table` of its record, no OOM."""
+    from bench.boundary import table
+
+    data = json.loads((RESULTS / "2026-12-02-h200-boundary.json").read_text())
+    assert table(data).strip() in BENCH_README
+    assert data["points"] and not any(p["oom"] for p in data["points"])
+    assert all(p["gradientCheckpointing"] == "auto" and p["finalStep"] == data["steps"] for p in data["points"])
 
 
 # --- the reliability soak ------------------------------------------------------------------

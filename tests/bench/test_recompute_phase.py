@@ -29,13 +29,13 @@ def _trainer_plan(config_path: Path, cap_gib: float | None) -> Any:
     return config, decide(config, hardware, model_config, "sdpa")  # WontFit raises here
 
 
-@pytest.mark.parametrize("offload", [False, True])
+@pytest.mark.parametrize("keep_only", [False, True])
 def test_the_phase_runs_each_shape_all_recompute_then_auto_and_writes_the_record(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offload: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep_only: bool
 ) -> None:
     assert "recompute" in PHASES and "recompute" not in DEFAULT_PHASES and "recompute" in NO_PEAK_PHASES
     argv = ["--shared", str(tmp_path), "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r")]
-    args = parse_args([*argv, "--phases", "recompute", *(["--recompute-offload"] if offload else [])])
+    args = parse_args([*argv, "--phases", "recompute", *(["--recompute-keep-only"] if keep_only else [])])
     bench = Bench(args)
     children: list[tuple[str, list[str]]] = []
     launches: dict[str, Any] = {}
@@ -78,7 +78,7 @@ def test_the_phase_runs_each_shape_all_recompute_then_auto_and_writes_the_record
         "build-8b",
         "recompute-8b-allRecompute",
         "recompute-8b-auto",
-        *(["recompute-8b-autoOffload"] if offload else []),
+        *(["recompute-8b-autoKeepOnly"] if keep_only else []),
         "build-70b-4l",
         "recompute-70b-4l-allRecompute",
         "recompute-70b-4l-auto",
@@ -91,15 +91,18 @@ def test_the_phase_runs_each_shape_all_recompute_then_auto_and_writes_the_record
     [written] = list((tmp_path / "r").glob("*-h200-recompute.json"))
     record = json.loads(written.read_text())
     eight, slice70 = record["shapes"]
-    assert [r["run"] for r in eight["runs"]] == ["allRecompute", "auto", *(["autoOffload"] if offload else [])]
-    if offload:
-        moved = eight["runs"][2]
-        assert moved["offloadedLayers"] > 0 and moved["recomputedLayers"] == 0
-        assert moved["plannedPinnedHostGiBPerProcess"] > 10
-        assert moved["plannedHostGiBPerProcess"] > eight["runs"][1]["plannedHostGiBPerProcess"] + 10
-        assert launches["recompute-8b-autoOffload"].plan.summary["offloaded_layers"] == moved["offloadedLayers"]
+    assert [r["run"] for r in eight["runs"]] == ["allRecompute", "auto", *(["autoKeepOnly"] if keep_only else [])]
+    # auto on the capped 8B: keeps what fits and offloads the rest, counted on the host.
+    moved = eight["runs"][1]
+    assert 0 < moved["keptLayers"] < 32 and moved["offloadedLayers"] == 32 - moved["keptLayers"]
+    assert moved["recomputedLayers"] == 0 and moved["plannedPinnedHostGiBPerProcess"] > 10
+    assert moved["plannedHostGiBPerProcess"] > eight["runs"][0]["plannedHostGiBPerProcess"] + 10
+    assert launches["recompute-8b-auto"].plan.summary["offloaded_layers"] == moved["offloadedLayers"]
+    if keep_only:
+        kept = eight["runs"][2]
+        assert kept["offloadedLayers"] == 0 and 0 < kept["keptLayers"] < 32
+        assert eight["keepOnlyRatio"] > 1.0
     assert eight["runs"][0]["recomputedLayers"] == 32
-    assert 0 < eight["runs"][1]["keptLayers"] < 32  # auto fills the 22.4 GiB, not all of it
     assert slice70["runs"][1]["recomputedLayers"] == 0  # the uncapped slice keeps every layer
     for shape in record["shapes"]:
         assert shape["ratio"] > 1.0 and shape["plannedRatio"] > 1.0

@@ -5,12 +5,13 @@ saved. (On the CPU no plan sizes `auto`: test_hooks.KEEP_LAYERS names the layers
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from finetune_trainer.activations import MIN_OFFLOAD_BYTES, Offload
+from finetune_trainer.activations import Offloader, stays
 from tests.support.training import ADAPTER_TOLERANCE, max_difference
 
 from .conftest import JobDir, make_job_dir
@@ -63,7 +64,7 @@ def test_keeping_and_offloading_layers_trains_the_all_checkpointed_adapter(tmp_p
     assert max_difference(_adapter(offloaded), _adapter(steady)) <= ADAPTER_TOLERANCE
 
 
-def test_two_fsdp_processes_keep_a_layer_and_train_the_all_checkpointed_adapter(
+def test_two_fsdp_processes_keep_or_offload_a_layer_and_train_the_all_checkpointed_adapter(
     tmp_path: Path, tiny_assets: Path
 ) -> None:
     two = {"resources": {"gpus": 0, "cpu": "2", "processes": 2}}
@@ -75,34 +76,99 @@ def test_two_fsdp_processes_keep_a_layer_and_train_the_all_checkpointed_adapter(
     assert done.code == 0, done.stderr[-3000:]
     assert _counts(done.stderr)["kept"] == 1
     assert max_difference(_adapter(mixed), _adapter(steady)) <= ADAPTER_TOLERANCE
+    moved = _job(
+        tmp_path, tiny_assets, "offload", {**fsdp, "gradientCheckpointing": "auto", "activationOffload": True}, two
+    )
+    done = moved.run(env={"FINETUNE_TEST_KEEP_LAYERS": "1"})
+    assert done.code == 0, done.stderr[-3000:]
+    assert _counts(done.stderr)["offloaded"] == 1
+    assert max_difference(_adapter(moved), _adapter(steady)) <= ADAPTER_TOLERANCE
 
 
-def test_the_offload_hooks_hand_autograd_back_what_it_saved() -> None:
+class _Block(nn.Module):
+    """A decoder layer's habits in small: a norm that saves its input twice (for the square and
+    for the product), a view of a saved tensor, a wide middle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(256, 512)
+        self.down = nn.Linear(512, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        middle = nn.functional.silu(self.up(normed))
+        return x + self.down(middle.view(-1, 512) * middle.view(-1, 512).sigmoid()).view_as(x)
+
+
+def _blocks() -> nn.Sequential:
     torch.manual_seed(0)
-    layer = nn.Sequential(nn.Linear(256, 512), nn.SiLU(), nn.Linear(512, 256))
-    x = torch.randn(64, 256, requires_grad=True)
-    packed: list[object] = []
+    return nn.Sequential(*(_Block() for _ in range(3))).train()
 
-    def pack(tensor: torch.Tensor) -> object:
-        out = Offload.pack(tensor)
-        packed.append(out)
-        return out
 
-    def grads(hooked: bool) -> list[torch.Tensor]:
-        layer.zero_grad()
-        x.grad = None
-        if hooked:
-            with torch.autograd.graph.saved_tensors_hooks(pack, Offload.unpack):
-                y = layer(x)
-        else:
-            y = layer(x)
-        (y.square().sum()).backward()
-        assert x.grad is not None
-        return [x.grad.clone(), *(p.grad.clone() for p in layer.parameters() if p.grad is not None)]
+def _grads(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    model.zero_grad()
+    x.grad = None
+    model(x).square().sum().backward()
+    assert x.grad is not None
+    return [x.grad.clone(), *(p.grad.clone() for p in model.parameters() if p.grad is not None)]
 
-    plain, hooked = grads(False), grads(True)
-    # The activations large enough went through a copy; parameters and small tensors did not.
-    copied = [p for p in packed if isinstance(p, tuple)]
-    assert copied and all(p[0].numel() * p[0].element_size() >= MIN_OFFLOAD_BYTES for p in copied)
-    assert not any(isinstance(p, nn.Parameter) for p in packed if isinstance(p, tuple))
-    assert all(torch.equal(a, b) for a, b in zip(plain, hooked, strict=True))
+
+def _saved_storage_bytes(model: nn.Sequential, x: torch.Tensor) -> int:
+    """Bytes of the distinct storages each block saves that the offload moves, counted apart."""
+    total = 0
+    for block in model:
+        seen: dict[int, torch.UntypedStorage] = {}  # held, so no address is reused meanwhile
+
+        def pack(t: torch.Tensor, seen: dict[int, torch.UntypedStorage] = seen) -> torch.Tensor:
+            if not stays(t):
+                seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            x = block(x)
+        total += sum(s.nbytes() for s in seen.values())
+    return total
+
+
+def test_the_offloader_hands_autograd_back_what_it_saved_one_copy_per_storage() -> None:
+    """Same gradients as without offload, over two steps (the second forward starts new groups);
+    each saved storage crosses once although the blocks save some twice (planted fault: one
+    copy per saved tensor, so the copied bytes exceed the storages'); weights stay."""
+    x = torch.randn(4, 16, 256, requires_grad=True)
+    plain = _grads(_blocks(), x)
+    model = _blocks()
+    offloader = Offloader()
+    for index, block in enumerate(model):
+        offloader.attach(block, first=index == 0)
+    for _ in range(2):
+        hooked = _grads(model, x)
+        assert all(torch.equal(a, b) for a, b in zip(plain, hooked, strict=True))
+    assert len(offloader.groups) == 3
+    expected = _saved_storage_bytes(_blocks(), x.detach().requires_grad_())
+    assert offloader.copied_bytes == expected > 0
+    moved = [slot for group in offloader.groups for slot in group.slots.values()]
+    assert moved and all(slot.gpu is None and slot.uses == 0 for slot in moved)
+    assert stays(model[0].up.weight) and stays(model[0].up.weight.t())
+
+
+def test_the_backward_starts_bringing_back_the_next_layer_before_it_asks() -> None:
+    """While the backward is at a layer, the layer before it (the backward's next) is already on
+    its way back (planted fault: no prefetch, each group fetched only when first asked)."""
+    model = _blocks()
+    offloader = Offloader()
+    for index, block in enumerate(model):
+        offloader.attach(block, first=index == 0)
+    fetches: list[tuple[int, int | None]] = []
+    fetch = offloader.fetch
+
+    def recording(group: Any) -> None:
+        if not group.fetched:
+            reached = offloader._reached  # the order is what this test is about
+            fetches.append((group.index, None if reached is None else reached.index))
+        fetch(group)
+
+    offloader.fetch = recording  # type: ignore[method-assign]
+    _grads(model, torch.randn(4, 16, 256, requires_grad=True))
+    # The last layer is fetched when the backward reaches it; every other one while the
+    # backward is still at the layer after it.
+    assert fetches == [(2, 2), (1, 2), (0, 1)], fetches

@@ -4,7 +4,7 @@ The plan (`finetune_plan.recompute`) says how many layers keep their activations
 trainer keeps the model's last ones (the backward runs them first and frees what they kept before
 the first recompute, as the plan counts it). Every other layer is either checkpointed (its forward
 runs again in the backward) or, with `training.activationOffload`, keeps its saved tensors in
-pinned host memory instead (`Offload`).
+pinned host memory instead (`Offloader`), brought back ahead of the backward.
 
 transformers 5 makes every decoder layer a `GradientCheckpointingLayer`: enabling checkpointing
 sets `gradient_checkpointing = True` on each, and each layer's `forward` checks its own flag, so
@@ -76,11 +76,12 @@ def apply(model: nn.Module, layout: LayerActivations) -> dict[str, int]:
     layers = decoder_layers(model)
     kept_from = len(layers) - min(layout.kept, len(layers))
     offloaded = 0
+    offloader = Offloader()
     for index, layer in enumerate(layers):
         if index >= kept_from or layout.offload:
             layer.gradient_checkpointing = False  # type: ignore[assignment]
         if index < kept_from and layout.offload:
-            Offload.attach(layer)
+            offloader.attach(layer, first=offloaded == 0)
             offloaded += 1
     counts = {
         "layers": len(layers),
@@ -92,66 +93,232 @@ def apply(model: nn.Module, layout: LayerActivations) -> dict[str, int]:
     return counts
 
 
-class Offload:
-    """Saved tensors of one layer's forward to host memory, back when the backward needs them.
+class Offloader:
+    """Saved tensors of the offloaded layers' forwards to pinned host memory, and back ahead of
+    the backward.
 
-    On a GPU the copy out runs on a side stream after the work that made the tensor (the tensor
-    is marked used by that stream, so the allocator reuses its memory only once the copy is done)
-    into pinned memory; the copy back waits for it and runs on the backward's stream. On the CPU
-    the "host copy" is a copy, which keeps the hook's math tested where no GPU is."""
+    Each offloaded layer's forward is one group. In the forward, every storage the layer saves
+    crosses to the host once (`_Group.pack`), on a side stream after the work that made it; the
+    GPU storage is held until the layer's forward ends, then freed once its copy is done (the
+    allocator waits for the side stream's recorded use). In the backward, the first tensor
+    asked of a group brings the whole group back on the side stream, and the group the backward
+    reaches next (the layer before it) starts its copy back at the same moment: its transfer
+    runs under this layer's backward, about twice a forward's compute (the planner's
+    `offload_stall_seconds` counts what is not hidden). At most two groups are on the GPU in
+    the backward, what the plan counts (`memory.layer_pass_temporaries`).
 
-    _stream: torch.cuda.Stream | None = None
+    One side stream per GPU (deviceMap places layers on several). On the CPU the "host copy" is
+    a copy and the copy back hands it over, so the grouping, the one copy per storage and the
+    views are tested where no GPU is."""
 
-    @classmethod
-    def side_stream(cls) -> torch.cuda.Stream:
-        if cls._stream is None:
-            cls._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        return cls._stream
+    def __init__(self) -> None:
+        self.groups: list[_Group] = []
+        self._streams: dict[int, torch.cuda.Stream] = {}
+        self._reached: _Group | None = None
+        self.copied_bytes = 0  # out to the host in the last forward
+        self._said = False
 
-    @staticmethod
-    def pack(tensor: torch.Tensor) -> Any:
-        if (
-            isinstance(tensor, nn.Parameter)
-            or tensor.numel() * tensor.element_size() < MIN_OFFLOAD_BYTES
-            or not tensor.is_contiguous()
-        ):
-            return tensor
-        if tensor.device.type != "cuda":
-            return (tensor.detach().clone(), tensor.device, None)
-        stream = Offload.side_stream()
-        stream.wait_stream(torch.cuda.current_stream(tensor.device))
-        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    def side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in self._streams:
+            self._streams[index] = torch.cuda.Stream(device=index)  # type: ignore[no-untyped-call]
+        return self._streams[index]
+
+    def begin(self, first: bool) -> _Group:
+        """A new group for an offloaded layer's forward; the first layer starts a new forward,
+        whose groups replace the last one's (what it left in host memory goes back to the
+        pinned allocator's cache)."""
+        if first:
+            if self.groups and not self._said:
+                # Once, what one forward moved: the plan counts full_layer_activation_bytes per layer.
+                self._said = True
+                log.info(
+                    "offload: %d layers, %.2f GiB to host memory per forward (%.3f GiB per layer)",
+                    len(self.groups),
+                    self.copied_bytes / 2**30,
+                    self.copied_bytes / 2**30 / len(self.groups),
+                )
+            self.groups = []
+            self._reached = None
+            self.copied_bytes = 0
+        if len(self.groups) >= 2:
+            # The CPU queues the forward far ahead of the GPU; waiting here for the copies of
+            # the layer two back keeps at most two layers' saved tensors on the GPU in the
+            # forward (the one running and the one crossing), as the plan counts, and lets the
+            # allocator reuse their memory instead of growing.
+            self.groups[-2].wait_copied()
+        group = _Group(self, len(self.groups))
+        self.groups.append(group)
+        return group
+
+    def copy_out(self, slot: _Slot, storage: torch.UntypedStorage) -> None:
+        whole = torch.empty(0, dtype=torch.uint8, device=slot.device).set_(storage)
+        self.copied_bytes += storage.nbytes()
+        if slot.device.type != "cuda":
+            slot.host = whole.clone()
+            return
+        stream = self.side_stream(slot.device)
+        stream.wait_stream(torch.cuda.current_stream(slot.device))
+        slot.host = torch.empty(whole.shape, dtype=torch.uint8, pin_memory=True)
         with torch.cuda.stream(stream):
-            host.copy_(tensor, non_blocking=True)
-        tensor.record_stream(stream)
-        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        done.record(stream)  # type: ignore[no-untyped-call]
-        return (host, tensor.device, done)
+            slot.host.copy_(whole, non_blocking=True)
+        whole.record_stream(stream)
 
-    @staticmethod
-    def unpack(packed: Any) -> torch.Tensor:
-        if isinstance(packed, torch.Tensor):
-            return packed
-        host, device, done = packed
-        if done is None:
-            return host  # type: ignore[no-any-return]
-        torch.cuda.current_stream(device).wait_event(done)
-        return host.to(device, non_blocking=True)  # type: ignore[no-any-return]
+    def fetch(self, group: _Group) -> None:
+        """Start bringing `group` back (once per backward)."""
+        if group.fetched:
+            return
+        group.fetched = True
+        for slot in group.slots.values():
+            self._copy_back(slot)
 
-    @classmethod
-    def attach(cls, layer: nn.Module) -> None:
-        """Every forward of `layer` with gradients runs under the offloading hooks."""
-        entered: list[torch.autograd.graph.saved_tensors_hooks] = []
+    def _copy_back(self, slot: _Slot) -> None:
+        if slot.host is None or slot.gpu is not None:
+            return
+        if slot.device.type != "cuda":
+            slot.gpu = slot.host
+            return
+        current = torch.cuda.current_stream(slot.device)
+        # Allocated on the backward's stream, from its pool (a side-stream allocation would keep
+        # its own pool, which the backward's frees cannot refill); the side stream starts the
+        # copy once the backward's work queued so far is done with that memory.
+        slot.gpu = torch.empty(slot.host.shape, dtype=torch.uint8, device=slot.device)
+        stream = self.side_stream(slot.device)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            slot.gpu.copy_(slot.host, non_blocking=True)
+        slot.ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        slot.ready.record(stream)  # type: ignore[no-untyped-call]
+
+    def reached(self, group: _Group) -> None:
+        """The backward asks `group` for a tensor: bring it back if the prefetch has not, and
+        start the next group's copy back (the layer before, in the forward's order)."""
+        if group is self._reached:
+            return
+        self._reached = group
+        self.fetch(group)
+        if group.index > 0:
+            self.fetch(self.groups[group.index - 1])
+
+    def on_gpu(self, slot: _Slot) -> torch.Tensor:
+        """The slot's storage on its device, the backward's stream waiting for its copy."""
+        if slot.gpu is None:  # asked again after it was handed back: bring it back again
+            self._copy_back(slot)
+        assert slot.gpu is not None
+        if slot.ready is not None:
+            torch.cuda.current_stream(slot.device).wait_event(slot.ready)
+            slot.ready = None
+        return slot.gpu
+
+    def attach(self, layer: nn.Module, first: bool) -> None:
+        """Every forward of `layer` with gradients runs under this offloader's hooks; `first`:
+        the first offloaded layer of the model, whose forward starts a new forward's groups."""
+        entered: list[tuple[torch.autograd.graph.saved_tensors_hooks, _Group]] = []
 
         def enter(module: nn.Module, args: Any) -> None:
             if torch.is_grad_enabled() and module.training:
-                hooks = torch.autograd.graph.saved_tensors_hooks(cls.pack, cls.unpack)
+                group = self.begin(first)
+                hooks = torch.autograd.graph.saved_tensors_hooks(group.pack, group.unpack)
                 hooks.__enter__()
-                entered.append(hooks)
+                entered.append((hooks, group))
 
         def leave(module: nn.Module, args: Any, output: Any) -> None:
             if entered:
-                entered.pop().__exit__(None, None, None)
+                hooks, group = entered.pop()
+                hooks.__exit__(None, None, None)
+                group.close()
 
         layer.register_forward_pre_hook(enter)
         layer.register_forward_hook(leave)
+
+
+class _Slot:
+    """One storage a layer's forward saved, in host memory from the forward to the backward.
+
+    Autograd often saves one storage several times in a layer (a norm's input for its square and
+    for its product, the attention probabilities as two views): each storage crosses the link
+    once, and each saved tensor comes back as its own view of it. `uses` counts the saved
+    tensors not yet handed back; at 0 the slot lets go of its GPU copy (autograd's views hold
+    it as long as they need it)."""
+
+    __slots__ = ("device", "gpu", "host", "ready", "source", "uses")
+
+    def __init__(self, storage: torch.UntypedStorage, device: torch.device) -> None:
+        # Held while the layer's forward runs, so no other storage takes its address (the key).
+        self.source: torch.UntypedStorage | None = storage
+        self.device = device
+        self.host: torch.Tensor | None = None
+        self.gpu: torch.Tensor | None = None
+        self.ready: Any = None  # the copy back's event (GPU), until the backward waits for it
+        self.uses = 0
+
+
+class _Group:
+    """The slots of one offloaded layer's forward; `index`: its place in the forward."""
+
+    def __init__(self, offloader: Offloader, index: int) -> None:
+        self.offloader = offloader
+        self.index = index
+        self.slots: dict[int, _Slot] = {}
+        self.fetched = False
+        self.copied: Any = None  # the side stream's event after the copies out (GPU)
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        if stays(tensor):
+            return tensor
+        storage = tensor.untyped_storage()
+        slot = self.slots.get(storage.data_ptr())
+        if slot is None:
+            slot = self.slots[storage.data_ptr()] = _Slot(storage, tensor.device)
+            self.offloader.copy_out(slot, storage)
+        slot.uses += 1
+        return _Saved(slot, tensor.dtype, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        saved: _Saved = packed
+        self.offloader.reached(self)
+        source = self.offloader.on_gpu(saved.slot)
+        view = torch.empty(0, dtype=saved.dtype, device=source.device).set_(
+            source.untyped_storage(), saved.offset, saved.size, saved.stride
+        )
+        saved.slot.uses -= 1
+        if saved.slot.uses == 0:
+            saved.slot.gpu = None
+        return view
+
+    def close(self) -> None:
+        """The layer's forward is over: its saved storages may go once copied out."""
+        for slot in self.slots.values():
+            slot.source = None
+            if slot.device.type == "cuda" and self.copied is None:
+                self.copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                self.copied.record(self.offloader.side_stream(slot.device))  # type: ignore[no-untyped-call]
+
+    def wait_copied(self) -> None:
+        if self.copied is not None:
+            self.copied.synchronize()  # type: ignore[no-untyped-call]
+            self.copied = None
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """What autograd keeps for one offloaded tensor: which storage, and the view of it."""
+
+    slot: _Slot
+    dtype: torch.dtype
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+def stays(tensor: torch.Tensor) -> bool:
+    """Tensors the offload leaves where they are: parameters and views of them (a linear saves
+    its weight transposed; a weight never changes, so a copy would move it for nothing), small
+    ones (the copy costs more than the memory it frees) and small views of a larger storage
+    (the copy moves a whole storage)."""
+    if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
+        return True
+    nbytes = tensor.numel() * tensor.element_size()
+    return nbytes < MIN_OFFLOAD_BYTES or tensor.untyped_storage().nbytes() > 2 * nbytes
