@@ -21,8 +21,8 @@ under a lock, into a temporary folder renamed into place, like the Go binaries (
     python -m hack.llama_cpp tools        # build llama-server and llama-quantize once; prints their folder
 
 The tools are what `status.output.formats[].serve` runs (`llama-server -m ...`) and what the
-trainer quantizes with (`llama-quantize`, for `ggufType: q4_k_m`); the trainer image builds the
-same two targets from the same tree with the same flags.
+trainer quantizes with (`llama-quantize`, for `ggufType: q4_k_m`); the trainer image builds its
+llama-quantize from the same tree with the same flags (tests/images checks them).
 """
 
 import os

@@ -44,7 +44,7 @@ from .distributed.resume import resume_point
 from .distributed.topology import Topology
 from .export import public_name, save_adapter, save_formats, write_summary
 from .failures import TrainerFailure
-from .gguf_export import GgufError
+from .gguf_export import GgufError, check_tools
 from .hardware import (
     apply_memory_cap,
     choose_attention,
@@ -197,6 +197,11 @@ class Recipe:
         self.precision = precision = resolve_precision(spec.precision, hardware)
         model_config = load_model_config(self.config)
         self.family = families.check(model_config, spec)  # a model it cannot train: InvalidConfig, one line
+        if {"gguf", "gguf-lora"} & set(spec.output.written):
+            try:  # the converters, and llama-quantize for q4_k_m: missing, one line now, not after training
+                check_tools(spec.output.gguf_type)
+            except GgufError as exc:
+                raise TrainerFailure(ExitReason.InvalidConfig, f"spec.output.ggufType: {exc}") from None
         self.tokenizer = load_tokenizer(self.config)
         self.data: DataReport = check_dataset(self.config, self.tokenizer, model_config)
         if self.main:
