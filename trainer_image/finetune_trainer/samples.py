@@ -14,8 +14,10 @@ Rank 0 answers alone in every mode but fsdp, where it holds a shard of the model
 rank runs every forward in lockstep (each forward's all-gathers are collectives), on the same
 prompts, and each step's token is rank 0's, broadcast, so all ranks stop at the same step
 (what Hugging Face's `generate(synced_gpus=True)` does by running on until every rank is done).
-Each fsdp forward runs with gradients on and a zero backward, as the loop's evaluation does:
-a no-grad forward of the FSDP1-sharded model computes wrong logits (loop.Loop.evaluate).
+Each fsdp forward runs with gradients on and a zero backward, as the loop's evaluation does: a
+no-grad forward of the FSDP1-sharded model gave a wrong eval loss there (loop.Loop.evaluate).
+No-grad forwards did give the one process's answers on the two-rank CPU test's tiny model, but
+that path is not the one measured against the loss, so the answers take the evaluation's.
 """
 
 from __future__ import annotations
