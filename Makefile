@@ -26,11 +26,13 @@ $(STAMP): pyproject.toml $(PINS)
 
 dev: $(STAMP) ## create `.venv` with everything the tests need (from nothing)
 
-llama-cpp: $(STAMP) ## llama.cpp of the pinned llama-cpp-python sdist, built once into the cache: its GGUF converters and the bindings the GGUF tests load (the tests call it too)
+llama-cpp: $(STAMP) ## llama.cpp of the pinned llama-cpp-python sdist, built once into the cache: its GGUF converters, the bindings the GGUF tests load, llama-server and llama-quantize (the tests call it too)
 	$(PY) -m hack.llama_cpp python
+	$(PY) -m hack.llama_cpp tools
 
 test: $(STAMP) ## tests it: every test (sets itself up; starts and stops the local control plane)
 	$(PY) -m hack.llama_cpp python >/dev/null
+	$(PY) -m hack.llama_cpp tools >/dev/null
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## tests that need neither the control plane nor the trainer

@@ -14,9 +14,15 @@ under a lock, into a temporary folder renamed into place, like the Go binaries (
         sdist/llama_cpp_python-<version>.tar.gz
         llama.cpp/       convert_*.py, conversion/, gguf-py/   (`converters`)
         python/llama_cpp/  the sdist's bindings + lib/libllama.so  (`python_package`)
+        tools/           llama-server, llama-quantize, linked statically  (`tools`)
 
     python -m hack.llama_cpp converters   # unpack the converters; prints their folder
     python -m hack.llama_cpp python       # build libllama once; prints the folder for sys.path
+    python -m hack.llama_cpp tools        # build llama-server and llama-quantize once; prints their folder
+
+The tools are what `status.output.formats[].serve` runs (`llama-server -m ...`) and what the
+trainer quantizes with (`llama-quantize`, for `ggufType: q4_k_m`); the trainer image builds its
+llama-quantize from the same tree with the same flags (tests/images checks them).
 """
 
 import os
@@ -36,6 +42,8 @@ GGUF_VERSION = "0.19.0"
 PACKAGE = "llama-cpp-python"
 VENDOR = "vendor/llama.cpp"
 PYTHON_ENV = "LLAMA_CPP_PYTHON"
+TOOLS_ENV = "LLAMA_CPP_TOOLS"
+TOOLS = ("llama-server", "llama-quantize")
 CONVERTER_PARTS = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion", "gguf-py")
 # A CPU build of the library alone: no native tuning (a cached build may move between machines
 # of one kind), no tools, examples, tests, common or multimodal library: the bindings load
@@ -54,6 +62,33 @@ CMAKE_FLAGS = (
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
     "-DCMAKE_INSTALL_RPATH=$ORIGIN",
 )
+
+
+# The two tools, linked statically (the folder runs wherever it is copied): the common library,
+# the tools' and the server's CMake folders are switched on so that the two targets exist, and
+# only those two are built. No UI (the server's web page is not needed and its prebuilt assets
+# would be downloaded), no curl or OpenSSL (models are local files), no tests, examples or app.
+TOOLS_CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_COMMON=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
+# Compiles share the machine with whatever else runs on it: two jobs at most, at the lowest priority.
+MAX_JOBS = 2
+
+
+def _niced(command: list[str]) -> list[str]:
+    return ["nice", "-n", "19", *command] if shutil.which("nice") else command
 
 
 def cache_dir(version: str = VERSION) -> Path:
@@ -142,6 +177,45 @@ def python_package(version: str = VERSION) -> Path:
     return target
 
 
+def _build_tools(source: Path, build: Path) -> Path:
+    configure = ["cmake", "-S", str(source), "-B", str(build), *TOOLS_CMAKE_FLAGS]
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
+    jobs = str(min(MAX_JOBS, os.cpu_count() or 1))
+    build_command = ["cmake", "--build", str(build), "--target", *TOOLS, "-j", jobs]
+    subprocess.run(_niced(build_command), check=True, stdout=subprocess.DEVNULL)
+    return build / "bin"
+
+
+def tools(version: str = VERSION) -> Path:
+    """The folder holding `llama-server` and `llama-quantize` built from the sdist's vendored
+    llama.cpp: once per version (tens of minutes on two cores), under the cache lock, into a
+    temporary folder renamed into place. `LLAMA_CPP_TOOLS`, when set, names such a folder."""
+    supplied = os.environ.get(TOOLS_ENV)
+    if supplied:
+        return Path(supplied)
+    target = cache_dir(version) / "tools"
+    if all((target / name).is_file() for name in TOOLS):
+        return target
+    with cache_lock(cache_dir(version)):
+        if all((target / name).is_file() for name in TOOLS):
+            return target
+        archive = sdist(version)
+        temp = Path(tempfile.mkdtemp(prefix=".tools-", dir=cache_dir(version)))
+        with tarfile.open(archive) as tar:
+            tar.extractall(temp / "src", filter="data")
+        root = next((temp / "src").iterdir())
+        built = _build_tools(root / VENDOR, temp / "build")
+        (temp / "tools").mkdir()
+        for name in TOOLS:
+            shutil.copy2(built / name, temp / "tools" / name)
+        shutil.rmtree(target, ignore_errors=True)
+        (temp / "tools").rename(target)
+        shutil.rmtree(temp)
+    return target
+
+
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else "python"
     if command == "converters":
@@ -149,8 +223,10 @@ def main(argv: list[str]) -> int:
     elif command == "python":
         converters()
         print(python_package())
+    elif command == "tools":
+        print(tools())
     else:
-        print(f"usage: python -m hack.llama_cpp [converters|python], not {command!r}", file=sys.stderr)
+        print(f"usage: python -m hack.llama_cpp [converters|python|tools], not {command!r}", file=sys.stderr)
         return 2
     return 0
 

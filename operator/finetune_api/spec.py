@@ -360,8 +360,8 @@ OnExisting = Literal["resume", "fresh", "fail"]
 # What the job writes beside the checkpoints: peft is always written (the others are made from it).
 OutputFormat = Literal["peft", "merged", "gguf-lora", "gguf"]
 OUTPUT_FORMATS: Final[tuple[OutputFormat, ...]] = ("peft", "merged", "gguf-lora", "gguf")
-# q4_k_m is left out: it needs llama.cpp's C++ quantiser, which the trainer image does not build.
-GgufType = Literal["f16", "q8_0"]
+# f16 and q8_0 are written by llama.cpp's converter; q4_k_m by its llama-quantize from the f16 file.
+GgufType = Literal["f16", "q8_0", "q4_k_m"]
 # vLLM's default --max-lora-rank: an adapter of a higher rank needs the flag.
 VLLM_DEFAULT_MAX_LORA_RANK: Final = 16
 VLLM_LORA_RANKS: Final = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -419,7 +419,7 @@ class OutputSpec(ApiModel):
     gguf_type: GgufType = Field(
         default="f16",
         description="Tensor type of the GGUF model files (the GGUF LoRA is f16): f16 or q8_0, as llama.cpp's "
-        "converter writes them. For q4_k_m, run llama.cpp's llama-quantize on the f16 file.",
+        "converter writes them, or q4_k_m, made from the converter's f16 file by llama.cpp's llama-quantize.",
     )
     samples: SamplesSpec = Field(
         default_factory=SamplesSpec,

@@ -162,3 +162,22 @@ def test_the_trainer_image_unpacks_the_llama_cpp_the_tests_pin() -> None:
     text = (REPO / "trainer_image" / "Dockerfile").read_text()
     assert f"ARG LLAMA_CPP_PYTHON_VERSION={llama_cpp.VERSION}\n" in text
     assert "ENV FINETUNE_LLAMA_CPP=/opt/llama.cpp" in text
+
+
+def test_the_trainer_image_builds_the_llama_quantize_the_tests_build() -> None:
+    """llama-quantize (ggufType q4_k_m) is compiled in the image from the pinned sdist with the
+    CMake flags hack/llama_cpp.py builds the tests' copy with, and the trainer finds it there."""
+    from finetune_trainer import gguf_export
+    from hack import llama_cpp
+
+    runs = [rest for word, rest in _instructions(TRAINER) if word == "RUN" and "cmake -S" in rest]
+    assert len(runs) == 1, "one RUN compiles llama.cpp"
+    words = runs[0].split()
+    flags = [w for w in words if w.startswith("-D") and "=" in w]
+    assert flags == list(llama_cpp.TOOLS_CMAKE_FLAGS)
+    assert "--target llama-quantize" in runs[0]
+    assert "llama-cpp-python==${LLAMA_CPP_PYTHON_VERSION}" in runs[0]
+    text = TRAINER.read_text()
+    assert f"/out/llama-quantize {gguf_export.IMAGE_QUANTIZE}\n" in text
+    assert f"{gguf_export.QUANTIZE_ENV}={gguf_export.IMAGE_QUANTIZE}" in text
+    assert "libgomp1" in text, "llama-quantize's OpenMP runtime"

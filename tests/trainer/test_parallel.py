@@ -179,6 +179,34 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_its_reason(tmp_path
     assert len(run.of("failed")) == 1  # the launcher speaks for the pod, once
 
 
+def samples_of(job: JobDir) -> list[dict]:
+    path = job.output / "samples.jsonl"
+    assert path.is_file(), f"no {path}"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_fsdp_ranks_answer_the_samples_together_as_one_process_answers_them(tmp_path: Path, tiny_assets: Path) -> None:
+    """Under fsdp each rank holds a shard: every rank runs every forward of the greedy answers
+    in lockstep and rank 0 writes them; they are the one process's answers word for word."""
+    asked = {"samples": {"count": 2, "maxNewTokens": 12}}
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    two, split = run_job(
+        tmp_path / "two", tiny_assets, with_changes(TWO, training={"parallelism": "fsdp"}, output=asked)
+    )
+    one, single = run_job(tmp_path / "one", tiny_assets, with_changes(ONE, output=asked))
+    assert split.code == 0, split.stderr[-3000:]
+    assert single.code == 0, single.stderr[-3000:]
+    assert summary(two)["parallelism"] == "fsdp"
+    assert_same_trained_adapter(adapter(two), adapter(one))
+    answers, reference = samples_of(two), samples_of(one)
+    assert len(answers) == 2
+    assert answers == reference
+    # Something to compare: the adapter changed what the model says.
+    assert any(row["answer"] != row["baseAnswer"] for row in answers)
+    assert len(split.of("samples")) == 1, "rank 0 alone writes them"
+
+
 def test_packing_eval_and_the_merged_export_are_the_same_on_two_processes(tmp_path: Path, tiny_assets: Path) -> None:
     extras = {"dataset": {"evalFraction": 0.1}, "output": {"merge": True}}
     packed = {"packing": True, "maxLength": 128}

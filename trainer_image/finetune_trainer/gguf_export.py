@@ -7,21 +7,29 @@ hack.llama_cpp converters` prints it). Each runs as its own process, the way lla
 them, and reads the safetensors lazily: the merged GGUF is converted from the streamed merge's
 folder, so host memory stays at about one tensor beyond what the merge held.
 
-q4_k_m is not offered: it needs llama.cpp's C++ quantiser (`llama-quantize`), which the image
-does not build; the README says how to make it from the f16 file.
+f16 and q8_0 are the converter's own output types. q4_k_m is llama.cpp's C++ quantiser's:
+the converter writes f16 beside the target, `llama-quantize` (built by the trainer image from the
+same sdist's tree, /opt/llama.cpp/bin; elsewhere `FINETUNE_LLAMA_QUANTIZE` names it, else PATH;
+`python -m hack.llama_cpp tools` builds it here) makes Q4_K_M of it, and the f16 file is removed.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 CONVERTERS_ENV = "FINETUNE_LLAMA_CPP"
 IMAGE_CONVERTERS = Path("/opt/llama.cpp")
+QUANTIZE_ENV = "FINETUNE_LLAMA_QUANTIZE"
+QUANTIZE = "llama-quantize"
+IMAGE_QUANTIZE = IMAGE_CONVERTERS / "bin" / QUANTIZE
 # The converters' own output types (spec.output.ggufType).
 CONVERTER_TYPES = ("f16", "q8_0")
+# The types llama-quantize makes from the converter's f16 file, by its own names.
+QUANTIZED_TYPES = {"q4_k_m": "Q4_K_M"}
 
 
 class GgufError(RuntimeError):
@@ -35,12 +43,47 @@ def converters() -> Path:
     return folder
 
 
+def quantizer() -> Path:
+    """llama-quantize: FINETUNE_LLAMA_QUANTIZE, else the image's, else the one on PATH."""
+    named = os.environ.get(QUANTIZE_ENV)
+    if named:
+        if not os.access(named, os.X_OK):
+            raise GgufError(f"{QUANTIZE} is not at {named} ({QUANTIZE_ENV})")
+        return Path(named)
+    if os.access(IMAGE_QUANTIZE, os.X_OK):
+        return IMAGE_QUANTIZE
+    found = shutil.which(QUANTIZE)
+    if not found:
+        raise GgufError(f"{QUANTIZE} is missing: not in {IMAGE_QUANTIZE.parent} nor on PATH (set {QUANTIZE_ENV})")
+    return Path(found)
+
+
+def check_tools(gguf_type: str) -> None:
+    """Before training: what the export of `gguf_type` will need is there (one line if not)."""
+    converters()
+    if gguf_type in QUANTIZED_TYPES:
+        quantizer()
+
+
+def _failed(name: str, result: subprocess.CompletedProcess[str]) -> GgufError:
+    lines = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()]
+    return GgufError(f"{name} failed: {lines[-1] if lines else f'exit {result.returncode}'}")
+
+
 def _run(script: str, *args: str) -> None:
     command = [sys.executable, str(converters() / script), *args]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        raise GgufError(f"{script} failed: {lines[-1] if lines else f'exit {result.returncode}'}")
+        raise _failed(script, result)
+
+
+def quantize(source: Path, outfile: Path, gguf_type: str) -> Path:
+    """llama-quantize SOURCE OUTFILE TYPE: an f16 GGUF as `gguf_type` (q4_k_m)."""
+    command = [str(quantizer()), str(source), str(outfile), QUANTIZED_TYPES[gguf_type]]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise _failed(QUANTIZE, result)
+    return outfile
 
 
 def convert_model(folder: Path, outfile: Path, gguf_type: str) -> Path:
@@ -49,7 +92,16 @@ def convert_model(folder: Path, outfile: Path, gguf_type: str) -> Path:
     if gguf_type in CONVERTER_TYPES:
         _run("convert_hf_to_gguf.py", str(folder), "--outfile", str(outfile), "--outtype", gguf_type)
         return outfile
-    raise GgufError(f"spec.output.ggufType {gguf_type}: llama.cpp's converter writes {', '.join(CONVERTER_TYPES)}")
+    if gguf_type in QUANTIZED_TYPES:
+        quantizer()  # missing: fail before the conversion, not after
+        f16 = outfile.with_name(f".{outfile.name}.f16")
+        try:
+            convert_model(folder, f16, "f16")
+            return quantize(f16, outfile, gguf_type)
+        finally:
+            f16.unlink(missing_ok=True)
+    known = [*CONVERTER_TYPES, *QUANTIZED_TYPES]
+    raise GgufError(f"spec.output.ggufType {gguf_type}: llama.cpp writes {', '.join(known)}")
 
 
 def convert_lora(adapter: Path, base: Path, outfile: Path, outtype: str) -> Path:

@@ -35,6 +35,10 @@ class LossHead(nn.Module):
         self.chunk_tokens = chunk_tokens
         self.transform = transform
         self.labels: torch.Tensor | None = None
+        # Set while sample answers are generated (samples.py): the forward returns the last
+        # position's logits instead of a loss. A flag, not a module swapped in: under fsdp this
+        # module is the FSDP unit's own, and its forward is what gathers the head's weights.
+        self.last_logits = False
 
     @property
     def weight(self) -> torch.Tensor:
@@ -49,6 +53,9 @@ class LossHead(nn.Module):
         return F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.last_logits:
+            logits = self.head(hidden[:, -1:, :]).float()
+            return self.transform(logits) if self.transform is not None else logits
         labels = self.labels
         if labels is None:
             raise RuntimeError("LossHead: labels were not set before the forward")

@@ -44,7 +44,7 @@ from .distributed.resume import resume_point
 from .distributed.topology import Topology
 from .export import public_name, save_adapter, save_formats, write_summary
 from .failures import TrainerFailure
-from .gguf_export import GgufError
+from .gguf_export import GgufError, check_tools
 from .hardware import (
     apply_memory_cap,
     choose_attention,
@@ -170,9 +170,11 @@ class Recipe:
         # The process group is left for the process's end to free (a worker ends in os._exit,
         # see entry.main): gloo's destructor joins its worker thread holding the GIL, while that
         # thread may need the GIL to free the last collective's tensors, and the rank then hangs.
+        # Under fsdp every rank answers the samples with rank 0, in lockstep (samples.py).
+        rows = self._sample_rows() if self.mode.sharded else None
         if not self.main:
             return None
-        self.export()
+        self.export(rows)
         return self.summary()
 
     # --- setup ---------------------------------------------------------------------------------
@@ -195,6 +197,11 @@ class Recipe:
         self.precision = precision = resolve_precision(spec.precision, hardware)
         model_config = load_model_config(self.config)
         self.family = families.check(model_config, spec)  # a model it cannot train: InvalidConfig, one line
+        if {"gguf", "gguf-lora"} & set(spec.output.written):
+            try:  # the converters, and llama-quantize for q4_k_m: missing, one line now, not after training
+                check_tools(spec.output.gguf_type)
+            except GgufError as exc:
+                raise TrainerFailure(ExitReason.InvalidConfig, f"spec.output.ggufType: {exc}") from None
         self.tokenizer = load_tokenizer(self.config)
         self.data: DataReport = check_dataset(self.config, self.tokenizer, model_config)
         if self.main:
@@ -520,11 +527,12 @@ class Recipe:
             self.reporter.checkpoint(checkpoint.step, str(checkpoint.path), checkpoint.time)
 
     # --- export --------------------------------------------------------------------------------
-    def export(self) -> None:
-        """Rank 0: the adapter (and the merged model when asked), the last status."""
+    def export(self, rows: list[dict[str, str]] | None = None) -> None:
+        """Rank 0: the adapter (and the merged model when asked), the sample answers (`rows`
+        when every rank answered them already), the last status."""
         try:
             self.adapter_path = save_adapter(self.adapter, self.tokenizer, self.output, public_name(self.config))
-            self.samples_path = self._answer_samples()
+            self.samples_path = self._write_samples(rows)
             self.formats = self._save_formats()
             self.merged = self.formats.get("merged")
             if self.reporter is not None:
@@ -532,29 +540,33 @@ class Recipe:
         finally:
             self.cleanup()
 
-    def _answer_samples(self) -> Path | None:
-        """output.samples: greedy answers with and without the adapter to samples.jsonl beside the
-        adapter, the first into status.sample. Rank 0 alone runs this, after the other ranks have
-        left: under fsdp it holds a shard of the model only, so it answers nothing there."""
+    def _sample_rows(self) -> list[dict[str, str]] | None:
+        """output.samples' greedy answers with and without the adapter; None when none are asked.
+        Rank 0 alone runs this after training, except under fsdp, where each rank holds a shard of
+        the model and every rank runs it, in lockstep on the same prompts."""
         asked = self.spec.output.samples
         if asked.count == 0 and not asked.sample_prompts:
-            return None
-        if self.launch.parallelism == "fsdp":
-            log.info("output.samples: not answered under fsdp (rank 0 holds a shard of the model)")
             return None
         pools = [self.eval_samples, self.train_samples]
         prompts = samples.choose_prompts(asked.sample_prompts, asked.count, pools, self.tokenizer)
         if not prompts:
             return None
-        device = self.mode.loop_device(self.device)
-        rows = samples.answer(
+        return samples.answer(
             self.adapter.peft_model,
             self.head,
             self.tokenizer,
             prompts,
             max_new_tokens=asked.max_new_tokens,
-            device=device,
+            device=self.mode.loop_device(self.device),
+            runner=self.trained if self.mode.sharded else None,
         )
+
+    def _write_samples(self, rows: list[dict[str, str]] | None) -> Path | None:
+        """Rank 0: samples.jsonl beside the adapter and the first answer into status.sample."""
+        if rows is None and not self.mode.sharded:
+            rows = self._sample_rows()
+        if not rows:
+            return None
         path = samples.write(self.adapter_path.parent / SAMPLES_FILE, rows)
         emit("samples", path=str(path), count=len(rows))
         if self.reporter is not None:

@@ -1,14 +1,23 @@
-"""Sample answers after training: greedy, with the adapter and without it, on rank 0's own model.
+"""Sample answers after training: greedy, with the adapter and without it.
 
 The prompts are `output.samples.samplePrompts`, else the first `count` of the eval split (of the
 training data without one). Each answer runs the trained PEFT model as it is in memory (on the
 job's GPU, in the run's precision; no second copy of the base is loaded), once with the adapter
 and once with it switched off, so `samples.jsonl` shows what training changed.
 
-The loss head (loss_head.py) stands where the LM head was during training; for generation a
-head that returns the last position's logits (the family's logit transform applied) takes its
-place and is swapped back after. Decoding is a plain greedy loop without a KV cache: a few
+The loss head (loss_head.py) stands where the LM head was during training; for generation it
+is switched to return the last position's logits (the family's logit transform applied), and
+back after. Decoding is a plain greedy loop without a KV cache: a few
 hundred forwards, independent of the checkpointing the model was trained with.
+
+Rank 0 answers alone in every mode but fsdp, where it holds a shard of the model: there every
+rank runs every forward in lockstep (each forward's all-gathers are collectives), on the same
+prompts, and each step's token is rank 0's, broadcast, so all ranks stop at the same step
+(what Hugging Face's `generate(synced_gpus=True)` does by running on until every rank is done).
+Each fsdp forward runs with gradients on and a zero backward, as the loop's evaluation does: a
+no-grad forward of the FSDP1-sharded model gave a wrong eval loss there (loop.Loop.evaluate).
+No-grad forwards did give the one process's answers on the two-rank CPU test's tiny model, but
+that path is not the one measured against the loss, so the answers take the evaluation's.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .loop import dropout_off
@@ -28,25 +38,13 @@ from .loss_head import LossHead
 STATUS_CHARS = 240  # what status.sample holds of a prompt or an answer
 
 
-class _LastLogits(nn.Module):
-    def __init__(self, head: LossHead) -> None:
-        super().__init__()
-        self.head = head.head
-        self.transform = head.transform
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.head(hidden[:, -1:, :]).float()
-        return self.transform(logits) if self.transform is not None else logits
-
-
 @contextmanager
-def _logits_head(model: nn.Module, head: LossHead) -> Iterator[None]:
-    base: Any = getattr(model, "get_base_model", lambda: model)()
-    base.set_output_embeddings(_LastLogits(head))
+def _logits_head(head: LossHead) -> Iterator[None]:
+    head.last_logits = True
     try:
         yield
     finally:
-        base.set_output_embeddings(head)
+        head.last_logits = False
 
 
 def prompt_of(sample: dict[str, Any], tokenizer: Any) -> str | None:
@@ -75,12 +73,27 @@ def choose_prompts(asked: list[str], count: int, pools: list[Any], tokenizer: An
     return found
 
 
-def _greedy(model: nn.Module, ids: list[int], steps: int, eos: int | None, device: torch.device) -> list[int]:
+def _next_logits(model: nn.Module, tokens: torch.Tensor, lockstep: bool) -> torch.Tensor:
+    if not lockstep:
+        with torch.no_grad():
+            return model(input_ids=tokens, use_cache=False).logits[0, -1]
+    with torch.enable_grad():  # type: ignore[no-untyped-call]
+        logits = model(input_ids=tokens, use_cache=False).logits
+        if logits.requires_grad:  # with the adapter switched off nothing needs a gradient
+            (logits.sum() * 0.0).backward()  # type: ignore[no-untyped-call]
+    return logits[0, -1].detach()
+
+
+def _greedy(
+    model: nn.Module, ids: list[int], steps: int, eos: int | None, device: torch.device, *, lockstep: bool = False
+) -> list[int]:
     tokens = torch.tensor([ids], device=device)
     out: list[int] = []
     for _ in range(steps):
-        logits = model(input_ids=tokens, use_cache=False).logits[0, -1]
-        token = int(logits.argmax())
+        chosen = _next_logits(model, tokens, lockstep).argmax().reshape(1)
+        if lockstep:
+            dist.broadcast(chosen, src=0)
+        token = int(chosen)
         if token == eos:
             break
         out.append(token)
@@ -89,24 +102,40 @@ def _greedy(model: nn.Module, ids: list[int], steps: int, eos: int | None, devic
 
 
 def answer(
-    model: nn.Module, head: LossHead, tokenizer: Any, prompts: list[str], *, max_new_tokens: int, device: torch.device
+    model: nn.Module,
+    head: LossHead,
+    tokenizer: Any,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    device: torch.device,
+    runner: nn.Module | None = None,
 ) -> list[dict[str, str]]:
-    """Each prompt's greedy answer with the adapter, and the base's without it."""
+    """Each prompt's greedy answer with the adapter, and the base's without it. `model` is the
+    PEFT model; `runner`, when given, is the FSDP module around it that the forwards go through,
+    on every rank in lockstep (each rank gets the same rows)."""
     rows = []
     eos = tokenizer.eos_token_id
-    with torch.no_grad(), dropout_off(model), _logits_head(model, head):
-        for prompt in prompts:
-            ids = tokenizer(prompt)["input_ids"]
-            tuned = _greedy(model, ids, max_new_tokens, eos, device)
-            with model.disable_adapter():  # type: ignore[operator]
-                plain = _greedy(model, ids, max_new_tokens, eos, device)
-            rows.append(
-                {
-                    "prompt": prompt,
-                    "answer": tokenizer.decode(tuned, skip_special_tokens=True),
-                    "baseAnswer": tokenizer.decode(plain, skip_special_tokens=True),
-                }
-            )
+    lockstep = runner is not None
+    forward = runner if runner is not None else model
+    try:
+        with dropout_off(forward), _logits_head(head):
+            for prompt in prompts:
+                ids = tokenizer(prompt)["input_ids"]
+                tuned = _greedy(forward, ids, max_new_tokens, eos, device, lockstep=lockstep)
+                with model.disable_adapter():  # type: ignore[operator]
+                    plain = _greedy(forward, ids, max_new_tokens, eos, device, lockstep=lockstep)
+                rows.append(
+                    {
+                        "prompt": prompt,
+                        "answer": tokenizer.decode(tuned, skip_special_tokens=True),
+                        "baseAnswer": tokenizer.decode(plain, skip_special_tokens=True),
+                    }
+                )
+    finally:
+        if lockstep:  # the zero backwards' gradients: the adapter is saved already
+            for param in model.parameters():
+                param.grad = None
     return rows
 
 
