@@ -160,11 +160,7 @@ def python_package(version: str = VERSION) -> Path:
     with cache_lock(cache_dir(version)):
         if (target / "llama_cpp" / "lib" / "libllama.so").exists():
             return target
-        archive = sdist(version)
-        temp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_dir(version)))
-        with tarfile.open(archive) as tar:
-            tar.extractall(temp / "src", filter="data")
-        root = next((temp / "src").iterdir())
+        temp, root = _unpacked(version, ".build-")
         lib = _build_library(root / VENDOR, temp / "build")
         package = temp / "python" / "llama_cpp"
         shutil.copytree(root / "llama_cpp", package, ignore=shutil.ignore_patterns("server"))
@@ -175,6 +171,14 @@ def python_package(version: str = VERSION) -> Path:
         (temp / "python").rename(target)
         shutil.rmtree(temp)
     return target
+
+
+def _unpacked(version: str, prefix: str) -> tuple[Path, Path]:
+    """A temporary folder in the version's cache holding the unpacked sdist, and the sdist's root."""
+    temp = Path(tempfile.mkdtemp(prefix=prefix, dir=cache_dir(version)))
+    with tarfile.open(sdist(version)) as tar:
+        tar.extractall(temp / "src", filter="data")
+    return temp, next((temp / "src").iterdir())
 
 
 def _build_tools(source: Path, build: Path) -> Path:
@@ -201,11 +205,7 @@ def tools(version: str = VERSION) -> Path:
     with cache_lock(cache_dir(version)):
         if all((target / name).is_file() for name in TOOLS):
             return target
-        archive = sdist(version)
-        temp = Path(tempfile.mkdtemp(prefix=".tools-", dir=cache_dir(version)))
-        with tarfile.open(archive) as tar:
-            tar.extractall(temp / "src", filter="data")
-        root = next((temp / "src").iterdir())
+        temp, root = _unpacked(version, ".tools-")
         built = _build_tools(root / VENDOR, temp / "build")
         (temp / "tools").mkdir()
         for name in TOOLS:

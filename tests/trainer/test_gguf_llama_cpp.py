@@ -137,12 +137,8 @@ def test_the_llama_server_command_of_the_status_loads_in_llama_cpp(llama: Any, e
     llm.close()
 
 
-def test_a_trained_job_writes_every_format_and_its_gguf_answers_like_its_adapter(
-    llama: Any, exported: dict[str, Path], tmp_path: Path
-) -> None:
-    """The trainer end to end: formats merged, gguf-lora and gguf after a short run, at the paths
-    the status names, and llama.cpp's greedy tokens on them are PEFT's on the trained adapter."""
-    from finetune_api import contract
+def _tiny_job(tmp_path: Path, exported: dict[str, Path]) -> Any:
+    """A trainer job folder over the exported tiny base and the alpaca sample data."""
     from finetune_trainer.tiny_model import write_alpaca
     from tests.trainer.conftest import make_job_dir
 
@@ -151,7 +147,17 @@ def test_a_trained_job_writes_every_format_and_its_gguf_answers_like_its_adapter
     (assets / "models" / "tiny-llama").symlink_to(exported["base"])
     write_alpaca(assets / "datasets" / "alpaca.jsonl")
     (tmp_path / "job").mkdir()
-    job = make_job_dir(tmp_path / "job", assets)
+    return make_job_dir(tmp_path / "job", assets)
+
+
+def test_a_trained_job_writes_every_format_and_its_gguf_answers_like_its_adapter(
+    llama: Any, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    """The trainer end to end: formats merged, gguf-lora and gguf after a short run, at the paths
+    the status names, and llama.cpp's greedy tokens on them are PEFT's on the trained adapter."""
+    from finetune_api import contract
+
+    job = _tiny_job(tmp_path, exported)
     job.spec_changes = {
         "training": {"maxSteps": 6},
         "checkpoints": {"everySteps": 6},
@@ -432,15 +438,8 @@ def test_a_q4_k_m_job_writes_its_gguf_files_through_llama_quantize(
     paths, quantised (the tiny model's 64-wide rows take llama-quantize's fallback types), no f16
     left beside them, and llama.cpp loads them with the f16 adapter."""
     from finetune_api import contract
-    from finetune_trainer.tiny_model import write_alpaca
-    from tests.trainer.conftest import make_job_dir
 
-    assets = tmp_path / "assets"
-    (assets / "models").mkdir(parents=True)
-    (assets / "models" / "tiny-llama").symlink_to(exported["base"])
-    write_alpaca(assets / "datasets" / "alpaca.jsonl")
-    (tmp_path / "job").mkdir()
-    job = make_job_dir(tmp_path / "job", assets)
+    job = _tiny_job(tmp_path, exported)
     job.spec_changes = {
         "training": {"maxSteps": 2},
         "checkpoints": {"everySteps": 2},
