@@ -145,6 +145,7 @@ def judge(point: Point, layers: int, plan: Any, ours: dict[str, Any] | None) -> 
         "gradientCheckpointing": point.ckpt,
         "layers": layers,
         "planGiB": plan_gib,
+        "planAllocatedGiB": round(plan.layout.fullest.allocated / GIB, 2),
         "planHeadroomGiB": round(plan.layout.fullest.headroom / GIB, 2),
         "planLossChunkTokens": plan.layout.loss_chunk_tokens,
     }
@@ -169,18 +170,28 @@ def judge(point: Point, layers: int, plan: Any, ours: dict[str, Any] | None) -> 
 
 RESULTS: Final = Path(__file__).resolve().parent / "results"
 HEADER: Final = (
-    "| point | layers | plan GiB (headroom) | loss | measured peak GiB | measured / plan | outcome |\n"
-    "| --- | ---: | ---: | --- | ---: | ---: | --- |"
+    "| point | layers | plan GiB (headroom) | plan allocated GiB | loss | measured peak GiB "
+    "| measured / plan allocated | outcome |\n"
+    "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |"
 )
 
 
+def plan_allocated_gib(total_gib: float) -> float:
+    """The plan's allocated part of a total: what max_memory_allocated compares with (the total
+    adds the CUDA context and the allocator slack, `GpuMemory.overhead`)."""
+    from finetune_plan import calibration as cal
+
+    return (total_gib - cal.CUDA_CONTEXT_GIB) / (1 + cal.ALLOCATOR_SLACK)
+
+
 def table(record: dict[str, Any]) -> str:
-    """A boundary record as the Markdown table the READMEs show (plan total includes the CUDA
-    context and slack; the measured peak is PyTorch's allocated peak)."""
+    """A boundary record as the Markdown table the READMEs show: the plan's total (what "fits" is
+    decided on) and its allocated part, against PyTorch's allocated peak."""
     lines = [HEADER]
     for row in record.get("points", []):
         plan = row.get("trainerPlanGiB") or {}
         planned_gib = max(plan.values()) if plan else row["planGiB"]
+        allocated = row.get("planAllocatedGiB") or plan_allocated_gib(planned_gib)
         measured = row.get("measuredPeakGiB")
         loss = f"chunks of {row['planLossChunkTokens']}" if row.get("planLossChunkTokens") else "whole sequence"
         if not row.get("ran", True):
@@ -190,9 +201,9 @@ def table(record: dict[str, Any]) -> str:
         else:
             outcome = row.get("reason") or f"{row.get('finalStep')} steps"
         lines.append(
-            f"| {row['point']} | {row['layers']} | {planned_gib:.2f} ({row['planHeadroomGiB']:.2f}) | {loss} "
-            f"| {'-' if measured is None else f'{measured:.2f}'} "
-            f"| {'-' if measured is None else f'{measured / planned_gib:.3f}'} | {outcome} |"
+            f"| {row['point']} | {row['layers']} | {planned_gib:.2f} ({row['planHeadroomGiB']:.2f}) | {allocated:.2f} "
+            f"| {loss} | {'-' if measured is None else f'{measured:.2f}'} "
+            f"| {'-' if measured is None else f'{measured / allocated:.3f}'} | {outcome} |"
         )
     return "\n".join(lines)
 

@@ -202,5 +202,5 @@ RESULTS: Final = Path(__file__).resolve().parent / "results"
 
 
 if __name__ == "__main__":
-    for path in sorted(RESULTS.glob("*-recompute.json")):
+    for path in sorted(RESULTS.glob("*-recompute*.json")):
         print(f"{path.name}\n\n{table(json.loads(path.read_text()))}\n")

@@ -23,7 +23,10 @@ process so one's memory never shows in the other's peak:
   7. `recompute` (not in the default list): `gradientCheckpointing: auto` against every layer
      recomputed, through the pod's command, in one call: Llama-3.1-8B's shape (32 layers) capped at
      22.4 GiB and the 4-layer 70B slice uncapped (bench/recompute.py): <date>-<gpu>-recompute.json;
-  8. `multinode` (not in the default list): the launch path of a job of 2 nodes on one 2-GPU
+  8. `parts` (not in the default list): the plan part by part (resident, activations, the
+     backward's and the loss's transients) against the trainer's phase probe, shallow slices
+     through the pod's command (bench/parts.py): <date>-<gpu>-parts.json;
+  9. `multinode` (not in the default list): the launch path of a job of 2 nodes on one 2-GPU
      machine, two launchers of one GPU each meeting over TCP on 127.0.0.1 with the Indexed Job's
      environment, against the 1-GPU reference in the same call: <date>-<gpu>-2node.json.
 
@@ -36,6 +39,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -57,9 +61,10 @@ PHASES = (
     "families",
     "streamed",
     "recompute",
+    "parts",
 )
 # Phases that need no FP32 matmul peak: run alone, they only name the GPU (saves the peak's time).
-NO_PEAK_PHASES = frozenset({"recompute"})
+NO_PEAK_PHASES = frozenset({"recompute", "parts", "boundary"})
 # What runs without --phases: `multinode` (2 GPUs of their own), `boundary`, `families` and
 # `streamed` are asked for by name.
 DEFAULT_PHASES = ("compare", "nockpt", "large", "layers", "calibration")
@@ -81,6 +86,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--recompute-keep-only", action="store_true", help="`recompute`: also auto with activationOffload false (8B)"
     )
+    parser.add_argument("--recompute-shapes", default="", help="`recompute`: only these shapes (names, comma list)")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=4, help="timed steps after warm-up")
     parser.add_argument("--warm", type=int, default=2)
@@ -90,6 +96,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--logs", type=Path, default=None, help="folder for each child's full output")
     parser.add_argument("--budget-s", type=float, default=3600.0, help="skip phases that would start after this")
+    parser.add_argument(
+        "--tag", default="", help="added to every record's name, <date>-<gpu>-<phase>-<tag>.json: a second run that day"
+    )
     return parser.parse_args(argv)
 
 
@@ -198,6 +207,8 @@ class Bench:
         }
 
     def write(self, name: str, record: dict[str, Any]) -> Path:
+        if self.args.tag:
+            name = f"{name.removesuffix('.json')}-{self.args.tag}.json"
         path = self.args.results / name
         path.write_text(json.dumps(record, indent=2) + "\n")
         print(f"[bench] wrote {path}", flush=True)
@@ -384,7 +395,7 @@ class Bench:
     def boundary(self, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
         """Shapes planned to fit with at most a layer to spare under 22.4 GiB, each run for
         `--steps` steps (at least 8) with a checkpoint and an evaluation inside."""
-        from bench import boundary
+        from bench import boundary, recompute
 
         steps = max(8, self.args.steps)
         wanted = {n for n in self.args.boundary_points.split(",") if n}
@@ -400,8 +411,9 @@ class Bench:
                 continue
             model = self.args.work / f"boundary-{width}-{depth}l"
             if not (model / "config.json").exists():
-                arch = {**boundary.WIDTHS[width], "layers": depth}
-                self.child(f"build-{width}-{depth}l", self.reference_argv([], model, arch), 1)
+                # Random-init bf16 weights written on the GPU (the reference builder writes on the CPU).
+                shape = recompute.Shape(f"boundary-{width}", width, depth, None)
+                self.child(f"build-{width}-{depth}l", recompute.build_argv(sys.executable, model, shape), 1)
             for point, layers in chosen:
                 if point.width != width or layers == 0:
                     continue
@@ -424,6 +436,8 @@ class Bench:
                 rows.append(boundary.judge(point, layers, plan, ours))
                 record["points"] = rows
                 self.write(f"{self.date}-{gpu_slug(peaks)}-boundary.json", record)
+            # The next width's model needs the disk (70B-shaped, 19 layers: 37 GB of bf16).
+            shutil.rmtree(model, ignore_errors=True)
 
     def families(self, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
         """A Gemma-2-shaped and a Qwen2.5-shaped slice, capped at 22.4 GiB, through the pod's
@@ -455,6 +469,31 @@ class Bench:
             record["families"].append(families.judge(family, layers, launch, ours))
             self.write(f"{self.date}-{gpu_slug(peaks)}-families.json", record)
 
+    def parts(self, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
+        """Each point of bench.parts through the pod's command: the plan's parts against the
+        trainer's phase probe."""
+        from bench import boundary, parts, recompute
+
+        record: dict[str, Any] = {"date": self.date, "gpu": peaks[0].get("gpu"), "steps": parts.STEPS}
+        record.update(versions=versions, points=[])
+        models = {}
+        for width in boundary.WIDTHS:
+            layers = parts.depth(width)
+            if not layers:
+                continue
+            models[width] = self.args.work / f"parts-{width}-{layers}l"
+            if not (models[width] / "config.json").exists():
+                shape = recompute.Shape(f"parts-{width}", width, layers, None)
+                self.child(f"build-parts-{width}", recompute.build_argv(sys.executable, models[width], shape), 1)
+        for point in parts.POINTS:
+            ours = None
+            if self.left_s() > 90:
+                slice_dir = self.args.work / f"slice-{point.name}"
+                folder = boundary.slice_folder(models[point.width], slice_dir, point.layers)
+                ours = self.ours(1, f"parts-{point.name}", model=folder, **parts.ours_extra(point))
+            record["points"].append(parts.row(point, ours))
+            self.write(f"{self.date}-{gpu_slug(peaks)}-parts.json", record)
+
     def recompute(self, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
         """Each shape of bench.recompute through the pod's command, all-recompute then auto."""
         from bench import recompute
@@ -462,7 +501,8 @@ class Bench:
         steps = self.args.steps + self.args.warm
         record: dict[str, Any] = {"date": self.date, "gpu": peaks[0].get("gpu"), "steps": steps, "seq": recompute.SEQ}
         record.update(versions=versions, shapes=[])
-        for shape in recompute.SHAPES:
+        wanted = {n for n in self.args.recompute_shapes.split(",") if n}
+        for shape in (s for s in recompute.SHAPES if not wanted or s.name in wanted):
             if self.left_s() < 60:
                 print(f"[bench] budget spent; recompute {shape.name} not run", flush=True)
                 continue
@@ -535,6 +575,7 @@ class Bench:
             ("boundary", lambda: self.boundary(peaks, versions)),
             ("families", lambda: self.families(peaks, versions)),
             ("recompute", lambda: self.recompute(peaks, versions)),
+            ("parts", lambda: self.parts(peaks, versions)),
             ("layers", lambda: self.layers(peaks)),
             ("calibration", self.calibration),
         ):

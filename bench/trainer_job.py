@@ -92,16 +92,17 @@ def spec_for(
     eval_fraction: float | None = None,
     batch: int = 1,
     offload: bool | str | None = None,
+    dropout: float = 0.0,
 ) -> dict[str, Any]:
     """The FineTuneJob spec of a bench run (`every`: checkpoint steps, default the last step;
-    `eval_fraction`: a held-out share evaluated at each checkpoint)."""
+    `eval_fraction`: a held-out share evaluated at each checkpoint; `dropout`: LoRA's)."""
     dataset: dict[str, Any] = {"source": {"pvc": {"claimName": "data", "path": "train.jsonl"}}, "format": "text"}
     if eval_fraction:
         dataset["evalFraction"] = eval_fraction
     return {
         "model": {"source": {"pvc": {"claimName": "models"}}},
         "dataset": dataset,
-        "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+        "lora": {"r": 8, "alpha": 16, "dropout": dropout},
         "precision": "fp32",
         "training": {
             "maxSteps": steps,
@@ -160,6 +161,7 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
             eval_fraction=spec.get("eval_fraction"),
             batch=spec.get("batch", 1),
             offload=spec.get("offload"),
+            dropout=spec.get("dropout", 0.0),
         ),
         "paths": {"model": str(model), "dataset": str(data), "output": str(work / "output")},
     }
@@ -282,6 +284,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 k: summary.get(k)
                 for k in (
                     "peakGiBPerGpu",
+                    "memoryParts",
                     "precisionGuard",
                     "attention",
                     "precision",

@@ -18,7 +18,6 @@ MEASUREMENTS = Path(__file__).with_name("measurements.json")
 # The plan may sit above a measured peak more than below it: a planner that never admits an OOM
 # errs high (the boundary phase records by how much); below, 10 % at most.
 MEMORY_TOLERANCE = 0.20
-MEMORY_UNDER_TOLERANCE = 0.10
 SPEED_TOLERANCE = 0.25
 
 

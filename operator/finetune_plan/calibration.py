@@ -1,32 +1,48 @@
 """The planner's measured constants, in one place so a new calibration changes one file.
 
-`bench/calibration/fit.py` fits them to `bench/calibration/measurements.json` (peak memory and
-tokens/s of real training steps with the recipe) and prints this file's new values;
-`tests/planning/test_calibration.py` checks the planner against every measurement.
-
-Until the grid is measured, the values come from a count of the tensors autograd keeps for a
-Llama layer, checked against the two reference runs in the project brief (70B-shaped layers on
-an H200, seq 2048: 15.2 GiB with checkpointing, 23.5 GiB without, 1848 and 2589 tokens/s).
+Memory: each part of a GPU's plan (what stays, the layers' activations, the backward's and the
+loss's transients) is counted from the tensors the recipe keeps and set against the same part
+measured by the trainer's phase probe on shallow slices (bench/results/2026-12-02-h200-parts.json);
+whole runs of 4 to 40 layers, none of them used to set a constant, judge the sum
+(`bench/calibration/memory_fit.py`, bench/README.md). Speed: `bench/calibration/fit.py` fits the
+constants to `bench/calibration/measurements.json` and `tests/planning/test_calibration.py`
+checks the planner against every measurement.
 """
 
 from typing import Final
 
-# Floats kept per token by one decoder layer for backward when it is not checkpointed:
-# about nine hidden-sized tensors (layer input, two norm outputs, q, repeated k and v, the
-# attention output and its contiguous copy, the mid-layer residual) plus rope/upcast copies,
-# and three intermediate-sized ones (gate, SiLU output, up).
-ACTIVATION_HIDDEN_FLOATS: Final = 11.0
+# Floats kept per token by one decoder layer for backward when it is not checkpointed, counted
+# from the tensors autograd keeps in a Llama layer under the recipe and measured part by part
+# through the pod's command (bench/results/2026-12-02-h200-parts.json: 1.047 GiB per 8B-shaped
+# layer at 2048 tokens, 0.547 of it the hidden- and intermediate-wide tensors below, the rest the
+# attention probabilities; the 70B shape, twice as wide, measured twice that):
+# - hidden-wide: the layer's input and the mid-layer residual (each norm keeps its input);
+# - attention-wide (heads x head_dim): q, k and v as SDPA's math kernel keeps them for its
+#   matmuls, k and v repeated to every head;
+# - intermediate-wide: the gate (SiLU's input), SiLU's output and up (the product's inputs).
+# The NF4 linears keep no input (their weight has no gradient); what the adapters keep of their
+# inputs is `memory.adapter_input_floats`.
+ACTIVATION_HIDDEN_FLOATS: Final = 2.0
+ACTIVATION_ATTENTION_FLOATS: Final = 3.0
 ACTIVATION_INTERMEDIATE_FLOATS: Final = 3.0
-# Each adapted linear applies its own LoRA dropout: the dropped copy plus a one-byte mask.
+# Besides the layers: the last layer's output and the final norm's, handed to the loss (measured:
+# 2 hidden-wide blocks at every point of the parts record).
+ACTIVATION_OUTSIDE_LAYERS_HIDDEN: Final = 2.0
+# Each adapted linear applies its own LoRA dropout: the dropped copy plus a one-byte mask, while
+# the input the adapters shared is no longer kept (measured 2.6 hidden widths more per layer with
+# dropout on q/k/v/o, counted 3).
 DROPOUT_FLOATS_PER_INPUT: Final = 1.25
-# FP32 attention with grouped-query heads runs SDPA's math path (or eager): the softmax
-# probabilities (heads x seq x seq) are kept. A layer's backward holds more of them at once (the
-# probabilities' gradient, the scores' gradient, the recomputed scores): at 4096 tokens and batch 2
-# a run planned with one more copy asked for a fifth 4 GiB block beyond the cap
-# (bench/results/2026-12-01-h200-boundary-sdpa.json's OOM, again with the loss in chunks). Three
-# copies hold every measured point, 0 to 12 % over (bench/README.md, "The planner at its edge").
+# FP32 attention with grouped-query heads runs SDPA's math path (or eager): each layer keeps its
+# softmax probabilities (heads x seq x seq), one matrix (measured 1.0 in the parts record: the
+# 8B shape's layer grew by 0.39 GiB from 512 x 4 to 2048 x 1 tokens, the matrix by 0.375).
 ATTENTION_MATRIX_COPIES_SAVED: Final = 1.0
+# The attention's backward holds three matrices at once (the probabilities, their gradient, the
+# scores' gradient), after the MLP's backward has freed the MLP's intermediate-wide tensors and
+# two hidden-wide ones (the mid-layer residual, the attention output the o adapter kept):
+# measured 2.97 to 3.0 matrices on top of that at 2048 and 4096 tokens, both widths, with and
+# without recompute (the parts record).
 ATTENTION_MATRIX_COPIES_BACKWARD: Final = 3.0
+MLP_FREED_HIDDEN_FLOATS: Final = 2.0
 # SDPA with fp32 inputs and grouped-query heads runs PyTorch's math kernel, which keeps the
 # probabilities as eager attention does: measured on an H200 (torch 2.11, transformers 5.24), the
 # memory-efficient kernel refuses the call ("No available kernel") and the default's peak equals
@@ -46,8 +62,9 @@ LOGITS_COPIES: Final = 3.0
 # Planned without it, an 8-layer Gemma-2-9B-shaped slice at 2048 tokens measured 12.35 GiB against
 # a plan of 11.01 (bench/results/2026-12-01-h200-families.json); the block is 1.95 GiB there.
 SOFTCAP_SAVED_COPIES: Final = 1.0
-# Backward of the MLP holds about two intermediate-sized gradients at once.
-MLP_GRADIENT_FLOATS: Final = 2.0
+# The MLP's backward holds the dequantised weight of its largest linear and intermediate-wide
+# gradients: 1.3 blocks measured beside the weight where that phase is the larger (512 tokens).
+MLP_GRADIENT_FLOATS: Final = 1.5
 
 # Speed, fitted by bench/calibration/fit.py to bench/calibration/measurements.json (H200,
 # 2026-11-30, 15 points, each in its own process): share of the data-sheet FP32 peak the
@@ -59,6 +76,13 @@ COMPUTE_UTILISATION: Final = 0.837
 BANDWIDTH_UTILISATION: Final = 0.8
 LAYER_PASS_SECONDS: Final = 0.00242
 DEVICE_HOP_SECONDS: Final = 0.01082
+
+# fsdp holds more than its counted parts: the three fsdp runs on two GPUs (70B-shaped, 2048 tokens,
+# checkpointing) measured 1.52, 0.30 and 0.95 GiB above their plans' allocated parts at 4, 32 and
+# 40 layers (bench/calibration/memory-fit.json), in the loss's phase and in the backward's. The
+# phase probe measures fsdp's parts, but no 2-GPU machine has been lent since it exists, so the
+# term is planned as measured, in both transient phases, until the parts are.
+FSDP_UNMEASURED_GIB: Final = 1.0
 
 # Per GPU, outside PyTorch's allocated bytes: the CUDA context and cuBLAS workspace, plus
 # allocator fragmentation as a share of the allocated peak.

@@ -167,14 +167,45 @@ def attention_matrix_bytes(shape: ModelShape, recipe: Recipe) -> float:
     return recipe.batch_size * shape.heads * recipe.max_length**2 * recipe.compute_bytes
 
 
-def full_layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
-    """Everything one layer keeps for backward when it is not checkpointed."""
-    floats = cal.ACTIVATION_HIDDEN_FLOATS * shape.hidden + cal.ACTIVATION_INTERMEDIATE_FLOATS * shape.intermediate
+# The linears that read one tensor. Without dropout their adapters keep that tensor once between
+# them (the NF4 base layer keeps no input: it has no weight gradient); with dropout each adapter
+# keeps its own dropped copy and mask instead.
+INPUT_GROUPS: Final = (
+    ("q_proj", "k_proj", "v_proj", "qkv_proj"),
+    ("o_proj",),
+    ("gate_proj", "up_proj", "gate_up_proj"),
+    ("down_proj",),
+)
+
+
+def adapter_input_floats(shape: ModelShape, recipe: Recipe) -> float:
+    """Floats per token the LoRA adapters keep of their inputs, in one layer."""
+    dims = shape.linear_dims()
+    adapted = [t for t in recipe.lora_targets if t in dims]
     if recipe.lora_dropout:
-        floats += cal.DROPOUT_FLOATS_PER_INPUT * shape.lora_input_width(recipe.lora_targets)
+        return cal.DROPOUT_FLOATS_PER_INPUT * sum(dims[t][0] for t in adapted)
+    widths = (next((dims[t][0] for t in group if t in adapted), 0) for group in INPUT_GROUPS)
+    return float(sum(widths))
+
+
+def full_layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    """Everything one layer keeps for backward when it is not checkpointed: its own tensors
+    (calibration.py lists them), the adapters' inputs, and the attention probabilities."""
+    floats = (
+        cal.ACTIVATION_HIDDEN_FLOATS * shape.hidden
+        + cal.ACTIVATION_ATTENTION_FLOATS * shape.attention_width
+        + cal.ACTIVATION_INTERMEDIATE_FLOATS * shape.intermediate
+        + adapter_input_floats(shape, recipe)
+    )
     saved = recipe.tokens * floats * recipe.compute_bytes
     copies = cal.ATTENTION_MATRIX_COPIES_SAVED + (cal.SOFTCAP_SAVED_COPIES if shape.attention_softcap else 0.0)
     return saved + copies * attention_matrix_bytes(shape, recipe)
+
+
+def outside_layers_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    """What the GPU holding the loss keeps besides the layers' own: the last layer's output and the
+    final norm's, handed to the loss (measured: bench/results/2026-12-02-h200-parts.json)."""
+    return cal.ACTIVATION_OUTSIDE_LAYERS_HIDDEN * recipe.tokens * shape.hidden * recipe.compute_bytes
 
 
 def kept_layers(shape: ModelShape, recipe: Recipe) -> int:
@@ -206,39 +237,52 @@ def layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
     return full_layer_activation_bytes(shape, recipe)
 
 
+def offload_in_flight(kept: int) -> int:
+    """Offloaded layers' activations on the GPU besides the kept ones: at most two layers cross
+    at once (the forward waits for the copies two layers back; the backward runs one layer while
+    the next comes back), and the kept layers, last in the forward and first in the backward,
+    give back room for as many of them as they are."""
+    return max(0, 2 - kept)
+
+
 def activations_on_gpu(shape: ModelShape, recipe: Recipe, layers: int, kept: int) -> float:
     """What `layers` layers leave resident after the forward, `kept` of them keeping everything and
-    the rest their input (checkpointed) or nothing but one layer in flight (offloaded)."""
+    the rest their input (checkpointed) or nothing but the layers still crossing (offloaded)."""
     rest = layers - kept
     full = full_layer_activation_bytes(shape, recipe)
     if rest and recipe.offload:
-        # The copies to the host run behind the forward: count one layer's worth still on the GPU.
-        return kept * full + full
+        return (kept + min(rest, offload_in_flight(kept))) * full
     return kept * full + rest * checkpoint_bytes_per_layer(shape, recipe)
 
 
 def layer_pass_temporaries(shape: ModelShape, recipe: Recipe, layers: int, kept: int) -> float:
-    """Transient bytes while one layer runs backward: the dequantised weight of the largest
-    linear, the larger of the attention matrices' gradients and the MLP's (the attention's
-    backward is over before the MLP's starts, in reverse), and the recomputed (or fetched back)
-    activations of a layer that did not keep them. The backward runs the kept layers (the last)
-    first and frees what each kept, so with one layer kept or more a checkpointed layer's
-    recompute fits in what the kept ones gave back: only a GPU that keeps none needs a layer more.
-    `layers`: the GPU's decoder layers, `kept` of them keeping their activations."""
+    """Transient bytes while the first layer runs backward (the model's last: every other layer's
+    activations are still held), the larger of its two phases, measured apart
+    (bench/results/2026-12-02-h200-parts.json):
+    - the MLP's backward: the dequantised weight of the largest linear and intermediate-wide
+      gradients;
+    - the attention's backward, after the MLP's has freed what the MLP kept: the probabilities'
+      and the scores' gradients beside the probabilities.
+    A layer that did not keep its activations has them again first: recomputed, or fetched back
+    (the crossing layers are counted resident, `activations_on_gpu`). The backward runs the kept
+    layers (the last) first and frees what each kept, so with one layer kept or more a
+    checkpointed layer's recompute fits in what the kept ones gave back: only a GPU that keeps
+    none needs a layer more. `layers`: the GPU's decoder layers, `kept` of them keeping theirs."""
     if layers == 0:
         return 0.0
+    per_token = recipe.tokens * recipe.compute_bytes
     dequantised = shape.largest_linear_params * recipe.compute_bytes if recipe.quantization != "none" else 0.0
-    mlp_grads = cal.MLP_GRADIENT_FLOATS * recipe.tokens * shape.intermediate * recipe.compute_bytes
+    mlp = dequantised + cal.MLP_GRADIENT_FLOATS * per_token * shape.intermediate
     attention_copies = cal.ATTENTION_MATRIX_COPIES_BACKWARD + (
         cal.SOFTCAP_SAVED_COPIES if shape.attention_softcap else 0.0
     )
-    attention = attention_copies * attention_matrix_bytes(shape, recipe)
-    rest = layers - kept
-    full = full_layer_activation_bytes(shape, recipe)
-    # Offloaded: the running layer's activations back from the host plus the next one arriving.
-    refetched = full if rest and recipe.offload else 0.0
-    recompute = full if rest and kept == 0 and not recipe.offload else 0.0
-    return dequantised + max(mlp_grads, attention) + recompute + refetched
+    mlp_freed = per_token * (
+        cal.ACTIVATION_INTERMEDIATE_FLOATS * shape.intermediate + cal.MLP_FREED_HIDDEN_FLOATS * shape.hidden
+    )
+    attention = attention_copies * attention_matrix_bytes(shape, recipe) - mlp_freed
+    recomputes = layers > kept and kept == 0 and not recipe.offload
+    recompute = full_layer_activation_bytes(shape, recipe) if recomputes else 0.0
+    return recompute + max(mlp, attention)
 
 
 def offload_host_bytes(shape: ModelShape, recipe: Recipe) -> float:
@@ -247,10 +291,14 @@ def offload_host_bytes(shape: ModelShape, recipe: Recipe) -> float:
 
 
 def logits_bytes(shape: ModelShape, recipe: Recipe) -> float:
-    """Transient bytes of the loss: FP32 logits for the whole sequence, or for one chunk."""
+    """Transient bytes of the loss: FP32 logits for the whole micro-batch, or for one chunk. The
+    loss head chunks the micro-batch's positions flattened, rows one after the other
+    (finetune_trainer/loss_head.py), so a chunk is `loss_chunk_tokens` positions whatever the
+    batch: planned per row, a batch of 4 x 512 tokens with chunks of 512 was planned as a whole
+    loss, 2.1 GiB above its measured peak (bench/results/2026-12-01-h200-boundary.json)."""
     copies = cal.LOGITS_COPIES + (cal.SOFTCAP_SAVED_COPIES if shape.logit_softcap else 0.0)
-    if recipe.loss_chunk_tokens and recipe.loss_chunk_tokens < recipe.max_length:
-        chunk = recipe.batch_size * recipe.loss_chunk_tokens * shape.vocab * FP32
+    if recipe.loss_chunk_tokens and recipe.loss_chunk_tokens < recipe.tokens:
+        chunk = recipe.loss_chunk_tokens * shape.vocab * FP32
         return copies * chunk + recipe.tokens * shape.hidden * FP32
     return copies * recipe.tokens * shape.vocab * FP32
 
@@ -292,6 +340,19 @@ class GpuMemory:
     @property
     def headroom(self) -> float:
         return self.capacity - self.total
+
+    def parts_gib(self) -> dict[str, float]:
+        """The parts as the trainer's phase probe measures them (finetune_trainer.memory_phases):
+        resident, activations, and the backward's and the loss's transients above them."""
+        parts = {
+            "resident": self.resident - self.activations,
+            "activations": self.activations,
+            "backward": self.temporaries,
+            "loss": self.logits,
+            "allocated": self.allocated,
+            "total": self.total,
+        }
+        return {name: round(value / GIB, 3) for name, value in parts.items()}
 
     @property
     def peak_phase(self) -> str:

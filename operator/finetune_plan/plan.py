@@ -243,7 +243,7 @@ def _device_map_gpu(
     embeddings_head = (mem.embedding_bytes(shape, recipe) if gpu == 0 else 0.0) + (
         mem.head_bytes(shape) if gpu == loss_gpu else 0.0
     )
-    final_hidden = recipe.tokens * shape.hidden * recipe.compute_bytes if gpu == loss_gpu else 0.0
+    outside = mem.outside_layers_activation_bytes(shape, recipe) if gpu == loss_gpu else 0.0
     return GpuMemory(
         index=gpu,
         layers=layers,
@@ -251,7 +251,7 @@ def _device_map_gpu(
         embeddings_head=embeddings_head,
         norms=layers * mem.norm_bytes_per_layer(shape) + (shape.hidden * mem.FP32 if gpu == last else 0.0),
         lora_optimizer=layers * mem.lora_state_bytes_per_layer(shape, recipe),
-        activations=mem.activations_on_gpu(shape, recipe, layers, kept) + final_hidden,
+        activations=mem.activations_on_gpu(shape, recipe, layers, kept) + outside,
         temporaries=mem.layer_pass_temporaries(shape, recipe, layers, kept),
         logits=mem.logits_bytes(shape, recipe) if gpu == loss_gpu else 0.0,
         capacity=hw.capacity,
@@ -316,7 +316,9 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
     - temporaries (a layer's backward): the single-GPU layer pass plus two layers gathered whole
       (the running one and the one prefetched for the next backward step);
     - logits (the loss): the logits' transients plus the head gathered whole (own unit; the root
-      already holds it whole).
+      already holds it whole);
+    - in both transient phases, what fsdp was measured to hold beyond these parts
+      (`cal.FSDP_UNMEASURED_GIB`).
     """
     n = hw.gpus
     layers = shape.layers
@@ -326,7 +328,8 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
     head = mem.head_bytes(shape)
     whole_in_root = embeddings_in_root or shape.tied_embeddings
     embeddings_head = (embedding + head) * (1 + 1 / n) if whole_in_root else (embedding + head) / n
-    final_hidden = recipe.tokens * shape.hidden * recipe.compute_bytes
+    outside = mem.outside_layers_activation_bytes(shape, recipe)
+    unmeasured = cal.FSDP_UNMEASURED_GIB * GIB
     lora_grads = layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets) * mem.FP32
     kept = mem.kept_layers(shape, recipe)
     gpu = GpuMemory(
@@ -336,10 +339,11 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
         embeddings_head=embeddings_head,
         norms=layers * mem.norm_bytes_per_layer(shape) / n + shape.hidden * mem.FP32,
         lora_optimizer=layers * mem.lora_state_bytes_per_layer(shape, recipe) + lora_grads,
-        activations=mem.activations_on_gpu(shape, recipe, layers, kept) + final_hidden,
+        activations=mem.activations_on_gpu(shape, recipe, layers, kept) + outside,
         temporaries=mem.layer_pass_temporaries(shape, recipe, layers, kept)
-        + 2 * (packed + mem.norm_bytes_per_layer(shape)),
-        logits=mem.logits_bytes(shape, recipe) + (0.0 if whole_in_root else head),
+        + 2 * (packed + mem.norm_bytes_per_layer(shape))
+        + unmeasured,
+        logits=mem.logits_bytes(shape, recipe) + (0.0 if whole_in_root else head) + unmeasured,
         capacity=hw.capacity,
     )
     return Layout("fsdp", tuple(replace(gpu, index=i) for i in range(n)), recipe.loss_chunk_tokens)

@@ -9,12 +9,12 @@ and checkpoints the rest. The trainer keeps the model's last layers: the backwar
 and frees what they kept before the first recompute, so keeping one layer or more costs no
 recompute temporaries (`memory.layer_pass_temporaries`).
 
-The memory a layer keeps without checkpointing is the calibrated `memory.full_layer_activation_bytes`:
-on every committed point without checkpointing it plans 4.7 to 23.9 % above the measured peak and
-never below (`bench/calibration/memory-fit.json`: 8B and 70B widths, 512 to 4096 tokens, batch 1
-to 4, 3 to 18 layers). The 33.15 GiB plan against 43.81 measured for 32 8B layers in the issue was
-the planner before SDPA's fp32 attention matrix was counted (today's plan: 47.8 GiB allocated for
-that run, 9 % above). So the term is kept as it is: conservative, not tuned down.
+The memory a layer keeps without checkpointing is `memory.full_layer_activation_bytes`, counted
+from the tensors the recipe keeps and set against the trainer's own measurement of it (the phase
+probe, bench/results/2026-12-02-h200-parts.json: 1.047 GiB per 8B-shaped layer at 2048 tokens,
+planned 1.047). Whole runs judge the sum (`bench/calibration/memory-fit.json`): every committed
+run through the pod's command within 4 % of its plan's allocated part, the `auto` ones with kept
+and offloaded layers within 0.2 %.
 
 Offload (`true`) moves the saved tensors of every layer not kept to pinned host memory in the
 forward and back in the backward, in place of the recompute; the trainer starts each layer's

@@ -247,3 +247,45 @@ def test_soft_capping_keeps_one_more_block_of_logits_and_of_each_attention_matri
     assert mem.attention_matrix_bytes(capped, recipe) == matrix
     grown = mem.full_layer_activation_bytes(capped, recipe) - mem.full_layer_activation_bytes(plain, recipe)
     assert grown == pytest.approx(matrix)
+
+
+SHAPE_8B = shape_from_config(LLAMA_3_8B)
+
+
+def test_a_layer_keeps_the_counted_tensors_and_the_adapters_inputs_once_per_shared_input() -> None:
+    """By hand for the 8B shape at 2048 tokens, adapters on q/k/v/o without dropout: 2 hidden-wide
+    tensors, 3 attention-wide (4096 for Llama), 3 intermediate-wide, plus the two inputs the
+    adapters share (the normed input of q/k/v, the attention output of o), plus one 32 x 2048 x
+    2048 matrix: 1.047 GiB, the probe's 1.047 (bench/results/2026-12-02-h200-parts.json)."""
+    h, i, t = 4096, 14336, 2048
+    recipe = Recipe(max_length=t, lora_dropout=False)
+    by_hand = t * 4 * (2 * h + 3 * h + 3 * i + 2 * h) + 32 * t * t * 4
+    assert mem.full_layer_activation_bytes(SHAPE_8B, recipe) == by_hand
+    assert round(by_hand / GIB, 3) == 1.047
+    # Adapting the MLP too keeps its inputs: the normed input gate and up share, and down's.
+    every = replace(recipe, lora_targets=(*recipe.lora_targets, "gate_proj", "up_proj", "down_proj"))
+    assert mem.full_layer_activation_bytes(SHAPE_8B, every) - by_hand == t * 4 * (h + i)
+    # With dropout each adapter keeps its own dropped copy and mask (1.25 floats), the shared
+    # inputs no longer: q/k/v/o read 4 x 4096 floats, 2 x 4096 shared before.
+    dropped = replace(recipe, lora_dropout=True)
+    assert mem.full_layer_activation_bytes(SHAPE_8B, dropped) - by_hand == t * 4 * (1.25 * 4 * h - 2 * h)
+
+
+def test_a_batchs_loss_chunk_is_of_positions_flattened() -> None:
+    """The loss head chunks the micro-batch's positions, rows one after the other: 4 x 512 tokens
+    in chunks of 512 holds one chunk of logits, not the whole batch's."""
+    batch = Recipe(max_length=512, batch_size=4, loss_chunk_tokens=512)
+    whole = replace(batch, loss_chunk_tokens=0)
+    vocab = SHAPE_8B.vocab
+    assert mem.logits_bytes(SHAPE_8B, whole) == 3 * 4 * 512 * vocab * 4
+    assert mem.logits_bytes(SHAPE_8B, batch) == 3 * 512 * vocab * 4 + 4 * 512 * SHAPE_8B.hidden * 4
+
+
+def test_offloaded_layers_crossing_are_covered_by_the_kept_ones() -> None:
+    """At most two offloaded layers are on the GPU at once; kept layers, freed first in the
+    backward, give back room for as many of them."""
+    recipe = Recipe(max_length=2048, kept_layers=3, offload=True)
+    full = mem.full_layer_activation_bytes(SHAPE_8B, recipe)
+    assert mem.activations_on_gpu(SHAPE_8B, recipe, 32, 3) == 3 * full
+    assert mem.activations_on_gpu(SHAPE_8B, recipe, 32, 1) == 2 * full
+    assert mem.activations_on_gpu(SHAPE_8B, recipe, 32, 0) == 2 * full

@@ -75,7 +75,7 @@ def test_true_and_false_keep_their_meaning() -> None:
 
 
 def test_no_room_beyond_the_margin_recomputes_every_layer() -> None:
-    tight = _auto(12.5)
+    tight = _auto(12.0)
     assert tight.fits and tight.recipe.kept_layers == 0
     assert tight.activations is not None and "recompute all 32 layers" in tight.activations.checkpointing
 

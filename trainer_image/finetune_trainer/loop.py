@@ -32,6 +32,7 @@ from .distributed.gradsync import sum_figures
 from .distributed.topology import Topology
 from .failures import TrainerFailure
 from .loss_head import LossHead
+from .memory_phases import PhaseProbe
 from .modes import Mode, SingleProcess
 from .precision_guard import GuardReport, fail_if_half, watch_activations
 from .train_state import Adapter, Partial, partial_of, restore_gradients
@@ -92,6 +93,8 @@ class Loop:
     mode: Mode = field(default_factory=SingleProcess)
     guard: GuardReport | None = None
     last_checkpoint: Callable[[], str] = field(default=lambda: "no checkpoint written yet")
+    # Cuts each training micro-batch's GPU memory into phases (set by the recipe on a GPU).
+    probe: PhaseProbe | None = None
 
     def _padding(self, rows: list[Row]) -> list[Row]:
         first = rows[0]
@@ -137,10 +140,19 @@ class Loop:
                 if chosen or self.mode.sharded:
                     rows = chosen or self._padding(self.rows)
                     torch.manual_seed(micro_seed(self.seed, number))
-                    total = loss_sum(self.model, self.head, collate(rows, self.pad_id, self.device, self.packed))
+                    batch = collate(rows, self.pad_id, self.device, self.packed)
+                    if self.probe is not None:
+                        self.probe.forward_starts()
+                    self.head.probe = self.probe
+                    try:
+                        total = loss_sum(self.model, self.head, batch)
+                    finally:
+                        self.head.probe = None
                     if test_hooks.nonfinite_at(step + 1):
                         total = total * float("nan")
                     (total * scale).backward()  # type: ignore[no-untyped-call]
+                    if self.probe is not None:
+                        self.probe.backward_done()
                     local_loss += float(total.detach())
                     local_tokens += sum(len(r.input_ids) for r in chosen)
                 test_hooks.signal_after_micro(step + 1, index + 1)

@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .data.tokens import IGNORE
 from .families import LogitFunction, take_logit_transform
+from .memory_phases import PhaseProbe
 
 
 class LossHead(nn.Module):
@@ -39,6 +40,9 @@ class LossHead(nn.Module):
         # position's logits instead of a loss. A flag, not a module swapped in: under fsdp this
         # module is the FSDP unit's own, and its forward is what gathers the head's weights.
         self.last_logits = False
+        # Set by the loop around a training micro-batch: the loss is cut out of the step's
+        # memory phases here (its start, and the gradient reaching the head's input).
+        self.probe: PhaseProbe | None = None
 
     @property
     def weight(self) -> torch.Tensor:
@@ -60,6 +64,11 @@ class LossHead(nn.Module):
         if labels is None:
             raise RuntimeError("LossHead: labels were not set before the forward")
         self.labels = None
+        if self.probe is not None:
+            self.probe.loss_starts()
+            if hidden.requires_grad:
+                probe = self.probe
+                hidden.register_hook(lambda _grad: probe.loss_done())
         # Position t predicts token t + 1.
         states = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
         targets = labels.to(hidden.device)[:, 1:].reshape(-1)

@@ -58,6 +58,7 @@ from .host_memory import HostMemory
 from .launch_plan import Decision, decide, head_dim
 from .loop import Loop, StepFigures
 from .loss_head import install as install_loss_head
+from .memory_phases import PhaseProbe
 from .model_loading import DTYPES, load_model, load_model_config, load_tokenizer
 from .modes import for_run
 from .oom_retry import at_step
@@ -219,6 +220,7 @@ class Recipe:
         self.mode.check_world(launch, ranks.local_world_size)
         self.plan = memory_plan(launch, hardware)
         self.device = ranks.device(hardware.on_gpu)
+        self.probe = PhaseProbe(self.mode.loop_device(self.device))
         if hardware.on_gpu:
             apply_memory_cap(hardware, self.mode.memory_cap_device(self.device))
         log.info(
@@ -367,6 +369,7 @@ class Recipe:
             eval_batch_size=self.decided.savers(self.config).eval_batch_size,
             mode=self.mode,
             guard=self.guard,
+            probe=self.probe,
         )
         self.loop.last_checkpoint = self._kept
         if self.reporter is not None and self.resume_from is not None:
@@ -416,7 +419,7 @@ class Recipe:
             if self.eval_rows and self.evaluated_at != self.step:
                 self.evaluate()
             self.in_step = all_equal(self.adapter.params)
-            self.peaks = self.mode.peaks(self.hardware, self.ranks, self.device)
+            self.peaks = self.mode.peaks(self.hardware, self.ranks, self.device, self.probe)
             self.host_peaks = _host_peaks(self.ranks, self.device, self.memory, self.mode.bytes_read)
             topology.barrier(self.ranks)
         except torch.OutOfMemoryError as exc:
@@ -437,7 +440,8 @@ class Recipe:
         plan = self.launch.plan
         if not self.hardware.on_gpu or plan is None:
             return TrainerFailure(ExitReason.OutOfMemory, at_step(where, self.memory.anon_peak_gib, None, "", detail))
-        peak = torch.cuda.max_memory_allocated(self.device) / GIB
+        probe = self.probe
+        peak = (probe.peak_bytes() if probe.enabled else torch.cuda.max_memory_allocated(self.device)) / GIB
         planned = plan.per_gpu[min(self.device.index or 0, len(plan.per_gpu) - 1)].total / GIB
         return TrainerFailure(ExitReason.OutOfMemory, at_step(where, peak, planned, str(self.device), detail))
 
@@ -582,6 +586,15 @@ class Recipe:
             raise TrainerFailure(ExitReason.InvalidConfig, f"spec.output.formats: {exc}") from None
 
     # --- summary -------------------------------------------------------------------------------
+    def _memory_parts(self) -> dict[str, Any] | None:
+        """This GPU's plan, part by part, beside the parts the probe measured (memory_phases.py);
+        None where the probe did not run (the CPU, deviceMap's one process over several GPUs)."""
+        measured, plan = self.probe.summary(), self.launch.plan
+        if measured is None or plan is None:
+            return None
+        planned = plan.per_gpu[min(self.device.index or 0, len(plan.per_gpu) - 1)]
+        return {"gpu": str(self.device), "planned": planned.parts_gib(), "measured": measured}
+
     def summary(self) -> dict[str, Any]:
         """Rank 0: summary.json and the `done` event."""
         progress, reporter, latest = self.progress, self.reporter, self.store.latest()
@@ -618,6 +631,7 @@ class Recipe:
             "lossSpikes": progress.spikes.spikes,
             "statusPatches": {"sent": reporter.sent, "failed": reporter.failed} if reporter else None,
             "peakGiBPerGpu": self.peaks,
+            "memoryParts": self._memory_parts(),
             # Resident counts the model files' mapped pages (page cache, shared, droppable);
             # anonymous is what each process holds itself.
             "peakHostGiBPerProcess": self.host_peaks["resident"],

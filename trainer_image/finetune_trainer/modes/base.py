@@ -19,6 +19,7 @@ from ..distributed.gradsync import sum_figures, sum_over_ranks
 from ..distributed.topology import Topology
 from ..failures import TrainerFailure
 from ..hardware import Hardware
+from ..memory_phases import PhaseProbe
 from ..preflight import MemoryPlan
 from .streaming import Stream
 
@@ -80,10 +81,11 @@ class Mode:
         return device
 
     # --- measuring ---------------------------------------------------------------------------
-    def peaks(self, hardware: Hardware, ranks: Topology, device: torch.device) -> list[float]:
-        """Peak GiB allocated on every GPU of the pod, gathered to every rank: each rank its own."""
+    def peaks(self, hardware: Hardware, ranks: Topology, device: torch.device, probe: PhaseProbe) -> list[float]:
+        """Peak GiB allocated on every GPU of the pod, gathered to every rank: each rank its own
+        (from the probe, which resets the allocator's peak at each phase)."""
         if not hardware.on_gpu:
             return []
         mine = [0.0] * ranks.world_size
-        mine[ranks.rank] = torch.cuda.max_memory_allocated(device) / 2**30
+        mine[ranks.rank] = probe.peak_bytes() / 2**30
         return [round(v, 2) for v in sum_figures(mine, ranks.world_size, device)]

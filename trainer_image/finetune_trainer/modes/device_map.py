@@ -17,6 +17,7 @@ from finetune_plan.parallelism import LaunchPlan
 from ..distributed.topology import Topology
 from ..failures import TrainerFailure
 from ..hardware import Hardware
+from ..memory_phases import PhaseProbe
 from ..preflight import MemoryPlan
 from .base import Mode
 
@@ -40,7 +41,8 @@ class DeviceMap(Mode):
     def loop_device(self, device: torch.device) -> torch.device:
         return torch.device("cpu")
 
-    def peaks(self, hardware: Hardware, ranks: Topology, device: torch.device) -> list[float]:
+    def peaks(self, hardware: Hardware, ranks: Topology, device: torch.device, probe: PhaseProbe) -> list[float]:
+        # The loop runs on the CPU here, so the probe never cut the GPUs' peaks.
         if not hardware.on_gpu:
             return []
         return [round(torch.cuda.max_memory_allocated(g.index) / 2**30, 2) for g in hardware.gpus]
