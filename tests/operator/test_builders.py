@@ -219,7 +219,7 @@ def test_the_grace_period_is_the_planners_sigterm_to_checkpoint_estimate():
         resources={"gpus": 4, "gpuProduct": "Tesla-P40"},
     )
     planned = grace_for(big)
-    assert planned.micro_batch_s is not None and planned.micro_batch_s > 10  # a 70B micro-batch on a P40
+    assert planned.micro_batch_s is not None and planned.micro_batch_s > 5  # a 70B micro-batch on a P40: seconds
     pod = job.job(OWNER, big, SETTINGS)["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == planned.seconds
     # Hand arithmetic for the write: LoRA r=8 on q/k/v/o of 80 layers is 80 x 409,600 parameters,
