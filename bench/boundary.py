@@ -37,8 +37,13 @@ class Point:
 
     @property
     def name(self) -> str:
-        word = "auto" if self.ckpt == "auto" else "ckpt" if self.ckpt else "nockpt"
-        return f"{self.width}-s{self.seq}-b{self.batch}-{word}"
+        return shape_name(self.width, self.seq, self.batch, self.ckpt)
+
+
+def shape_name(width: str, seq: int, batch: int, ckpt: bool | str) -> str:
+    """A point's name: width, tokens, batch and gradientCheckpointing, e.g. 8b-s2048-b1-nockpt."""
+    word = "auto" if ckpt == "auto" else "ckpt" if ckpt else "nockpt"
+    return f"{width}-s{seq}-b{batch}-{word}"
 
 
 # Points whose deepest fitting slice is at most 16 layers of either shape (two models of about

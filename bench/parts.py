@@ -34,10 +34,9 @@ class Point:
 
     @property
     def name(self) -> str:
-        word = "auto" if self.ckpt == "auto" else "ckpt" if self.ckpt else "nockpt"
         extra = f"-drop{self.dropout:g}" if self.dropout else ""
         capped = f"-cap{self.cap_gib:g}" if self.cap_gib else ""
-        return f"{self.width}-s{self.seq}-b{self.batch}-{word}-{self.layers}l{extra}{capped}"
+        return f"{boundary.shape_name(self.width, self.seq, self.batch, self.ckpt)}-{self.layers}l{extra}{capped}"
 
 
 POINTS: Final = (
@@ -122,20 +121,11 @@ def point_of(row: dict[str, Any]) -> Point:
 
 
 def trainer_spec(point: Point) -> dict[str, Any]:
-    """The FineTuneJob spec `bench.trainer_job` writes for the point (kept in step with it)."""
+    """The FineTuneJob spec `bench.trainer_job` writes for the point, from the same settings."""
     from bench.trainer_job import spec_for
 
-    return spec_for(
-        seq=point.seq,
-        steps=STEPS,
-        ckpt=point.ckpt,
-        gpus=1,
-        parallelism="auto",
-        every=STEPS,
-        eval_fraction=0.1,
-        batch=point.batch,
-        dropout=point.dropout,
-    )
+    settings = {k: v for k, v in ours_extra(point).items() if k != "gpu_memory_gib"}
+    return spec_for(gpus=1, parallelism="auto", **settings)
 
 
 def planned(point: Point) -> Any:

@@ -3,7 +3,8 @@
 Memory: each part of a GPU's plan (what stays, the layers' activations, the backward's and the
 loss's transients) is counted from the tensors the recipe keeps and set against the same part
 measured by the trainer's phase probe on shallow slices (bench/results/2026-12-02-h200-parts.json);
-whole runs of 4 to 40 layers, none of them used to set a constant, judge the sum
+whole runs of 3 to 40 layers, none of them used to set a constant but fsdp's three
+(`FSDP_UNMEASURED_GIB`), judge the sum
 (`bench/calibration/memory_fit.py`, bench/README.md). Speed: `bench/calibration/fit.py` fits the
 constants to `bench/calibration/measurements.json` and `tests/planning/test_calibration.py`
 checks the planner against every measurement.

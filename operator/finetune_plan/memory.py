@@ -230,13 +230,6 @@ def kept_on_gpu(shape: ModelShape, recipe: Recipe, first: int, layers: int) -> i
     return max(0, first + layers - max(first, kept_from))
 
 
-def layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
-    """What each layer leaves resident after the forward pass, all layers alike."""
-    if recipe.gradient_checkpointing:
-        return checkpoint_bytes_per_layer(shape, recipe)
-    return full_layer_activation_bytes(shape, recipe)
-
-
 def offload_in_flight(kept: int) -> int:
     """Offloaded layers' activations on the GPU besides the kept ones: at most two layers cross
     at once (the forward waits for the copies two layers back; the backward runs one layer while

@@ -83,11 +83,6 @@ class ModelShape:
         dims = self.linear_dims()
         return sum(r * (dims[t][0] + dims[t][1]) for t in targets if t in dims)
 
-    def lora_input_width(self, targets: tuple[str, ...]) -> int:
-        """Sum of the input widths of the adapted linears: each has its own dropout on its input."""
-        dims = self.linear_dims()
-        return sum(dims[t][0] for t in targets if t in dims)
-
 
 def _int(config: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
     for key in keys:

@@ -1,5 +1,6 @@
 """The planner's GPU memory against what the trainer measured (issue 30): part by part on the
-shallow slices that set the constants, and whole on every committed run, none of which set one.
+shallow slices that set the constants, and whole on every committed run, none of which set one
+but the three fsdp runs (they set `FSDP_UNMEASURED_GIB`: fsdp's parts are not measured yet).
 
 Parts (`*-parts.json`): each part the live planner plans for a point's settings against the same
 part measured by the trainer's phase probe. Whole runs (boundary, recompute, families, compare

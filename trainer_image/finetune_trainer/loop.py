@@ -93,7 +93,8 @@ class Loop:
     mode: Mode = field(default_factory=SingleProcess)
     guard: GuardReport | None = None
     last_checkpoint: Callable[[], str] = field(default=lambda: "no checkpoint written yet")
-    # Cuts each training micro-batch's GPU memory into phases (set by the recipe on a GPU).
+    # Cuts each training micro-batch's GPU memory into phases (set by the recipe on a GPU only:
+    # elsewhere no hook is put on the loss head's input).
     probe: PhaseProbe | None = None
 
     def _padding(self, rows: list[Row]) -> list[Row]:

@@ -369,7 +369,7 @@ class Recipe:
             eval_batch_size=self.decided.savers(self.config).eval_batch_size,
             mode=self.mode,
             guard=self.guard,
-            probe=self.probe,
+            probe=self.probe if self.probe.enabled else None,
         )
         self.loop.last_checkpoint = self._kept
         if self.reporter is not None and self.resume_from is not None:
