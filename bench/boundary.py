@@ -63,7 +63,16 @@ POINTS: Final = (
 # these plans stand at the cap less the margin by construction.
 AUTO_POINTS: Final = (
     Point("8b", 4096, "auto", layers=16),
-    Point("70b", 1024, "auto", batch=2, layers=6),
+    Point("70b", 1024, "auto", batch=2, layers=8),
+)
+# Long sequences on the trainer's fused fp32 attention (issue 38; the `long` phase): the 70B-shaped
+# slice at 2048, 4096 and 8192 tokens, 8 layers (the deepest the plan fits at 8192 under the cap is
+# 9: one model serves the three), and Llama-3.1-8B's whole shape (32 layers) at 8192.
+LONG_POINTS: Final = (
+    Point("70b", 2048, True, layers=8),
+    Point("70b", 4096, True, layers=8),
+    Point("70b", 8192, True, layers=8),
+    Point("8b", 8192, True, layers=32),
 )
 
 
@@ -92,8 +101,16 @@ def trainer_spec(point: Point, steps: int) -> dict[str, Any]:
     )
 
 
-def capped_launch(spec: dict[str, Any], config: dict[str, Any]) -> Any:
-    """The trainer's own launch decision for `spec` on `config`, one GPU capped at CAP_GIB."""
+def planned_attention(ran: str | None) -> str:
+    """The planner's word for the kernel a recorded run ran (its summary's `attention`): the
+    fused `sdpa_expanded` keeps no probabilities; a row without the field predates it and ran
+    transformers' SDPA, which in fp32 with grouped-query heads is the math kernel, or eager."""
+    return "memory_efficient" if ran == "sdpa_expanded" else "materialised"
+
+
+def capped_launch(spec: dict[str, Any], config: dict[str, Any], attention: str = "memory_efficient") -> Any:
+    """The trainer's own launch decision for `spec` on `config`, one GPU capped at CAP_GIB
+    (`attention`: the planner's word for the kernel; the trainer's fused one by default)."""
     from finetune_api.spec import FineTuneJobSpec
     from finetune_plan import choose
 
@@ -103,13 +120,13 @@ def capped_launch(spec: dict[str, Any], config: dict[str, Any]) -> Any:
         1,
         gpu_memory_bytes=int(CAP_GIB * GIB),
         gpu_name="NVIDIA H200",
-        attention="memory_efficient",  # SDPA, what the trainer runs on this GPU (eager where a family lacks it)
+        attention=attention,
     )
 
 
-def planned(point: Point, layers: int, steps: int) -> Any:
+def planned(point: Point, layers: int, steps: int, attention: str = "memory_efficient") -> Any:
     """The trainer's own plan for `layers` layers of `point` on one GPU capped at CAP_GIB."""
-    return capped_launch(trainer_spec(point, steps), model_config(point.width, layers)).plan
+    return capped_launch(trainer_spec(point, steps), model_config(point.width, layers), attention).plan
 
 
 def deepest(point: Point, steps: int, most: int = 120) -> int:
@@ -167,6 +184,7 @@ def judge(point: Point, layers: int, plan: Any, ours: dict[str, Any] | None) -> 
         measuredPeakGiB=measured,
         errorPct=round(100 * (measured - plan_gib) / plan_gib, 1) if measured else None,
         trainerPlanGiB=ours.get("plan"),
+        attention=ours.get("attention"),
         halfTensors=ours.get("half_tensors"),
         tokPerS=ours.get("tok_s"),
     )

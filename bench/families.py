@@ -71,9 +71,9 @@ def trainer_spec(steps: int) -> dict[str, Any]:
     return spec_for(seq=SEQ, steps=steps, ckpt=True, gpus=1, parallelism="auto", every=steps // 2, eval_fraction=0.1)
 
 
-def planned(family: str, layers: int, steps: int) -> Any:
+def planned(family: str, layers: int, steps: int, attention: str = "memory_efficient") -> Any:
     """The trainer's own launch decision for `layers` layers of `family` on one GPU capped at CAP_GIB."""
-    return boundary.capped_launch(trainer_spec(steps), model_config(family, layers))
+    return boundary.capped_launch(trainer_spec(steps), model_config(family, layers), attention)
 
 
 BUILD: Final = """

@@ -98,6 +98,7 @@ def row(point: Point, ours: dict[str, Any] | None) -> dict[str, Any]:
         reason=ours.get("reason"),
         finalStep=ours.get("finalStep"),
         activationLayout=ours.get("activations"),
+        attention=ours.get("attention"),
         planned=planned,
         measured=measured,
         measuredPeakGiB=max(peaks) if peaks else None,
@@ -128,7 +129,7 @@ def trainer_spec(point: Point) -> dict[str, Any]:
     return spec_for(gpus=1, parallelism="auto", **settings)
 
 
-def planned(point: Point) -> Any:
+def planned(point: Point, attention: str = "memory_efficient") -> Any:
     """The trainer's own launch decision for the point on one H200 (capped as the run is)."""
     from finetune_api.spec import FineTuneJobSpec
     from finetune_plan import choose
@@ -139,7 +140,7 @@ def planned(point: Point) -> Any:
         1,
         gpu_memory_bytes=int(point.cap_gib * boundary.GIB) if point.cap_gib else None,
         gpu_name="NVIDIA H200",
-        attention="memory_efficient",  # SDPA, what the trainer runs on this GPU
+        attention=attention,
     )
 
 

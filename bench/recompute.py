@@ -83,7 +83,13 @@ def ours_extra(shape: Shape, ckpt: bool | str, steps: int, offload: bool | str =
 
 
 def planned(
-    shape: Shape, ckpt: bool | str, steps: int, gpu_gib: float | None = None, offload: bool | str = "auto"
+    shape: Shape,
+    ckpt: bool | str,
+    steps: int,
+    gpu_gib: float | None = None,
+    offload: bool | str = "auto",
+    *,
+    attention: str = "memory_efficient",
 ) -> Any:
     """The trainer's own launch decision for the run, on one H200 (capped as the run is)."""
     from finetune_api.spec import FineTuneJobSpec
@@ -96,7 +102,7 @@ def planned(
         1,
         gpu_memory_bytes=int(memory * GIB) if memory else None,
         gpu_name="NVIDIA H200",
-        attention="memory_efficient",  # SDPA, what the trainer runs on this GPU
+        attention=attention,
     )
 
 
@@ -127,6 +133,7 @@ def run_row(label: str, launch: Any, ours: dict[str, Any] | None) -> dict[str, A
         exitCode=ours.get("exit_code"),
         reason=ours.get("reason"),
         message=ours.get("message"),
+        attention=ours.get("attention"),
         tokPerS=ours.get("tok_s"),
         stepS=ours.get("step_s"),
         timedSteps=ours.get("timed_steps"),

@@ -62,9 +62,10 @@ PHASES = (
     "streamed",
     "recompute",
     "parts",
+    "long",
 )
 # Phases that need no FP32 matmul peak: run alone, they only name the GPU (saves the peak's time).
-NO_PEAK_PHASES = frozenset({"recompute", "parts", "boundary"})
+NO_PEAK_PHASES = frozenset({"recompute", "parts", "boundary", "long"})
 # What runs without --phases: `multinode` (2 GPUs of their own), `boundary`, `families` and
 # `streamed` are asked for by name.
 DEFAULT_PHASES = ("compare", "nockpt", "large", "layers", "calibration")
@@ -86,6 +87,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--recompute-keep-only", action="store_true", help="`recompute`: also auto with activationOffload false (8B)"
     )
+    parser.add_argument("--parts-points", default="", help="`parts`: only these points (names, comma list)")
     parser.add_argument("--recompute-shapes", default="", help="`recompute`: only these shapes (names, comma list)")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=4, help="timed steps after warm-up")
@@ -395,13 +397,38 @@ class Bench:
     def boundary(self, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
         """Shapes planned to fit with at most a layer to spare under 22.4 GiB, each run for
         `--steps` steps (at least 8) with a checkpoint and an evaluation inside."""
-        from bench import boundary, recompute
+        from bench import boundary
 
         steps = max(8, self.args.steps)
         wanted = {n for n in self.args.boundary_points.split(",") if n}
         points = [p for p in (*boundary.POINTS, *boundary.AUTO_POINTS) if not wanted or p.name in wanted]
         chosen = [(point, boundary.deepest(point, steps)) for point in points]
-        print(f"[bench] boundary: {[(p.name, n) for p, n in chosen]}", flush=True)
+        self.slices(chosen, steps, f"{self.date}-{gpu_slug(peaks)}-boundary.json", peaks, versions)
+
+    def long(self, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
+        """`boundary.LONG_POINTS` at their set depths, capped at 22.4 GiB, for `--steps` steps with a
+        checkpoint and an evaluation inside: the boundary record's rows, in a record of their own."""
+        from bench import boundary
+
+        chosen = [
+            (p, p.layers if boundary.planned(p, p.layers or 0, self.args.steps).fits else 0)
+            for p in boundary.LONG_POINTS
+        ]
+        self.slices(chosen, self.args.steps, f"{self.date}-{gpu_slug(peaks)}-boundary-long.json", peaks, versions)
+
+    def slices(
+        self,
+        chosen: list[tuple[Any, int]],
+        steps: int,
+        name: str,
+        peaks: list[dict[str, Any]],
+        versions: dict[str, Any],
+    ) -> None:
+        """Each (point, layers) through the pod's command on a slice of one model per width, written
+        once as deep as the deepest slice; plan against measured peak, row by row into `name`."""
+        from bench import boundary, recompute
+
+        print(f"[bench] slices: {[(p.name, n) for p, n in chosen]}", flush=True)
         rows: list[dict[str, Any]] = []
         record = {"date": self.date, "gpu": peaks[0].get("gpu"), "capGiB": boundary.CAP_GIB, "steps": steps}
         record["versions"] = versions
@@ -420,22 +447,22 @@ class Bench:
                 plan = boundary.planned(point, layers, steps)
                 ours = None
                 if self.left_s() > 150:
-                    folder = boundary.slice_folder(model, self.args.work / f"slice-{point.name}", layers)
+                    folder = boundary.slice_folder(model, self.args.work / f"slice-{point.name}-{layers}l", layers)
                     ours = self.ours(
                         1,
-                        f"boundary-{point.name}",
+                        f"boundary-{point.name}-{layers}l",
                         model=folder,
                         seq=point.seq,
                         ckpt=point.ckpt,
                         batch=point.batch,
                         steps=steps,
-                        every=steps // 2,
+                        every=max(1, steps // 2),
                         eval_fraction=0.1,
                         gpu_memory_gib=boundary.CAP_GIB,
                     )
                 rows.append(boundary.judge(point, layers, plan, ours))
                 record["points"] = rows
-                self.write(f"{self.date}-{gpu_slug(peaks)}-boundary.json", record)
+                self.write(name, record)
             # The next width's model needs the disk (70B-shaped, 19 layers: 37 GB of bf16).
             shutil.rmtree(model, ignore_errors=True)
 
@@ -476,16 +503,18 @@ class Bench:
 
         record: dict[str, Any] = {"date": self.date, "gpu": peaks[0].get("gpu"), "steps": parts.STEPS}
         record.update(versions=versions, points=[])
+        wanted = {n for n in self.args.parts_points.split(",") if n}
+        chosen = [p for p in parts.POINTS if not wanted or p.name in wanted]
         models = {}
         for width in boundary.WIDTHS:
-            layers = parts.depth(width)
+            layers = max((p.layers for p in chosen if p.width == width), default=0)
             if not layers:
                 continue
             models[width] = self.args.work / f"parts-{width}-{layers}l"
             if not (models[width] / "config.json").exists():
                 shape = recompute.Shape(f"parts-{width}", width, layers, None)
                 self.child(f"build-parts-{width}", recompute.build_argv(sys.executable, models[width], shape), 1)
-        for point in parts.POINTS:
+        for point in chosen:
             ours = None
             if self.left_s() > 90:
                 slice_dir = self.args.work / f"slice-{point.name}"
@@ -573,6 +602,7 @@ class Bench:
             ("large", lambda: self.large(max(counts), peaks, versions)),
             ("streamed", lambda: self.streamed(max(counts), peaks, versions)),
             ("boundary", lambda: self.boundary(peaks, versions)),
+            ("long", lambda: self.long(peaks, versions)),
             ("families", lambda: self.families(peaks, versions)),
             ("recompute", lambda: self.recompute(peaks, versions)),
             ("parts", lambda: self.parts(peaks, versions)),

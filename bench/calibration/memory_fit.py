@@ -63,6 +63,9 @@ class Point:
     measured_gib: float | None  # None for an OOM: the true peak exceeded the cap
     grid_run: dict[str, Any] | None = None
     grid_gpu: int = 0
+    # The planner's word for the kernel that ran (`boundary.planned_attention`): every record
+    # before the fused kernel ran the math kernel's materialised matrix.
+    attention: str = "materialised"
 
     @property
     def oom(self) -> bool:
@@ -104,6 +107,7 @@ def boundary_points(name: str) -> list[Point]:
             cap_gib=float(record["capGiB"]),
             loss_chunk=chunk,
             measured_gib=None if row.get("oom") else float(row["measuredPeakGiB"]),
+            attention=boundary.planned_attention(row.get("attention")),
         )
         if ckpt == "auto" and round(launch(judged).layout.fullest.total / GIB, 2) != row["planGiB"]:
             continue
@@ -127,6 +131,7 @@ def family_points() -> list[Point]:
             cap_gib=float(record["capGiB"]),
             loss_chunk=0,
             measured_gib=float(row["measuredPeakGiB"]),
+            attention=boundary.planned_attention(row.get("attention")),
         )
         for row in record["families"]
         if row.get("ran")
@@ -226,7 +231,8 @@ def recompute_points() -> list[Point]:
                 if not row.get("ran") or row.get("measuredPeakGiB") is None or row["run"] not in labels:
                     continue
                 ckpt, offload = labels[row["run"]]
-                launch_now = recompute.planned(shape, ckpt, steps, GPU_GIB, offload)
+                attention = boundary.planned_attention(row.get("attention"))
+                launch_now = recompute.planned(shape, ckpt, steps, GPU_GIB, offload, attention=attention)
                 if round(launch_now.plan.layout.fullest.total / GIB, 2) != row["planGiB"]:
                     continue
                 out.append(
@@ -240,6 +246,7 @@ def recompute_points() -> list[Point]:
                         cap_gib=shape.cap_gib or GPU_GIB,
                         loss_chunk=launch_now.plan.layout.loss_chunk_tokens,
                         measured_gib=float(row["measuredPeakGiB"]),
+                        attention=attention,
                     )
                 )
     return out
@@ -265,7 +272,7 @@ def launch(point: Point, loss_chunks: Sequence[int] | None = None) -> Any:
         point.gpus,
         gpu_memory_bytes=cap,
         gpu_name="NVIDIA H200",
-        attention="memory_efficient",  # SDPA, what the trainer ran; a family without it plans eager
+        attention=point.attention,
         loss_chunks=[point.loss_chunk] if loss_chunks is None else loss_chunks,
     ).plan
 
@@ -341,7 +348,8 @@ def parts_rows() -> list[dict[str, Any]]:
             if not row.get("ran") or not measured:
                 continue
             point = parts.point_of(row)
-            planned = parts.planned(point).plan.per_gpu[0].parts_gib()
+            attention = boundary.planned_attention(row.get("attention"))
+            planned = parts.planned(point, attention).plan.per_gpu[0].parts_gib()
             rows.append(
                 {
                     "point": point.name,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from finetune_api import FineTuneJob, ManifestError, modes, parse_file
+from finetune_api.modes import to_spec
 from finetune_api.problems import format_problems
 from finetune_api.spec import EFFECTIVE_BATCH_FACTORS, FineTuneJobSpec
 from finetune_plan import GIB, LaunchPlan, ModelConfigError, choose, known_model, lookup
@@ -26,6 +27,8 @@ from finetune_plan.gpu_products import known_names
 from finetune_plan.grace import clock_steps, grace_of
 from finetune_plan.host import host_need
 from finetune_plan.inputs import product_for
+from finetune_plan.lengths import longest_per_mode
+from finetune_plan.parallelism import TRAINER_LOSS_CHUNKS
 from finetune_plan.plan import Plan
 from finetune_plan.pod import memory_refusal
 from finetune_plan.report import render
@@ -89,9 +92,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--attention",
         choices=("memory_efficient", "materialised"),
         default="memory_efficient",
-        help="memory_efficient: what the trainer plans with when it runs SDPA, its usual kernel (default); "
-        "materialised: eager attention, which keeps the heads x seq x seq probabilities; a family without "
-        "SDPA (Gemma 2) is always planned materialised",
+        help="memory_efficient: the trainer's fused kernel, its usual one (fp32: k and v expanded to every head, "
+        "SDPA's memory-efficient kernel) (default); materialised: eager attention, or SDPA's math kernel where "
+        "the trainer's self-check finds no fused kernel, which keep the heads x seq x seq probabilities; a family "
+        "without SDPA (Gemma 2) is always planned materialised",
     )
     parser.add_argument("--tokens", type=int, metavar="N", help="tokens in one epoch of the dataset")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -291,6 +295,13 @@ def _cpu_line(launch: LaunchPlan) -> str:
     return f"CPU (spec.resources.gpus is 0): {launch.parallelism}, {count}, no GPU memory to plan (try --gpus N)"
 
 
+def longest_line(plan: Plan) -> str:
+    """The longest maxLength each mode fits at the job's batch, the kernel's attention included."""
+    found = longest_per_mode(plan.shape, replace(plan.recipe, loss_chunk_tokens=0), plan.hardware, TRAINER_LOSS_CHUNKS)
+    shown = ", ".join(f"{to_spec(mode)} {length if length else 'none'}" for mode, length in found.items())
+    return f"longest   maxLength that fits, per mode (batch {plan.recipe.batch_size}): {shown}"
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         documents = parse_file(args.file)
@@ -327,7 +338,8 @@ def run(args: argparse.Namespace) -> int:
         all_fit = all_fit and plan.fits and short is None
         pod = {"memory": spec.resources.memory or host.quantity, "plannedMemory": host.quantity, "memoryShort": short}
         results.append({"name": name, **plan.to_dict(), **launched, "pod": pod, "tokens_source": token_origin or None})
-        text = render(plan, launch.processes) + "\n" + batch + "\n" + checkpoint_lines(plan, spec)
+        text = render(plan, launch.processes) + "\n" + longest_line(plan) + "\n" + batch
+        text += "\n" + checkpoint_lines(plan, spec)
         if short is not None:
             text += f"\nDOES NOT FIT: {short}"
         if token_origin and token_origin != "given":

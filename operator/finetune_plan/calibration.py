@@ -44,13 +44,19 @@ ATTENTION_MATRIX_COPIES_SAVED: Final = 1.0
 # without recompute (the parts record).
 ATTENTION_MATRIX_COPIES_BACKWARD: Final = 3.0
 MLP_FREED_HIDDEN_FLOATS: Final = 2.0
-# SDPA with fp32 inputs and grouped-query heads runs PyTorch's math kernel, which keeps the
-# probabilities as eager attention does: measured on an H200 (torch 2.11, transformers 5.24), the
-# memory-efficient kernel refuses the call ("No available kernel") and the default's peak equals
-# the math kernel's (7.35 GiB for one 70B-shaped layer at 2048 tokens, forward and backward, both
-# ways). Planned as memory-efficient, shapes the planner said fit ran out of memory
-# (bench/results/2026-12-01-h200-boundary.json: 4 of 7). So a plan keeps the matrix for fp32.
-SDPA_FP32_KEEPS_MATRIX: Final = True
+# The fused attention the trainer runs in fp32 (`finetune_trainer/attention.py`: k and v expanded
+# to every query head, SDPA's memory-efficient kernel by name) keeps no probabilities. Besides q
+# and the expanded k and v (`ACTIVATION_ATTENTION_FLOATS`) it keeps its output, one attention-wide
+# block, which is the o adapter's input where that adapter keeps its input (no dropout), and one
+# log-sum-exp per head and position (`memory.attention_saved_floats`). Its backward holds the
+# gradients of q, k and v (k and v expanded), the output's gradient and the kernel's fp32
+# accumulator, attention-wide each, after the MLP's backward has freed what the MLP kept.
+FUSED_ATTENTION_BACKWARD_FLOATS: Final = 5.0
+# Its time: FLOPs of the causal half of the scores (forward: two matmuls; backward: the scores
+# recomputed and four matmuls) at this share of the data-sheet FP32 peak, measured on one
+# 70B-shaped attention, forward and backward, at 2048 to 8192 tokens
+# (bench/results/2026-12-04-h200-attention.json).
+FUSED_ATTENTION_UTILISATION: Final = 0.64
 # Below this headroom (plus, for a whole-sequence loss, one block of seq x vocab floats) a plan
 # takes the memory saver that keeps the math, the loss in chunks, when it fits: a whole-sequence
 # loss planned with 0.2 GiB to spare asked for a 4 GiB logits block beyond the cap (8192 tokens of

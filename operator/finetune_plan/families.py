@@ -159,7 +159,10 @@ def check_model(config: Mapping[str, Any], requested: Sequence[str]) -> tuple[Fa
 def attention_line(family: Family) -> str:
     if family.kernel == "eager":
         return f"eager ({family.label}: {family.why_eager}); planned as a materialised attention matrix"
-    return "sdpa (memory-efficient kernel)"
+    return (
+        "sdpa_expanded in fp32 (k and v expanded to every head, SDPA's memory-efficient kernel: no"
+        " probabilities kept), sdpa in 16-bit"
+    )
 
 
 def describe(family: Family, targets: Sequence[str]) -> str:

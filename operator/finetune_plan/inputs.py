@@ -37,6 +37,7 @@ def recipe_from_spec(spec: FineTuneJobSpec, product: GpuProduct, attention: Atte
         optimizer=training.optimizer,
         compute_bytes=compute_bytes(spec.precision, product),
         attention=attention,
+        packing=training.packing,
     )
 
 

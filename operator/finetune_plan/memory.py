@@ -57,6 +57,7 @@ class Recipe:
     optimizer: str = "paged_adamw_8bit"
     compute_bytes: int = FP32
     attention: Attention = "materialised"
+    packing: bool = False  # packed samples: the fused kernel gets a mask (`attention_mask_bytes`)
     loss_chunk_tokens: int = 0  # 0: logits of the whole sequence at once
 
     @property
@@ -156,9 +157,31 @@ def checkpoint_bytes_per_layer(shape: ModelShape, recipe: Recipe) -> float:
 
 
 def keeps_attention_matrix(recipe: Recipe) -> bool:
-    """Whether the attention kernel keeps the heads x seq x seq probabilities: eager always; SDPA
-    ("memory_efficient") too when it computes in fp32 (`cal.SDPA_FP32_KEEPS_MATRIX`, measured)."""
-    return recipe.attention == "materialised" or (recipe.compute_bytes == FP32 and cal.SDPA_FP32_KEEPS_MATRIX)
+    """Whether the attention kernel keeps the heads x seq x seq probabilities: eager attention and
+    fp32 SDPA's math kernel ("materialised") do; the fused kernels ("memory_efficient": the
+    trainer's expanded-head kernel in fp32, flash in 16-bit) do not."""
+    return recipe.attention == "materialised"
+
+
+def attention_mask_bytes(recipe: Recipe) -> float:
+    """The fused kernel's additive mask, built once per forward where the batch has one (padded
+    rows of a batch, packed samples): batch x seq x seq floats, rows padded to 16 elements
+    (`finetune_trainer.attention.aligned_mask`). A batch of one unpacked row has none."""
+    if keeps_attention_matrix(recipe) or not (recipe.batch_size > 1 or recipe.packing):
+        return 0.0
+    aligned = -(-recipe.max_length // 16) * 16
+    return float(recipe.batch_size * recipe.max_length * aligned * FP32)
+
+
+def attention_saved_floats(shape: ModelShape, recipe: Recipe) -> float:
+    """Floats per token the attention keeps for its backward besides any matrix: q and k and v
+    repeated to every head (both kernels); the fused kernel also its output, unless the o
+    adapter keeps that very tensor as its input, and a log-sum-exp per head."""
+    floats = cal.ACTIVATION_ATTENTION_FLOATS * shape.attention_width
+    if keeps_attention_matrix(recipe):
+        return floats
+    output_shared = "o_proj" in recipe.lora_targets and not recipe.lora_dropout
+    return floats + (0 if output_shared else shape.attention_width) + shape.heads
 
 
 def attention_matrix_bytes(shape: ModelShape, recipe: Recipe) -> float:
@@ -193,7 +216,7 @@ def full_layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
     (calibration.py lists them), the adapters' inputs, and the attention probabilities."""
     floats = (
         cal.ACTIVATION_HIDDEN_FLOATS * shape.hidden
-        + cal.ACTIVATION_ATTENTION_FLOATS * shape.attention_width
+        + attention_saved_floats(shape, recipe)
         + cal.ACTIVATION_INTERMEDIATE_FLOATS * shape.intermediate
         + adapter_input_floats(shape, recipe)
     )
@@ -266,13 +289,14 @@ def layer_pass_temporaries(shape: ModelShape, recipe: Recipe, layers: int, kept:
     per_token = recipe.tokens * recipe.compute_bytes
     dequantised = shape.largest_linear_params * recipe.compute_bytes if recipe.quantization != "none" else 0.0
     mlp = dequantised + cal.MLP_GRADIENT_FLOATS * per_token * shape.intermediate
-    attention_copies = cal.ATTENTION_MATRIX_COPIES_BACKWARD + (
-        cal.SOFTCAP_SAVED_COPIES if shape.attention_softcap else 0.0
-    )
     mlp_freed = per_token * (
         cal.ACTIVATION_INTERMEDIATE_FLOATS * shape.intermediate + cal.MLP_FREED_HIDDEN_FLOATS * shape.hidden
     )
-    attention = attention_copies * attention_matrix_bytes(shape, recipe) - mlp_freed
+    if keeps_attention_matrix(recipe):
+        copies = cal.ATTENTION_MATRIX_COPIES_BACKWARD + (cal.SOFTCAP_SAVED_COPIES if shape.attention_softcap else 0.0)
+        attention = copies * attention_matrix_bytes(shape, recipe) - mlp_freed
+    else:
+        attention = cal.FUSED_ATTENTION_BACKWARD_FLOATS * per_token * shape.attention_width - mlp_freed
     recomputes = layers > kept and kept == 0 and not recipe.offload
     recompute = full_layer_activation_bytes(shape, recipe) if recomputes else 0.0
     return recompute + max(mlp, attention)

@@ -244,6 +244,8 @@ def _device_map_gpu(
         mem.head_bytes(shape) if gpu == loss_gpu else 0.0
     )
     outside = mem.outside_layers_activation_bytes(shape, recipe) if gpu == loss_gpu else 0.0
+    # The mask is built on GPU 0; each layer on a later GPU gets (and keeps) its own copy there.
+    outside += mem.attention_mask_bytes(recipe) * (1 if gpu == 0 else layers)
     return GpuMemory(
         index=gpu,
         layers=layers,
@@ -328,7 +330,7 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
     head = mem.head_bytes(shape)
     whole_in_root = embeddings_in_root or shape.tied_embeddings
     embeddings_head = (embedding + head) * (1 + 1 / n) if whole_in_root else (embedding + head) / n
-    outside = mem.outside_layers_activation_bytes(shape, recipe)
+    outside = mem.outside_layers_activation_bytes(shape, recipe) + mem.attention_mask_bytes(recipe)
     unmeasured = cal.FSDP_UNMEASURED_GIB * GIB
     lora_grads = layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets) * mem.FP32
     kept = mem.kept_layers(shape, recipe)
@@ -522,7 +524,8 @@ def _offload_if_it_pays(
     return alt_layout, offloaded, f"on (auto): {figures}, the copy back a layer ahead of the backward"
 
 
-def _fits(shape: ModelShape, recipe: Recipe, hw: Hardware, modes: Sequence[Mode], chunks: Sequence[int]) -> bool:
+def fits_in(shape: ModelShape, recipe: Recipe, hw: Hardware, modes: Sequence[Mode], chunks: Sequence[int]) -> bool:
+    """Whether any of `modes` fits the recipe on `hw` with one of the loss chunks."""
     return _best_layout(shape, recipe, hw, modes, chunks)[0].fits
 
 
@@ -556,10 +559,10 @@ def _suggestions(
         out.append(f"does not fit on up to {MAX_GPUS} x {hw.product.name} at maxLength {recipe.max_length}")
     modes = _modes(choice, hw, allowed)
     low, high = 16, recipe.max_length - 1
-    if high >= low and _fits(shape, replace(recipe, max_length=low), hw, modes, chunks):
+    if high >= low and fits_in(shape, replace(recipe, max_length=low), hw, modes, chunks):
         while low < high:
             middle = (low + high + 1) // 2
-            if _fits(shape, replace(recipe, max_length=middle), hw, modes, chunks):
+            if fits_in(shape, replace(recipe, max_length=middle), hw, modes, chunks):
                 low = middle
             else:
                 high = middle - 1
@@ -573,9 +576,9 @@ def _suggestions(
             f"{weights / GIB:.1f} of {hw.gpus * hw.memory_gib:.1f} GiB; at maxLength {low} GPU "
             f"{shortest.fullest.index} still needs {_gib(shortest.fullest.total)})"
         )
-    if recipe.batch_size > 1 and _fits(shape, replace(recipe, batch_size=1), hw, modes, chunks):
+    if recipe.batch_size > 1 and fits_in(shape, replace(recipe, batch_size=1), hw, modes, chunks):
         out.append("fits with batchSize 1 (raise gradientAccumulation to keep the effective batch)")
-    if not recipe.gradient_checkpointing and _fits(
+    if not recipe.gradient_checkpointing and fits_in(
         shape, replace(recipe, gradient_checkpointing=True), hw, modes, chunks
     ):
         out.append("fits with gradientCheckpointing: true")

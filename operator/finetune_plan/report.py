@@ -7,7 +7,7 @@ from collections.abc import Callable
 from . import calibration as cal
 from .families import describe
 from .host import host_need
-from .memory import GIB, GpuMemory, keeps_attention_matrix
+from .memory import GIB, GpuMemory
 from .plan import Plan
 
 ROWS: tuple[tuple[str, Callable[[GpuMemory], float]], ...] = (
@@ -56,11 +56,6 @@ def render(plan: Plan, processes: int | None = None) -> str:
         f"{recipe.optimizer}",
         f"          maxLength {recipe.max_length} x batch {recipe.batch_size}, activations: {activations}, "
         f"attention {recipe.attention}"
-        + (
-            " (fp32: keeps the probabilities)"
-            if recipe.attention != "materialised" and keeps_attention_matrix(recipe)
-            else ""
-        )
         + ", loss "
         + (
             f"in chunks of {recipe.loss_chunk_tokens} tokens" if recipe.loss_chunk_tokens else "over the whole sequence"

@@ -12,6 +12,7 @@ from .gpu_products import GpuProduct
 from .memory import (
     Recipe,
     full_layer_activation_bytes,
+    keeps_attention_matrix,
     layer_packed_bytes,
     offloaded_layers,
     quantised_bytes_per_param,
@@ -45,14 +46,34 @@ def layer_passes(shape: ModelShape, recipe: Recipe) -> int:
 
 def flops_per_token(shape: ModelShape, recipe: Recipe) -> float:
     """Frozen weights need no weight gradient: 2 FLOPs per weight per pass; the adapters train
-    fully (6 per weight); attention scores over the whole sequence in every pass, twice in backward."""
+    fully (6 per weight); attention as its kernel computes it (`attention_flops_per_token`)."""
     passes = layer_passes(shape, recipe)
     linear = 2 * shape.linear_params_per_layer * passes
     lora = 6 * shape.layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets)
     head = 4 * shape.vocab * shape.hidden
-    attention_pass = 4 * recipe.max_length * shape.attention_width
-    attention = attention_pass * (passes + shape.layers)
-    return float(linear + lora + head + attention)
+    return float(linear + lora + head + attention_flops_per_token(shape, recipe))
+
+
+def attention_flops_per_token(shape: ModelShape, recipe: Recipe) -> float:
+    """A materialised matrix: the scores and their product over the whole sequence in every
+    pass, twice in backward. The fused kernel: the causal half of them, the forward's two
+    matmuls in each forward (recomputed ones too), the backward's five (the scores again, then
+    four gradients)."""
+    width = recipe.max_length * shape.attention_width
+    if keeps_attention_matrix(recipe):
+        return float(4 * width * (layer_passes(shape, recipe) + shape.layers))
+    forwards = shape.layers + recomputed_layers(shape, recipe)
+    return float(2 * width * forwards + 5 * width * shape.layers)
+
+
+def attention_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
+    """The fused kernel's time per micro-batch, at its own measured share of the FP32 peak (its
+    FLOPs are in `flops_per_token`, which counts them at the matmuls' share: this is the rest)."""
+    if keeps_attention_matrix(recipe):
+        return 0.0
+    flops = attention_flops_per_token(shape, recipe) * recipe.tokens
+    peak = product.fp32_tflops * 1e12
+    return flops / (peak * cal.FUSED_ATTENTION_UTILISATION) - flops / (peak * cal.COMPUTE_UTILISATION)
 
 
 def memory_traffic_bytes(shape: ModelShape, recipe: Recipe) -> float:
@@ -69,8 +90,12 @@ def layer_forward_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct
     """One decoder layer's forward over one micro-batch: its matmuls, its dequantisation, its launches."""
     one = replace(recipe, gradient_checkpointing=False, offload=False)
     layer = replace(shape, layers=1)
-    flops = 2 * layer.linear_params_per_layer + 4 * recipe.max_length * layer.attention_width
-    compute = flops * recipe.tokens / (product.fp32_tflops * 1e12 * cal.COMPUTE_UTILISATION)
+    width = recipe.max_length * layer.attention_width
+    matrix = keeps_attention_matrix(one)
+    peak = product.fp32_tflops * 1e12
+    flops = 2 * layer.linear_params_per_layer + (4 * width if matrix else 0)
+    compute = flops * recipe.tokens / (peak * cal.COMPUTE_UTILISATION)
+    compute += 0.0 if matrix else 2 * width * recipe.tokens / (peak * cal.FUSED_ATTENTION_UTILISATION)
     memory = memory_traffic_bytes(layer, one) / 2 / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
     return compute + memory + cal.LAYER_PASS_SECONDS
 
@@ -92,7 +117,8 @@ def compute_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> f
     compute = flops / (product.fp32_tflops * 1e12 * cal.COMPUTE_UTILISATION)
     memory = memory_traffic_bytes(shape, recipe) / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
     launches = layer_passes(shape, recipe) * cal.LAYER_PASS_SECONDS
-    return compute + memory + launches + offload_stall_seconds(shape, recipe, product)
+    attention = attention_seconds(shape, recipe, product)
+    return compute + memory + launches + attention + offload_stall_seconds(shape, recipe, product)
 
 
 def gather_bytes(shape: ModelShape, recipe: Recipe, gpus: int) -> float:

@@ -26,7 +26,7 @@ def _trainer_plan(config_path: Path, cap_gib: float | None) -> Any:
     model_config = json.loads((Path(config.paths.model) / "config.json").read_text())
     total = int((cap_gib or H200_GIB) * GIB)
     hardware = Hardware((Gpu(0, "NVIDIA H200", (9, 0), total),))
-    return config, decide(config, hardware, model_config, "sdpa")  # WontFit raises here
+    return config, decide(config, hardware, model_config, "sdpa_expanded")  # WontFit raises here
 
 
 @pytest.mark.parametrize("keep_only", [False, True])
@@ -95,8 +95,9 @@ def test_the_phase_runs_each_shape_all_recompute_then_auto_and_writes_the_record
     # auto on the capped 8B: keeps what fits and offloads the rest, counted on the host.
     moved = eight["runs"][1]
     assert 0 < moved["keptLayers"] < 32 and moved["offloadedLayers"] == 32 - moved["keptLayers"]
-    assert moved["recomputedLayers"] == 0 and moved["plannedPinnedHostGiBPerProcess"] > 10
-    assert moved["plannedHostGiBPerProcess"] > eight["runs"][0]["plannedHostGiBPerProcess"] + 10
+    # The fused attention keeps about 0.67 GiB per 8B layer at 2048 tokens: 14 layers offloaded.
+    assert moved["recomputedLayers"] == 0 and moved["plannedPinnedHostGiBPerProcess"] > 5
+    assert moved["plannedHostGiBPerProcess"] > eight["runs"][0]["plannedHostGiBPerProcess"] + 5
     assert launches["recompute-8b-auto"].plan.summary["offloaded_layers"] == moved["offloadedLayers"]
     if keep_only:
         kept = eight["runs"][2]

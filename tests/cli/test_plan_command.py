@@ -43,6 +43,25 @@ def test_70b_on_four_p40s_fits_and_prints_every_part(config_70b: str):
     assert "tokens/s" in out and "epoch     10,000,000 tokens:" in out
 
 
+def test_the_plan_names_the_attention_kernel_and_the_longest_sequence_per_mode(config_70b: str):
+    """Each mode's longest maxLength on these GPUs, as `finetune_plan.lengths` bisects it."""
+    from finetune_plan import Recipe, shape_from_config
+    from finetune_plan.lengths import longest_per_mode
+    from finetune_plan.parallelism import TRAINER_LOSS_CHUNKS
+    from finetune_plan.plan import Hardware
+
+    result = ftjob("plan", EXAMPLE_70B, "--model-config", config_70b)
+    assert result.returncode == 0, result.stderr
+    assert "attention sdpa_expanded in fp32 (k and v expanded to every head" in result.stdout
+    p40 = lookup("Tesla-P40")
+    assert p40 is not None
+    recipe = Recipe(attention="memory_efficient", lora_dropout=True)
+    found = longest_per_mode(shape_from_config(LLAMA_33_70B), recipe, Hardware(4, p40, 22.4), TRAINER_LOSS_CHUNKS)
+    line = next(x for x in result.stdout.splitlines() if x.startswith("longest "))
+    assert f"fsdp {found['fsdp']}" in line and f"deviceMap {found['device_map']}" in line
+    assert "dataParallel none" in line  # a whole 70B per P40 fits no length
+
+
 def test_the_example_alone_is_planned_from_the_known_model_table():
     """No --model-config: the PVC folder is named after a model the planner knows."""
     result = ftjob("plan", EXAMPLE_70B, cwd=REPO / "examples")

@@ -75,7 +75,7 @@ def test_true_and_false_keep_their_meaning() -> None:
 
 
 def test_no_room_beyond_the_margin_recomputes_every_layer() -> None:
-    tight = _auto(12.0)
+    tight = _auto(11.0)
     assert tight.fits and tight.recipe.kept_layers == 0
     assert tight.activations is not None and "recompute all 32 layers" in tight.activations.checkpointing
 
@@ -123,11 +123,12 @@ def _spec(memory: str | None = None) -> FineTuneJobSpec:
 
 
 def test_auto_offloads_the_layers_left_to_recompute_when_the_copies_cost_less() -> None:
-    """8B on one P40 at 2048 tokens, by hand: a layer's saved activations are about 1.2 GiB, so
-    about 0.1 s each way over PCIe 3.0 (12 GB/s); a layer's forward is 2 x 218 M linear weights
-    x 2048 tokens = 0.89 TFLOP, about 0.1 s at 80 % of the P40's 11.8 TFLOPS, its backward
-    twice that. The copies hide under the compute, a recompute would cost the forward again: so
-    every layer `auto` cannot keep is offloaded instead, the plan faster than keeping alone."""
+    """8B on one P40 at 2048 tokens, by hand: a layer's saved activations are about 0.7 GiB with
+    the fused attention (no probabilities), so about 0.06 s each way over PCIe 3.0 (12 GB/s); a
+    layer's forward is 2 x 218 M linear weights x 2048 tokens = 0.89 TFLOP, about 0.1 s at 80 %
+    of the P40's 11.8 TFLOPS, its backward twice that. The copies hide under the compute, a
+    recompute would cost the forward again: so every layer `auto` cannot keep is offloaded
+    instead, the plan faster than keeping alone."""
     launch = choose(_spec(), LLAMA_3_8B, 1, gpu_name="Tesla P40", attention="memory_efficient")
     plan = launch.plan
     assert plan is not None and plan.activations is not None and plan.speed is not None
@@ -135,7 +136,7 @@ def test_auto_offloads_the_layers_left_to_recompute_when_the_copies_cost_less() 
     assert summary["recomputed_layers"] == 0 and summary["offloaded_layers"] > 0
     assert summary["offloaded_layers"] + summary["kept_layers"] == 32
     moved = memory.full_layer_activation_bytes(SHAPE_8B, plan.recipe)
-    assert 1.0 * GIB < moved < 1.5 * GIB
+    assert 0.6 * GIB < moved < 0.8 * GIB
     kept_only = _auto(plan.hardware.memory_gib)
     assert kept_only.speed is not None and plan.speed.tokens_per_second > kept_only.speed.tokens_per_second
     assert plan.activations.offload.startswith("on (auto): ") and "recomputing" in plan.activations.offload

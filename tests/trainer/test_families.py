@@ -95,8 +95,8 @@ def test_family_trains_like_its_own_forward(models: Path, name: str, tmp_path: P
     config = _config(models, name, targets)
     model_config = load_model_config(config)
     family = families.check(model_config, config.spec)
-    attention = families.kernel(family, "sdpa")
-    assert attention == ("eager" if name == "gemma2" else "sdpa")
+    attention = families.kernel(family, "sdpa_expanded")
+    assert attention == ("eager" if name == "gemma2" else "sdpa_expanded")
     tokenizer = load_tokenizer(config)
     model = load_model(
         config,
@@ -198,7 +198,7 @@ def test_the_trainer_runs_the_families_that_failed(models: Path, tmp_path: Path,
     assert run.code == 0, run.stderr[-3000:]
     summary = json.loads((job.output / "summary.json").read_text())
     assert summary["finalStep"] == 8
-    assert summary["attention"] == ("eager" if name == "gemma2" else "sdpa")
+    assert summary["attention"] == ("eager" if name == "gemma2" else "sdpa_expanded")
     expected = ADAPTED_BY_DEFAULT.get(name, DEFAULT) if targets == DEFAULT else ALL_LINEAR[name]
     assert sorted(summary["lora"]["modules"]) == sorted(expected) and summary["lora"]["layers"] == 2 * len(expected)
     assert summary["mergedPath"]

@@ -51,7 +51,7 @@ def test_a_gpu_decision_survives_the_trip_to_the_workers() -> None:
     job = parse_file(EXAMPLE)[0].job
     assert job is not None
     launch = choose(job.spec, LLAMA_33_70B, 4, attention="memory_efficient")
-    decision = Decision(launch, "sdpa")
+    decision = Decision(launch, "sdpa_expanded")
     received = pickle.loads(pickle.dumps(decision))
     assert received == decision
     assert received.loss_chunk_tokens == (launch.plan.recipe.loss_chunk_tokens if launch.plan else 0)
@@ -60,6 +60,6 @@ def test_a_gpu_decision_survives_the_trip_to_the_workers() -> None:
 def test_on_gpus_the_attention_probe_runs_in_a_child_and_its_answer_comes_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """The launcher keeps off the GPUs: the probe's child answers (forced here, no GPU needed)."""
     shape = SimpleNamespace(hidden_size=64, num_attention_heads=4, head_dim=None)
-    for forced in ("sdpa", "eager"):
+    for forced in ("sdpa_expanded", "sdpa", "eager"):
         monkeypatch.setenv("FINETUNE_ATTENTION", forced)
         assert probe_attention(TWO_GPUS, shape, "fp32") == forced

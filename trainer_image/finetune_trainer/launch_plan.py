@@ -31,7 +31,16 @@ from finetune_plan.tighter import Savers, apply, savers_of
 
 from . import families
 from .failures import TrainerFailure
-from .hardware import Attention, Hardware, ResolvedPrecision, choose_attention, detect, resolve_precision
+from .hardware import (
+    ATTENTION_KERNELS,
+    Attention,
+    Hardware,
+    ResolvedPrecision,
+    choose_attention,
+    detect,
+    planned_attention,
+    resolve_precision,
+)
 from .model_loading import DTYPES, load_model_config
 from .oom_retry import recorded
 
@@ -90,8 +99,8 @@ def decide(
             len(gpus),
             gpu_memory_bytes=min(g.total_bytes for g in gpus) if gpus else None,
             gpu_name=gpus[0].name if gpus else None,
-            # SDPA runs the memory-efficient kernel; eager materialises the attention matrix.
-            attention="memory_efficient" if attention == "sdpa" else "materialised",
+            # The fused kernels keep no probabilities; eager and fp32 SDPA's math kernel do.
+            attention=planned_attention(attention, DTYPES[resolve_precision(config.spec.precision, hardware)]),
             model_name=config.paths.model,
             loss_chunks=loss_chunks,
         )
@@ -117,7 +126,7 @@ def probe_attention(hardware: Hardware, model_config: Any, precision: ResolvedPr
     args = json.dumps({"gpus": [g.index for g in hardware.gpus], "head_dim": size, "precision": precision})
     done = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, check=False)
     answer = done.stdout.strip().splitlines()[-1:] or [""]
-    if done.returncode != 0 or answer[0] not in ("sdpa", "eager"):
+    if done.returncode != 0 or answer[0] not in ATTENTION_KERNELS:
         log.warning("attention probe failed (exit %d): %s; using eager attention", done.returncode, done.stderr[-500:])
         return "eager"
     return answer[0]  # type: ignore[return-value]

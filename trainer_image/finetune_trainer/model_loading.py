@@ -21,6 +21,7 @@ from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
 
 from . import activations, families
+from . import attention as attention_kernel
 from .failures import TrainerFailure
 from .gpu_quantise import quantising_on
 from .hardware import Attention, Hardware, ResolvedPrecision
@@ -129,6 +130,8 @@ def _load_kwargs(
 
     spec = config.spec
     dtype = DTYPES[precision]
+    if attention == attention_kernel.NAME:
+        attention_kernel.register()  # transformers looks the name up in its attention interface
     kwargs: dict[str, Any] = {
         "dtype": dtype,
         "device_map": mode.device_map(hardware, plan, device),

@@ -1,0 +1,52 @@
+"""The longest sequence each parallelism mode fits: what `ftjob plan` answers when a user asks
+how long a context the GPUs hold (the attention kernel decides much of it: a materialised
+matrix grows with the square of the sequence, the fused kernel's memory with the sequence).
+
+Pure: bisection over `plan.fits_in`, the check `choose()` itself decides with, on the recipe as
+planned (checkpointing `auto` plans all-recompute first, so the longest is where every layer
+recomputes; kept layers only fill what is left).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Final
+
+from .memory import Recipe
+from .model_shape import ModelShape
+from .plan import ALL_MODES, Hardware, fits_in
+from .speed import Mode
+
+SHORTEST: Final = 16
+LONGEST: Final = 131072
+
+
+def longest_max_length(
+    shape: ModelShape, recipe: Recipe, hw: Hardware, mode: Mode, *, chunks: Sequence[int], most: int = LONGEST
+) -> int:
+    """The largest maxLength at which `mode` fits (the recipe's batch); 0 when not even SHORTEST does."""
+
+    def fits(length: int) -> bool:
+        return fits_in(shape, replace(recipe, max_length=length, kept_layers=0), hw, [mode], chunks)
+
+    if not fits(SHORTEST):
+        return 0
+    low, high = SHORTEST, most
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def longest_per_mode(
+    shape: ModelShape, recipe: Recipe, hw: Hardware, chunks: Sequence[int], allowed: Sequence[Mode] = ALL_MODES
+) -> dict[Mode, int]:
+    """Each mode's longest maxLength on this hardware (one GPU: one process, whatever the mode)."""
+    modes = [m for m in ALL_MODES if m in allowed]
+    if hw.gpus == 1:
+        modes = modes[:1]
+    return {mode: longest_max_length(shape, recipe, hw, mode, chunks=chunks) for mode in modes}
