@@ -410,10 +410,9 @@ class Bench:
         checkpoint and an evaluation inside: the boundary record's rows, in a record of their own."""
         from bench import boundary
 
-        chosen = [
-            (p, p.layers if boundary.planned(p, p.layers or 0, self.args.steps).fits else 0)
-            for p in boundary.LONG_POINTS
-        ]
+        wanted = {n for n in self.args.boundary_points.split(",") if n}  # names with depth: 70b-s8192-b1-ckpt-12l
+        points = [p for p in boundary.LONG_POINTS if not wanted or f"{p.name}-{p.layers}l" in wanted]
+        chosen = [(p, p.layers if boundary.planned(p, p.layers or 0, self.args.steps).fits else 0) for p in points]
         self.slices(chosen, self.args.steps, f"{self.date}-{gpu_slug(peaks)}-boundary-long.json", peaks, versions)
 
     def slices(

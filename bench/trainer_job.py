@@ -277,7 +277,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         result["half_tensors"] = sum(guard.get(k, 0) for k in ("halfParameters", "halfBuffers", "halfActivations"))
         memory_plan = summary.get("memoryPlan") or {}
         result["plan"] = memory_plan.get("per_gpu_total_gib")
-        keys = ("kept_layers", "recomputed_layers", "offloaded_layers", "checkpointing", "offload")
+        keys = (
+            "kept_layers",
+            "recomputed_layers",
+            "offloaded_layers",
+            "inputs_offloaded",
+            "pinned_host_gib_per_process",
+            "checkpointing",
+            "offload",
+        )
         result["activations"] = {k: memory_plan.get(k) for k in keys}
         result.update(
             {

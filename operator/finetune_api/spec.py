@@ -285,7 +285,8 @@ class TrainingSpec(ApiModel):
         default="auto",
         description="Move the saved activations of the layers not kept on the GPU to pinned host memory and back "
         "for the backward, instead of recomputing them: true = on, false = off, auto = the planner's choice "
-        "(`ftjob plan` says why). The pod's host memory counts the pinned bytes.",
+        "(`ftjob plan` says why). Unless false, where the GPUs need the room, the recomputing layers' inputs "
+        "wait in host memory too. The pod's host memory counts the pinned bytes.",
     )
     optimizer: Optimizer = Field(default="paged_adamw_8bit", description="Optimizer.")
     parallelism: Parallelism = Field(

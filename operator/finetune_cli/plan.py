@@ -295,11 +295,16 @@ def _cpu_line(launch: LaunchPlan) -> str:
     return f"CPU (spec.resources.gpus is 0): {launch.parallelism}, {count}, no GPU memory to plan (try --gpus N)"
 
 
-def longest_line(plan: Plan) -> str:
-    """The longest maxLength each mode fits at the job's batch, the kernel's attention included."""
-    found = longest_per_mode(plan.shape, replace(plan.recipe, loss_chunk_tokens=0), plan.hardware, TRAINER_LOSS_CHUNKS)
+def longest_line(plan: Plan, spec: FineTuneJobSpec) -> str:
+    """The longest maxLength each mode fits at the job's batch, the kernel's attention included,
+    and with the recomputing layers' inputs in host memory where the plan would put them there
+    (`training.activationOffload` not false, some layers recomputing)."""
+    inputs = spec.training.activation_offload is not False and plan.recipe.gradient_checkpointing
+    recipe = replace(plan.recipe, loss_chunk_tokens=0, offload=False, offload_inputs=inputs)
+    found = longest_per_mode(plan.shape, recipe, plan.hardware, TRAINER_LOSS_CHUNKS)
     shown = ", ".join(f"{to_spec(mode)} {length if length else 'none'}" for mode, length in found.items())
-    return f"longest   maxLength that fits, per mode (batch {plan.recipe.batch_size}): {shown}"
+    where = "; the recomputing layers' inputs in host memory where needed" if inputs else ""
+    return f"longest   maxLength that fits, per mode (batch {plan.recipe.batch_size}{where}): {shown}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -338,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
         all_fit = all_fit and plan.fits and short is None
         pod = {"memory": spec.resources.memory or host.quantity, "plannedMemory": host.quantity, "memoryShort": short}
         results.append({"name": name, **plan.to_dict(), **launched, "pod": pod, "tokens_source": token_origin or None})
-        text = render(plan, launch.processes) + "\n" + longest_line(plan) + "\n" + batch
+        text = render(plan, launch.processes) + "\n" + longest_line(plan, spec) + "\n" + batch
         text += "\n" + checkpoint_lines(plan, spec)
         if short is not None:
             text += f"\nDOES NOT FIT: {short}"

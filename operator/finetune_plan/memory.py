@@ -52,6 +52,9 @@ class Recipe:
     # The checkpointed layers' saved activations go to pinned host memory instead of being
     # recomputed (`training.activationOffload`).
     offload: bool = False
+    # The recomputing layers' inputs (all a checkpointed layer keeps) wait in pinned host memory
+    # until their recompute (`training.activationOffload` not false, where the GPU needs it).
+    offload_inputs: bool = False
     quantization: Quantization = "nf4"
     double_quant: bool = True
     optimizer: str = "paged_adamw_8bit"
@@ -261,13 +264,21 @@ def offload_in_flight(kept: int) -> int:
     return max(0, 2 - kept)
 
 
+def inputs_offloaded(recipe: Recipe) -> bool:
+    """Whether recomputing layers keep their inputs in host memory (offloaded layers move all)."""
+    return recipe.offload_inputs and recipe.gradient_checkpointing and not recipe.offload
+
+
 def activations_on_gpu(shape: ModelShape, recipe: Recipe, layers: int, kept: int) -> float:
     """What `layers` layers leave resident after the forward, `kept` of them keeping everything and
-    the rest their input (checkpointed) or nothing but the layers still crossing (offloaded)."""
+    the rest their input (checkpointed; in host memory but the two crossing, with
+    `offload_inputs`) or nothing but the layers still crossing (offloaded)."""
     rest = layers - kept
     full = full_layer_activation_bytes(shape, recipe)
     if rest and recipe.offload:
         return (kept + min(rest, offload_in_flight(kept))) * full
+    if rest and inputs_offloaded(recipe):
+        return kept * full + min(rest, 2) * checkpoint_bytes_per_layer(shape, recipe)
     return kept * full + rest * checkpoint_bytes_per_layer(shape, recipe)
 
 
@@ -299,11 +310,19 @@ def layer_pass_temporaries(shape: ModelShape, recipe: Recipe, layers: int, kept:
         attention = cal.FUSED_ATTENTION_BACKWARD_FLOATS * per_token * shape.attention_width - mlp_freed
     recomputes = layers > kept and kept == 0 and not recipe.offload
     recompute = full_layer_activation_bytes(shape, recipe) if recomputes else 0.0
+    if layers > kept and inputs_offloaded(recipe):
+        # The backward holds the recomputing layer's input and the next one's, fetched ahead: one
+        # more than the forward leaves crossing (measured: 70B slice, 12 layers at 8192 tokens,
+        # bench/results/2026-12-04-h200-boundary-long-inputs.json).
+        recompute += checkpoint_bytes_per_layer(shape, recipe)
     return recompute + max(mlp, attention)
 
 
 def offload_host_bytes(shape: ModelShape, recipe: Recipe) -> float:
-    """Pinned host memory one process holds for its offloaded layers' activations."""
+    """Pinned host memory one process holds for its offloaded layers' activations, or for its
+    recomputing layers' inputs (`offload_inputs`)."""
+    if inputs_offloaded(recipe):
+        return recomputed_layers(shape, recipe) * checkpoint_bytes_per_layer(shape, recipe)
     return offloaded_layers(shape, recipe) * full_layer_activation_bytes(shape, recipe)
 
 

@@ -81,6 +81,8 @@ def describe(shape: ModelShape, recipe: Recipe, pinned_bytes: float) -> str:
     parts = [f"recompute {recomputed} of {layers} layers"]
     if offloaded:
         parts.append(f"offload {offloaded} ({pinned_bytes / GIB:.1f} GiB pinned host memory)")
+    if mem.inputs_offloaded(recipe) and recomputed:
+        parts[0] += f" (their inputs in host memory: {pinned_bytes / GIB:.1f} GiB pinned)"
     parts.append(f"{kept} keep their activations")
     return ", ".join(parts)
 

@@ -11,7 +11,9 @@ from . import calibration as cal
 from .gpu_products import GpuProduct
 from .memory import (
     Recipe,
+    checkpoint_bytes_per_layer,
     full_layer_activation_bytes,
+    inputs_offloaded,
     keeps_attention_matrix,
     layer_packed_bytes,
     offloaded_layers,
@@ -105,9 +107,12 @@ def offload_stall_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct
     link twice (out in the forward, back in the backward), hidden under the compute of the layer
     they overlap with (the next forward; the backward, about twice a forward) where they are shorter."""
     count = offloaded_layers(shape, recipe)
+    moved = full_layer_activation_bytes(shape, recipe) / (product.host_link_gbps * 1e9)
+    if inputs_offloaded(recipe):  # only a recomputing layer's input crosses
+        count = recomputed_layers(shape, recipe)
+        moved = checkpoint_bytes_per_layer(shape, recipe) / (product.host_link_gbps * 1e9)
     if not count:
         return 0.0
-    moved = full_layer_activation_bytes(shape, recipe) / (product.host_link_gbps * 1e9)
     forward = layer_forward_seconds(shape, recipe, product)
     return count * (max(0.0, moved - forward) + max(0.0, moved - 2 * forward))
 

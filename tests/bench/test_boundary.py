@@ -45,3 +45,16 @@ def test_each_auto_point_keeps_some_layers_not_all_and_fits() -> None:
         assert boundary.deepest(point, 8) == point.layers
         summary = boundary.planned(point, point.layers, 8).summary
         assert 0 < summary["kept_layers"] < point.layers, (point, summary)
+
+
+def test_the_long_points_fit_at_their_depths_and_the_deepest_needs_its_inputs_in_host_memory() -> None:
+    """The `long` phase's slices (issue 38): every one fits its set depth on the fused attention;
+    the 70B slice at 8192 tokens fits 8 layers with every input on the GPU and 12 only with the
+    recomputing layers' inputs in host memory, which the plan then turns on."""
+    for point in boundary.LONG_POINTS:
+        assert point.layers is not None
+        summary = boundary.planned(point, point.layers, 4).summary
+        assert summary["fits"], point
+        assert summary["inputs_offloaded"] == (point.width == "70b" and point.seq == 8192 and point.layers > 9), point
+    deep = boundary.Point("70b", 8192, True, layers=12)
+    assert not boundary.planned(deep, 12, 4, attention="materialised").fits

@@ -55,7 +55,7 @@ def test_the_plan_names_the_attention_kernel_and_the_longest_sequence_per_mode(c
     assert "attention sdpa_expanded in fp32 (k and v expanded to every head" in result.stdout
     p40 = lookup("Tesla-P40")
     assert p40 is not None
-    recipe = Recipe(attention="memory_efficient", lora_dropout=True)
+    recipe = Recipe(attention="memory_efficient", lora_dropout=True, offload_inputs=True)
     found = longest_per_mode(shape_from_config(LLAMA_33_70B), recipe, Hardware(4, p40, 22.4), TRAINER_LOSS_CHUNKS)
     line = next(x for x in result.stdout.splitlines() if x.startswith("longest "))
     assert f"fsdp {found['fsdp']}" in line and f"deviceMap {found['device_map']}" in line

@@ -23,11 +23,12 @@ def test_p40_exposes_about_22_4_gib():
 
 
 def test_70b_fits_four_p40s_in_fsdp_mode_with_chunked_loss_at_the_examples_1664_tokens():
-    """SDPA in fp32 runs PyTorch's math kernel (measured: calibration.SDPA_FP32_KEEPS_MATRIX), which
-    keeps the heads x seq x seq probabilities (1 GiB per layer pass at 2048): 2048 tokens do not fit
-    4 P40s in fsdp, the example's 1664 do with the loss in chunks. With 16-bit compute the
-    memory-efficient kernel keeps no matrix. Fits or not, and the chunk size: a regression pin on
-    today's figures; the quantised weights per GPU: hand arithmetic (the comment below)."""
+    """With every recomputing layer's input on the GPU (make_plan asked for no activation layout,
+    so no input goes to the host) 2048 tokens do not fit 4 P40s in fsdp even on the fused attention
+    (the 80 inputs and the loss's gathered head bound it; the example at 2048 fits with the inputs in
+    host memory: test_parallelism), 1664 do with the loss in chunks. Fits or not, and the chunk
+    size: a regression pin on today's figures; the quantised weights per GPU: hand arithmetic (the
+    comment below)."""
     assert not make_plan(
         shape_from_config(LLAMA_33_70B), Recipe(max_length=2048, attention="memory_efficient"), p40s(4), mode="fsdp"
     ).fits

@@ -115,14 +115,24 @@ def test_a_model_larger_than_one_gpu_is_sharded_with_fsdp():
 
 
 def test_regression_pin_70b_on_four_p40s_fits_in_the_mode_the_attention_allows():
-    """Regression pin of today's planner, derived from nothing else: the example's 1664 tokens fit
-    fsdp; at 2048, fp32 attention's probabilities (which SDPA keeps too in fp32, measured) leave
-    no fit in the modes auto may choose; deviceMap comes only when asked."""
-    both = [launch(example_spec(), LLAMA_33_70B, 4, attention=a) for a in ("materialised", "memory_efficient")]
-    assert all(x.fits and (x.parallelism, x.processes) == ("fsdp", 4) for x in both)
-    assert both[0].plan is not None and both[0].plan.recipe.loss_chunk_tokens in TRAINER_LOSS_CHUNKS
-    longer = launch(example_spec(max_length=2048), LLAMA_33_70B, 4, attention="memory_efficient")
-    assert not longer.fits and longer.parallelism == "fsdp"
+    """Regression pin of today's planner, derived from nothing else: the example's 2048 tokens fit
+    fsdp with the fused attention, the recomputing layers' inputs in host memory (activationOffload
+    auto; 80 inputs on the GPU would not fit), with over 1 GiB per P40 to spare; every input kept
+    on the GPU leaves no fit in the modes auto may choose, and the materialised matrix less room;
+    1664 tokens fit either way; deviceMap comes only when asked."""
+    shorter = [
+        launch(example_spec(max_length=1664), LLAMA_33_70B, 4, attention=a)
+        for a in ("materialised", "memory_efficient")
+    ]
+    assert all(x.fits and (x.parallelism, x.processes) == ("fsdp", 4) for x in shorter)
+    assert shorter[0].plan is not None and shorter[0].plan.recipe.loss_chunk_tokens in TRAINER_LOSS_CHUNKS
+    longer = launch(example_spec(), LLAMA_33_70B, 4, attention="memory_efficient")
+    assert longer.fits and (longer.parallelism, longer.processes) == ("fsdp", 4) and longer.plan is not None
+    assert longer.plan.summary["inputs_offloaded"] and longer.plan.layout.fullest.headroom >= 1 * GIB
+    kept_on_gpu = launch(example_spec(activation_offload=False), LLAMA_33_70B, 4, attention="memory_efficient")
+    matrix = launch(example_spec(), LLAMA_33_70B, 4, attention="materialised")
+    assert not kept_on_gpu.fits and matrix.plan is not None
+    assert matrix.plan.layout.fullest.headroom < longer.plan.layout.fullest.headroom
     asked = launch(example_spec(parallelism="deviceMap"), LLAMA_33_70B, 4)
     assert asked.fits and (asked.parallelism, asked.processes) == ("deviceMap", 1)
 
@@ -194,7 +204,7 @@ def test_fsdp_embeddings_left_in_the_root_unit_stay_whole_for_the_step():
     shape = shape_from_config(SLICE_40)
     p40 = lookup("Tesla-P40")
     assert p40 is not None
-    recipe = replace(recipe_from_spec(example_spec(), p40), loss_chunk_tokens=512)
+    recipe = replace(recipe_from_spec(example_spec(max_length=1664), p40), loss_chunk_tokens=512)
     hw = Hardware(2, p40, 22.4)
     own = fsdp_layout(shape, recipe, hw).per_gpu[0]
     root = fsdp_layout(shape, recipe, hw, embeddings_in_root=True).per_gpu[0]

@@ -63,6 +63,14 @@ def test_keeping_and_offloading_layers_trains_the_all_checkpointed_adapter(tmp_p
     assert _counts(done.stderr) == {"layers": 2, "kept": 1, "recomputed": 0, "offloaded": 1}
     assert max_difference(_adapter(offloaded), _adapter(steady)) <= ADAPTER_TOLERANCE
 
+    # The recomputing layers' inputs in host memory, as a plan that needs the room says (issue 38).
+    inputs = _job(tmp_path, tiny_assets, "inputs", {"gradientCheckpointing": True})
+    done = inputs.run(env={"FINETUNE_TEST_OFFLOAD_INPUTS": "1"})
+    assert done.code == 0, done.stderr[-3000:]
+    assert _counts(done.stderr) == {"layers": 2, "kept": 0, "recomputed": 2, "offloaded": 0}
+    assert "the inputs of 2 recomputing layers wait in pinned host memory" in done.stderr
+    assert max_difference(_adapter(inputs), _adapter(steady)) <= ADAPTER_TOLERANCE
+
 
 def test_two_fsdp_processes_keep_or_offload_a_layer_and_train_the_all_checkpointed_adapter(
     tmp_path: Path, tiny_assets: Path
@@ -172,3 +180,50 @@ def test_the_backward_starts_bringing_back_the_next_layer_before_it_asks() -> No
     # The last layer is fetched when the backward reaches it; every other one while the
     # backward is still at the layer after it.
     assert fetches == [(2, 2), (1, 2), (0, 1)], fetches
+
+
+def test_a_recomputing_layer_sends_only_its_input_to_the_host_and_trains_as_before() -> None:
+    """transformers checkpoints a decoder layer's `forward`, so the offload hooks around the layer
+    see only what the checkpoint saves: the layer's input. Exactly that crosses, once per layer,
+    and the gradients are the plain checkpointed run's, bit for bit."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from finetune_trainer import activations
+
+    config = LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+    )
+    # 2 x 64 tokens of 256 floats: 128 KiB per input, above what the offload leaves in place.
+    ids = torch.randint(0, 100, (2, 64), generator=torch.Generator().manual_seed(0))
+
+    def run(inputs: bool) -> tuple[list[torch.Tensor], Offloader | None]:
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).float().train()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        attached: list[Offloader] = []
+        original = activations.Offloader.attach
+
+        def spy(self: Offloader, layer: nn.Module, first: bool) -> None:
+            attached.append(self)
+            original(self, layer, first)
+
+        activations.Offloader.attach = spy  # type: ignore[method-assign]
+        try:
+            counts = activations.apply(model, activations.LayerActivations(0, False, inputs))
+        finally:
+            activations.Offloader.attach = original  # type: ignore[method-assign]
+        assert counts["recomputed"] == 3 and counts["offloaded"] == 0
+        model(input_ids=ids, labels=ids).loss.backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None], attached[0] if attached else None
+
+    plain, none = run(False)
+    moved, offloader = run(True)
+    assert none is None and offloader is not None
+    assert len(offloader.groups) == 3
+    assert offloader.copied_bytes == 3 * ids.numel() * config.hidden_size * 4  # each layer's input, once
+    assert all(torch.equal(a, b) for a, b in zip(plain, moved, strict=True))

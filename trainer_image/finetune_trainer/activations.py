@@ -42,6 +42,8 @@ class LayerActivations:
 
     kept: int
     offload: bool
+    # The recomputing layers' inputs wait in pinned host memory until their recompute.
+    inputs: bool = False
 
     def recomputed(self, layers: int) -> int:
         return 0 if self.offload else layers - min(self.kept, layers)
@@ -50,17 +52,20 @@ class LayerActivations:
 def chosen(spec: FineTuneJobSpec, summary: Mapping[str, Any], layers: int) -> LayerActivations:
     """The plan's choice (GPU runs), or on the CPU, which no plan sizes, the spec's: true
     recomputes every layer, false none, auto none either (no GPU memory to fill) unless a test
-    names how many to keep (`test_hooks.KEEP_LAYERS`)."""
+    names how many to keep (`test_hooks.KEEP_LAYERS`) or has the inputs offloaded
+    (`test_hooks.OFFLOAD_INPUTS`)."""
     if "kept_layers" in summary:
-        return LayerActivations(int(summary["kept_layers"]), int(summary.get("offloaded_layers") or 0) > 0)
+        offloaded = int(summary.get("offloaded_layers") or 0) > 0
+        return LayerActivations(int(summary["kept_layers"]), offloaded, bool(summary.get("inputs_offloaded")))
     asked = spec.training.gradient_checkpointing
     if asked is False:
         return LayerActivations(layers, False)
     offload = spec.training.activation_offload is True
+    inputs = test_hooks.offload_inputs()
     if asked is True:
-        return LayerActivations(0, offload)
+        return LayerActivations(0, offload, inputs)
     kept = test_hooks.keep_layers()
-    return LayerActivations(layers if kept is None else min(kept, layers), offload)
+    return LayerActivations(layers if kept is None else min(kept, layers), offload, inputs)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -80,16 +85,22 @@ def apply(model: nn.Module, layout: LayerActivations) -> dict[str, int]:
     for index, layer in enumerate(layers):
         if index >= kept_from or layout.offload:
             layer.gradient_checkpointing = False  # type: ignore[assignment]
-        if index < kept_from and layout.offload:
+        if index < kept_from and (layout.offload or layout.inputs):
+            # A recomputing layer's hooks run outside its checkpoint (transformers checkpoints
+            # `forward`, not `__call__`): under them autograd saves only what the checkpoint keeps,
+            # the layer's input, so that is all that crosses; the layer's own saved tensors stay
+            # the checkpoint's, dropped and recomputed.
             offloader.attach(layer, first=offloaded == 0)
             offloaded += 1
     counts = {
         "layers": len(layers),
         "kept": len(layers) - kept_from,
         "recomputed": sum(1 for m in layers if getattr(m, "gradient_checkpointing", False)),
-        "offloaded": offloaded,
+        "offloaded": offloaded if layout.offload else 0,
     }
     log.info("activations: %s", counts)
+    if layout.inputs and not layout.offload and offloaded:
+        log.info("activations: the inputs of %d recomputing layers wait in pinned host memory", offloaded)
     return counts
 
 

@@ -28,6 +28,8 @@ OOM_AT = "FINETUNE_TEST_OOM_AT"
 OOM_AGAIN_AT = "FINETUNE_TEST_OOM_AGAIN_AT"
 # "N": on the CPU, which no plan sizes, gradientCheckpointing auto keeps N layers' activations
 KEEP_LAYERS = "FINETUNE_TEST_KEEP_LAYERS"
+# "1": on the CPU, the recomputing layers' inputs go to host memory as a plan that needs it says
+OFFLOAD_INPUTS = "FINETUNE_TEST_OFFLOAD_INPUTS"
 
 
 def _int(name: str) -> int | None:
@@ -73,6 +75,10 @@ def die_after_step(step: int) -> None:
 
 def keep_layers() -> int | None:
     return _int(KEEP_LAYERS)
+
+
+def offload_inputs() -> bool:
+    return os.environ.get(OFFLOAD_INPUTS) == "1"
 
 
 def plant_half() -> str | None:
