@@ -16,6 +16,7 @@ from typing import Final
 from .memory import Recipe
 from .model_shape import ModelShape
 from .plan import ALL_MODES, Hardware, fits_in
+from .recompute import largest_fitting
 from .speed import Mode
 
 SHORTEST: Final = 16
@@ -30,16 +31,7 @@ def longest_max_length(
     def fits(length: int) -> bool:
         return fits_in(shape, replace(recipe, max_length=length, kept_layers=0), hw, [mode], chunks)
 
-    if not fits(SHORTEST):
-        return 0
-    low, high = SHORTEST, most
-    while low < high:
-        middle = (low + high + 1) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    return largest_fitting(SHORTEST, most, fits) or 0
 
 
 def longest_per_mode(

@@ -58,9 +58,14 @@ def roomy(headroom: float, loss_chunk_tokens: int, block: float) -> bool:
 def most_kept(layers: int, fits: Callable[[int], bool]) -> int | None:
     """The most layers that may keep their activations (`fits(k)` grows false with k), or None
     when not even all-recompute fits."""
-    if not fits(0):
+    return largest_fitting(0, layers, fits)
+
+
+def largest_fitting(low: int, high: int, fits: Callable[[int], bool]) -> int | None:
+    """The largest n in [low, high] with `fits(n)`, for a `fits` that turns false once and stays
+    so (bisection); None when not even `low` fits."""
+    if not fits(low):
         return None
-    low, high = 0, layers
     while low < high:
         middle = (low + high + 1) // 2
         if fits(middle):
