@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED := 1
 PINS := trainer_image/requirements.txt operator/requirements.txt tests/requirements.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: help dev llama-cpp test test-fast lint crds crds-check cluster-up cluster-down demo bench soak images-lint clean
+.PHONY: help dev llama-cpp test test-gpu test-fast lint crds crds-check cluster-up cluster-down demo bench soak images-lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -34,6 +34,11 @@ test: $(STAMP) ## tests it: every test (sets itself up; starts and stops the loc
 	$(PY) -m hack.llama_cpp python >/dev/null
 	$(PY) -m hack.llama_cpp tools >/dev/null
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+GPU_TESTS := $(wildcard tests/trainer/test_gpu_*.py) tests/trainer/test_streamed_load.py
+test-gpu: ## (GPU machine) every GPU test in one go; `make test-gpu PY=python3` where the pinned packages are installed already
+	$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make test-gpu: no CUDA GPU visible")'
+	$(PY) -m pytest -p no:cacheprovider -rA $(GPU_TESTS) $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## tests that need neither the control plane nor the trainer
 	$(PY) -m pytest -m "not cluster and not trainer" $(PYTEST_ARGS)

@@ -1,8 +1,12 @@
 """Shared pytest wiring. Fixture modules live in tests/fixtures/ and register here."""
 
+from importlib.util import find_spec
+
 import pytest
 
-pytest_plugins: list[str] = ["tests.fixtures.cluster", "tests.fixtures.kueue"]
+# The cluster's fixtures need the Kubernetes client; a GPU machine running `make test-gpu` has the
+# trainer's packages only, and collects no test that uses them.
+pytest_plugins: list[str] = ["tests.fixtures.cluster", "tests.fixtures.kueue"] if find_spec("kubernetes") else []
 
 # Run last: it installs and uninstalls a whole release of the chart on the shared control plane.
 # Seen in the full suite: after it, the tests' own NetworkPolicy fence (another binding of the
