@@ -11,7 +11,14 @@ from kubernetes import client
 from tests.support.cli import ftjob
 from tests.support.harness import Jobs, OperatorProcess
 from tests.support.specs import body
-from tests.support.training import ADAPTER_TOLERANCE, adapter_tensors, max_difference, summary, watch_until_done
+from tests.support.training import (
+    ADAPTER_TOLERANCE,
+    adapter_tensors,
+    max_difference,
+    summary,
+    trainer_hooks,
+    watch_until_done,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 
@@ -29,17 +36,11 @@ CHECKPOINTS = {"everySteps": 4, "keep": 2}
 NOTCH = "loss chunks 512, micro-batch 1 x 4, eval micro-batch 1, gradient checkpointing on"
 
 
-def hooks(core: client.CoreV1Api, namespace: str, job: str, **env: str) -> None:
-    """The node agent's fault hooks for the pods of Job `job` (hack/cluster/agent/runner.py)."""
-    meta = client.V1ObjectMeta(name=f"node-agent-test-env-{job}")
-    core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=meta, data=env))
-
-
 def test_an_oom_retries_once_on_a_tighter_plan_to_the_same_adapter_and_a_second_one_fails(
     core: client.CoreV1Api, namespace: str, jobs: Jobs, training_volumes: dict[str, Path], operator: OperatorProcess
 ) -> None:
-    hooks(core, namespace, "oom", FINETUNE_TEST_OOM_AT="7")
-    hooks(core, namespace, "twice", FINETUNE_TEST_OOM_AT="7", FINETUNE_TEST_OOM_AGAIN_AT="10")
+    trainer_hooks(core, namespace, "oom", FINETUNE_TEST_OOM_AT="7")
+    trainer_hooks(core, namespace, "twice", FINETUNE_TEST_OOM_AT="7", FINETUNE_TEST_OOM_AGAIN_AT="10")
     spec = body(training=TRAINING, checkpoints=CHECKPOINTS, lora={"dropout": 0.0}, backoffLimit=0)
     for name in ("steady", "oom", "twice"):
         jobs.create(name, spec)

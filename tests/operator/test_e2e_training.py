@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.cli import ftjob
@@ -22,6 +23,7 @@ from tests.support.training import (
     running_pod,
     summary,
     trainer_event,
+    trainer_hooks,
     watch_until_done,
 )
 
@@ -42,8 +44,11 @@ def checkpointed(jobs: Jobs, name: str) -> dict | None:
 
 
 def test_tiny_cpu_job_trains_reports_progress_and_leaves_an_adapter(
-    jobs: Jobs, training_volumes: dict[str, Path], operator: OperatorProcess
+    core: client.CoreV1Api, namespace: str, jobs: Jobs, training_volumes: dict[str, Path], operator: OperatorProcess
 ) -> None:
+    # The tiny model trains its 32 steps in about 0.3 s, under one 0.5 s poll of the status (seen:
+    # only the final step); 0.1 s per step lets the poll see the progress move.
+    trainer_hooks(core, namespace, "tiny", FINETUNE_TEST_STEP_DELAY="0.1")
     jobs.create("tiny", cpu_spec(output={"samples": {"count": 1, "maxNewTokens": 8}}))
     phases, steps, status = watch_until_done(jobs, "tiny")
     assert status["phase"] == "Succeeded", status

@@ -4,12 +4,21 @@ trainer's events; and waiting for a job to finish."""
 import json
 from pathlib import Path
 
+from kubernetes import client
+
 from tests.support.harness import Jobs, wait_for
 
 CHECKPOINTS = {"everySteps": 8, "keep": 2}
 
 
 RUN_TIMEOUT = 420
+
+
+def trainer_hooks(core: client.CoreV1Api, namespace: str, job: str, **env: str) -> None:
+    """The node agent's test hooks (`FINETUNE_TEST_*`) for the pods of Job `job`
+    (hack/cluster/agent/runner.py)."""
+    meta = client.V1ObjectMeta(name=f"node-agent-test-env-{job}")
+    core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=meta, data=env))
 
 
 def host_path(folders: dict[str, Path], pod_path: str) -> Path:
