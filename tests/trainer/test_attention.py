@@ -23,9 +23,9 @@ from finetune_trainer.hardware import Hardware, choose_attention, planned_attent
 from finetune_trainer.model_loading import load_model, load_tokenizer
 from finetune_trainer.modes import for_run
 from finetune_trainer.preflight import MemoryPlan
-from finetune_trainer.tiny_model import alpaca_records, write_alpaca
-from tests.support.families import FAMILIES, make_family_model
-from tests.trainer.test_families import _config
+from finetune_trainer.tiny_model import alpaca_records
+from tests.support.families import FAMILIES
+from tests.trainer.test_families import _config, models  # noqa: F401 (the families' tiny models, one fixture)
 
 pytestmark = pytest.mark.trainer
 RELATIVE = 1e-5
@@ -33,15 +33,6 @@ RELATIVE = 1e-5
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("attention")
-    for name in FAMILIES:
-        make_family_model(name, root / "models" / name)
-    write_alpaca(root / "datasets" / "alpaca.jsonl", count=8)
-    return root
 
 
 def _loss_and_lora_grads(model: Any, batch: dict[str, torch.Tensor]) -> tuple[float, dict[str, torch.Tensor]]:
@@ -54,7 +45,7 @@ def _loss_and_lora_grads(model: Any, batch: dict[str, torch.Tensor]) -> tuple[fl
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_the_fused_kernel_trains_as_the_math_kernel(models: Path, name: str, packed: bool) -> None:
+def test_the_fused_kernel_trains_as_the_math_kernel(models: Path, name: str, packed: bool) -> None:  # noqa: F811
     config = _config(models, name, ["q_proj", "k_proj", "v_proj", "o_proj"])
     kernel = "eager" if name == "gemma2" else attention.NAME  # as families.kernel decides
     model = load_model(
