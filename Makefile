@@ -30,18 +30,22 @@ llama-cpp: $(STAMP) ## llama.cpp of the pinned llama-cpp-python sdist, built onc
 	$(PY) -m hack.llama_cpp python
 	$(PY) -m hack.llama_cpp tools
 
-test: $(STAMP) ## tests it: every test (sets itself up; starts and stops the local control plane)
-	$(PY) -m hack.llama_cpp python >/dev/null
-	$(PY) -m hack.llama_cpp tools >/dev/null
-	$(PY) -m pytest $(PYTEST_ARGS)
+# When make began (read as the Makefile is parsed, before any prerequisite is made): the tests'
+# runner prints the time spent before it, the venv's install when the pins changed.
+MAKE_START := $(shell date +%s)
 
-GPU_TESTS := $(wildcard tests/trainer/test_gpu_*.py) tests/trainer/test_streamed_load.py
+test: $(STAMP) ## tests it: every test but gpu and soak, in a parallel and a serial phase, each step timed (sets itself up; starts and stops the local control plane)
+	$(PY) -m tests.run --since $(MAKE_START) $(PYTEST_ARGS)
+
+# The files holding `gpu` tests (tests/support/tiers.py): only those are collected on a GPU
+# machine, whose image has the trainer's packages and not the Kubernetes client.
+GPU_TESTS := $(shell grep -l -E 'mark\.gpu|needs_gpu' tests/trainer/test_*.py)
 test-gpu: ## (GPU machine) every GPU test in one go; `make test-gpu PY=python3` where the pinned packages are installed already
 	$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make test-gpu: no CUDA GPU visible")'
-	$(PY) -m pytest -p no:cacheprovider -rA $(GPU_TESTS) $(PYTEST_ARGS)
+	$(PY) -m pytest -p no:cacheprovider -rA -m gpu $(GPU_TESTS) $(PYTEST_ARGS)
 
-test-fast: $(STAMP) ## tests that need neither the control plane nor the trainer
-	$(PY) -m pytest -m "not cluster and not trainer" $(PYTEST_ARGS)
+test-fast: $(STAMP) ## the fast tier: no control plane, no trainer, torch never imported (seconds)
+	$(PY) -m pytest -m fast -n 2 $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff + `mypy --strict` on the operator, API and CLI
 	$(VENV)/bin/ruff check operator trainer_image tests hack bench

@@ -277,10 +277,11 @@ def _live_sessions(layout: Layout, folder: Path | None = None) -> list[Path]:
     return live
 
 
-def join_session(pid: int) -> bool:
-    """A test session starts using the cluster (starting it if needed); True when this call started it."""
-    from .agent.runner import process_start_time
-
+def join_session(pid: int, holder: int | None = None) -> bool:
+    """A test session starts using the cluster (starting it if needed); True when this call started it.
+    `holder`, a process that runs several test sessions one after another (tests/run.py, whose
+    parallel workers each are a session), is registered too: the cluster outlives each session
+    and stops when the holder leaves."""
     layout = Layout.for_repo()
     with _locked(layout):
         started_here = not running(layout)
@@ -289,10 +290,17 @@ def join_session(pid: int) -> bool:
             layout.session_owned.write_text("")
         else:
             kueue.clean_if_dead(layout)
-        layout.sessions.mkdir(parents=True, exist_ok=True)
-        record = {"pid": pid, "starttime": process_start_time(pid)}
-        _session_file(layout, pid).write_text(json.dumps(record))
+        _register(layout.sessions, pid, holder)
     return started_here
+
+
+def _register(folder: Path, pid: int, holder: int | None) -> None:
+    from .agent.runner import process_start_time
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for member in (pid, holder) if holder else (pid,):
+        record = {"pid": member, "starttime": process_start_time(member)}
+        (folder / f"{member}.json").write_text(json.dumps(record))
 
 
 def leave_session(pid: int) -> bool:
@@ -327,10 +335,9 @@ def kueue_down() -> int:
     return 0
 
 
-def join_kueue(pid: int) -> bool:
-    """A test session (already in the cluster) starts using Kueue; True when this call started it."""
-    from .agent.runner import process_start_time
-
+def join_kueue(pid: int, holder: int | None = None) -> bool:
+    """A test session (already in the cluster) starts using Kueue; True when this call started it.
+    `holder` as for join_session."""
     layout = Layout.for_repo()
     paths = kueue.KueuePaths.of(layout)
     with _locked(layout):
@@ -338,9 +345,7 @@ def join_kueue(pid: int) -> bool:
         if started_here:
             kueue.up(layout)
             paths.session_owned.write_text("")
-        paths.sessions.mkdir(parents=True, exist_ok=True)
-        record = {"pid": pid, "starttime": process_start_time(pid)}
-        (paths.sessions / f"{pid}.json").write_text(json.dumps(record))
+        _register(paths.sessions, pid, holder)
     return started_here
 
 

@@ -89,6 +89,7 @@ def tokenizer(tiny_assets: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(tiny_assets / "models" / "tiny-llama"))
 
 
+@pytest.mark.trainer  # a Hugging Face tokenizer: transformers imports torch
 def test_foreign_special_tokens_are_the_llama3_trap(tmp_path: Path, tokenizer: Any) -> None:
     # The tiny tokenizer is Llama-2 style (<s>, </s>); data prepared for Llama-3 is caught.
     path = write_lines(
@@ -105,6 +106,7 @@ def test_foreign_special_tokens_are_the_llama3_trap(tmp_path: Path, tokenizer: A
     assert problems[1].startswith("line 3: instruction: contains '<|begin_of_text|>'")
 
 
+@pytest.mark.trainer  # a Hugging Face tokenizer: transformers imports torch
 def test_tokenizer_that_does_not_match_the_model(tmp_path: Path, tokenizer: Any) -> None:
     from transformers import LlamaConfig
 
@@ -118,6 +120,7 @@ def test_tokenizer_that_does_not_match_the_model(tmp_path: Path, tokenizer: Any)
     assert problems[1].startswith("tokenizer: eos_token: tokenizer EOS is '</s>' (id 2)")
 
 
+@pytest.mark.trainer  # a Hugging Face tokenizer: transformers imports torch
 def test_over_length_samples_are_counted_and_prompt_only_overflow_fails(tmp_path: Path, tokenizer: Any) -> None:
     long_answer = " ".join(["red green blue"] * 30)
     long_prompt = " ".join(["Give the opposite of the word."] * 30)
@@ -156,6 +159,7 @@ def test_check_data_cli_lists_every_bad_line_and_exits_1(tmp_path: Path) -> None
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.trainer  # the CLI loads a Hugging Face tokenizer in its subprocess (transformers, torch)
 def test_check_data_cli_with_tokenizer_passes_clean_data(tiny_assets: Path) -> None:
     data = tiny_assets / "datasets" / "alpaca.jsonl"
     result = run_cli("--format", "alpaca", "--tokenizer", str(tiny_assets / "models" / "tiny-llama"), str(data))

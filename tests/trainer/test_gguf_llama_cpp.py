@@ -30,10 +30,11 @@ from finetune_trainer.gguf_export import CONVERTERS_ENV, convert_lora, convert_m
 from finetune_trainer.merge_stream import merge_folder
 from finetune_trainer.tiny_model import make_tiny_model
 from hack import llama_cpp as pinned
+from tests.support import steps
 
 # The first run builds libllama (hack/llama_cpp.py; `make test` builds it before pytest starts):
 # minutes on two busy cores, beyond the suite's per-test limit.
-pytestmark = pytest.mark.timeout(3600)
+pytestmark = [pytest.mark.llama_cpp, pytest.mark.timeout(3600)]
 
 PROMPTS = ["What sound does a cow make?", "Give the opposite of the word. hot", "Repeat the colours. red blue"]
 # f16 weights against the fp32 model: logits of magnitude ~3 move by a few 1e-3; 0.05 holds
@@ -45,8 +46,9 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 @pytest.fixture(scope="module")
 def llama() -> Any:
     """The pinned converters on FINETUNE_LLAMA_CPP and `llama_cpp` importable (built once)."""
-    os.environ[CONVERTERS_ENV] = str(pinned.converters())
-    folder = str(pinned.python_package())
+    with steps.timed("llama.cpp: converters and bindings (built where not cached)"):
+        os.environ[CONVERTERS_ENV] = str(pinned.converters())
+        folder = str(pinned.python_package())
     if folder not in sys.path:
         sys.path.insert(0, folder)
     import llama_cpp
@@ -190,7 +192,8 @@ NEW_TOKENS = 8
 @pytest.fixture(scope="module")
 def tools() -> Path:
     """llama-server and llama-quantize built from the pinned sdist's tree (once, into the cache)."""
-    return pinned.tools()
+    with steps.timed("llama.cpp: llama-server and llama-quantize (built where not cached)"):
+        return pinned.tools()
 
 
 def _free_port() -> int:

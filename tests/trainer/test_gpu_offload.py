@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_gpu = pytest.mark.gpu  # skipped where no CUDA GPU is visible (tests/conftest.py)
 LAYERS = 8
 WIDTH = 2048
 TOKENS = 4096

@@ -8,7 +8,7 @@ Needs a GPU (skipped in CI, which has none); run on a GPU machine with
 import pytest
 import torch
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_gpu = pytest.mark.gpu  # skipped where no CUDA GPU is visible (tests/conftest.py)
 
 
 @needs_gpu

@@ -13,6 +13,9 @@ from finetune_api.contract import CHECK_INPUTS_FLAG
 from finetune_api.reasons import ExitReason
 from tests.trainer.conftest import JobDir
 
+# Each check runs the trainer in a subprocess, which loads the tokenizer (transformers, torch).
+pytestmark = pytest.mark.trainer
+
 
 def check(job: JobDir) -> tuple[int, str, list[dict[str, object]]]:
     termination = job.root / "termination-log"

@@ -12,6 +12,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 REQUIREMENTS = Path(__file__).resolve().parents[2] / "trainer_image" / "requirements.txt"
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!-]+)$")
 # torch brings its own CUDA libraries; they follow torch's flavour (cu118 in the image).
@@ -60,6 +62,8 @@ def test_ci_runs_the_pinned_versions() -> None:
     assert wrong == {}
 
 
+# Not the fast tier: the dry run resolves the trainer image's set against the package index (~20 s).
+@pytest.mark.trainer
 def test_pinned_set_resolves_for_python_311_and_is_closed(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]

@@ -53,7 +53,7 @@ def test_two_processes_stream_the_model_of_before_bit_for_bit_reading_each_byte_
     check(run({"path": model, "gpus": 0, "work": str(tmp_path), "quantization": quantization}))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu  # skipped where no CUDA GPU is visible (tests/conftest.py)
 def test_on_gpus_the_streamed_nf4_weights_equal_those_of_before_bit_for_bit(tiny_assets: Path, tmp_path: Path) -> None:
     gpus = min(2, torch.cuda.device_count())
     check(run({"path": str(tiny_assets / "models" / "tiny-llama"), "gpus": gpus, "work": str(tmp_path)}))

@@ -1,0 +1,159 @@
+"""`make test`: the whole suite but `gpu` and `soak`, in two phases, with every step's time.
+
+    python -m tests.run [--workers N] [--record PATH] [--since EPOCH] [PYTEST ARGS...]
+
+1. The parallel phase: every test not marked `serial`, on pytest-xdist workers. Tests wait on
+   the control plane, on a trainer subprocess or on a build far more than they compute, so more
+   workers than cores pay (measured on the 2-core CI machine: tests/timing/). Each file stays
+   on one worker (`--dist loadfile`): module fixtures (a trained tiny model, a GGUF export, an
+   operator's identity) are built once, as in a serial run.
+2. The serial phase: tests marked `serial`, alone on the control plane (they install cluster-wide
+   objects, or their figures are timings that neighbours would disturb).
+
+The control plane starts once for both: this process registers itself beside each test session
+(FINETUNE_TEST_HOLDER, tests/fixtures/cluster.py) and leaves at the end, stopping a cluster that
+a session started. Set-up steps inside the run (the cluster's binaries and start, llama.cpp's
+builds) report their times through tests/support/steps.py; `--since` is when `make` began, so
+the time spent before the tests (the venv's install when the pins changed) is printed too.
+`--record PATH` writes the steps and the 25 slowest tests as JSON (tests/timing/*.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tests.fixtures.cluster import HOLDER_ENV
+from tests.support.steps import STEPS_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+EXCLUDED = "not gpu and not soak"
+PHASES = (("parallel", f"{EXCLUDED} and not serial"), ("serial", f"{EXCLUDED} and serial"))
+# Workers per core: most of a test's time is waiting (see the module's docstring).
+WORKERS_PER_CORE = 2
+SLOWEST = 25
+NO_TESTS = 5  # pytest's exit code when a phase selects nothing (e.g. `-k` matched one phase only)
+OUTCOMES = ("passed", "failure", "error", "skipped")
+Step = dict[str, object]
+Case = tuple[str, float, str]
+
+
+def _phase_command(name: str, markexpr: str, workers: int, junit: Path, extra: list[str]) -> list[str]:
+    command = [sys.executable, "-m", "pytest", "-m", markexpr, f"--junitxml={junit}", "--durations=10", *extra]
+    if name == "parallel" and workers > 1:
+        command += ["-n", str(workers), "--dist", "loadfile"]
+    return command
+
+
+def _cases(junit: Path) -> list[Case]:
+    """(test id, seconds, outcome) of every test case a phase ran."""
+    if not junit.is_file():
+        return []
+    cases = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        cases.append((name, float(case.get("time") or 0), outcome))
+    return cases
+
+
+def _leave_cluster() -> None:
+    """Stop the cluster (and Kueue) a test session started, now that no phase needs it."""
+    from hack.cluster import lifecycle
+    from hack.cluster.layout import Layout
+
+    if Layout.for_repo().sessions.is_dir():
+        lifecycle.leave_kueue(os.getpid())
+        lifecycle.leave_session(os.getpid())
+
+
+def _steps(path: Path) -> list[Step]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _run_phases(workers: int, work: Path, extra: list[str]) -> tuple[dict[str, int], list[Step], list[Case]]:
+    env = {**os.environ, HOLDER_ENV: str(os.getpid()), STEPS_ENV: str(work / "steps.jsonl")}
+    codes: dict[str, int] = {}
+    steps: list[Step] = []
+    cases: list[Case] = []
+    try:
+        for name, markexpr in PHASES:
+            junit = work / f"{name}.xml"
+            command = _phase_command(name, markexpr, workers, junit, extra)
+            print(f"\n== tests/run.py: {name} phase: {' '.join(command[1:])}", flush=True)
+            started = time.monotonic()
+            codes[name] = subprocess.run(command, cwd=REPO, env=env, check=False).returncode
+            used = workers if name == "parallel" else 1
+            steps.append({"step": f"{name} phase ({used} workers)", "seconds": round(time.monotonic() - started, 1)})
+            cases += _cases(junit)
+    finally:
+        _leave_cluster()
+    return codes, steps, cases
+
+
+def _report(steps: list[Step], cases: list[Case], total: float) -> dict[str, int]:
+    print("\n== tests/run.py: steps")
+    for step in steps:
+        print(f"  {step['seconds']:>8.1f} s  {step['step']}")
+    print(f"  {total:>8.1f} s  in all")
+    outcomes = {kind: sum(1 for case in cases if case[2] == kind) for kind in OUTCOMES}
+    print(f"  tests: {len(cases)} run: " + ", ".join(f"{count} {kind}" for kind, count in outcomes.items()))
+    return outcomes
+
+
+def _record(path: Path, workers: int, steps: list[Step], cases: list[Case], total: float) -> None:
+    slowest = sorted(cases, key=lambda case: case[1], reverse=True)[:SLOWEST]
+    record = {
+        "recorded": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "workers": workers,
+        "steps": steps,
+        "total_seconds": total,
+        "tests": {"run": len(cases), **{kind: sum(1 for c in cases if c[2] == kind) for kind in OUTCOMES}},
+        "slowest": [{"test": test, "seconds": round(seconds, 1)} for test, seconds, _ in slowest],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(f"  record: {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.run", description=(__doc__ or "").split("\n\n")[0])
+    default_workers = int(os.environ.get("TEST_WORKERS", WORKERS_PER_CORE * (os.cpu_count() or 1)))
+    parser.add_argument("--workers", type=int, default=default_workers)
+    parser.add_argument("--record", type=Path, help="write the steps and slowest tests as JSON here")
+    parser.add_argument("--since", type=float, help="when `make` began (epoch seconds)")
+    args, extra = parser.parse_known_args(argv)
+
+    began = time.time()
+    before: list[Step] = []
+    if args.since:
+        waited = round(began - args.since, 1)
+        before.append({"step": "before the tests (the venv's install when the pins changed)", "seconds": waited})
+    work = Path(tempfile.mkdtemp(prefix="finetune-tests-"))
+    codes, phases, cases = _run_phases(args.workers, work, extra)
+    steps = [*before, *_steps(work / "steps.jsonl"), *phases]
+    total = round(time.time() - (args.since or began), 1)
+    _report(steps, cases, total)
+    if args.record:
+        _record(args.record, args.workers, steps, cases, total)
+    failed = {name: code for name, code in codes.items() if code not in (0, NO_TESTS)}
+    if failed or all(code == NO_TESTS for code in codes.values()):
+        print(f"tests/run.py: failed phases: {failed or codes}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
