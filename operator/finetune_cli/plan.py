@@ -5,8 +5,8 @@ trainer makes in the pod, so what this prints is what the trainer will run on th
 The model's config.json comes from `--model-config`, or from the job's model source when it is
 on disk here (a PVC folder under `--volumes`, $FTJOB_VOLUMES or the current folder), or from
 the planner's table of well-known Hub models (also when a PVC folder is named after one).
-Exit status: 0 fits, 3 does not fit (the GPUs, or `resources.memory` below the pod's host figure),
-1 bad input.
+Exit status: 0 fits, 3 does not fit (the GPUs, the host memory a node offers, or `resources.memory`
+below the pod's host figure), 1 bad input.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Literal
 from finetune_api import FineTuneJob, ManifestError, modes, parse_file
 from finetune_api.modes import to_spec
 from finetune_api.problems import format_problems
+from finetune_api.quantities import to_bytes
 from finetune_api.spec import EFFECTIVE_BATCH_FACTORS, FineTuneJobSpec
 from finetune_plan import GIB, LaunchPlan, ModelConfigError, choose, known_model, lookup
 from finetune_plan.gpu_products import known_names
@@ -59,9 +60,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Per-GPU memory (quantised weights, embeddings/head, LoRA + optimizer, activations, "
         "temporaries, logits), the mode it would use, tokens/s and time per epoch. "
         "The mode is training.parallelism as the trainer will run it, from the same planner call it makes; "
-        "the `host` line is the pod's host memory; a CPU job (gpus: 0) gets one line. "
-        "Exit 0 when it fits, 3 when it does not (the GPUs, or resources.memory below the host figure), "
-        "1 on bad input.",
+        "the `host` line is the pod's host memory, against what a node of the product offers (or resources.memory); "
+        "a CPU job (gpus: 0) gets one line. Exit 0 when it fits, 3 when it does not (the GPUs, the host memory "
+        "a node offers, or resources.memory below the host figure), 1 on bad input.",
     )
     parser.add_argument("file", metavar="FILE.yaml")
     parser.add_argument("--model-config", metavar="PATH", help="the model's config.json (or its folder)")
@@ -74,6 +75,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--gpu-product", metavar="NAME", help=f"GPU product; known: {', '.join(known_names())}")
     parser.add_argument("--gpu-memory-gib", type=float, metavar="X", help="memory per GPU (default: the product's)")
     parser.add_argument("--fp32-tflops", type=float, metavar="X", help="FP32 peak per GPU (default: the product's)")
+    parser.add_argument(
+        "--host-memory-per-gpu",
+        metavar="QUANTITY",
+        help="host memory a node offers a pod per GPU, e.g. 48Gi, as the chart's trainer.gpu.hostMemoryPerGpu "
+        "sets it for the product (default: the product's; spec.resources.memory, when set, is the pod's)",
+    )
     parser.add_argument("--max-length", type=int, metavar="L", help="tokens per sample (default: the spec's)")
     parser.add_argument("--batch-size", type=int, metavar="B", help="micro-batch per process (default: the spec's)")
     parser.add_argument("--lora-r", type=int, metavar="R", help="LoRA rank (default: the spec's)")
@@ -239,6 +246,7 @@ def plan_job(job: FineTuneJob, args: argparse.Namespace) -> tuple[LaunchPlan, st
     config, origin = model_config(job, args)
     tokens, token_origin = epoch_tokens(job, args)
     memory = int(args.gpu_memory_gib * GIB) if args.gpu_memory_gib else None
+    host_per_gpu = _host_memory_per_gpu(args.host_memory_per_gpu)
     try:
         launch = choose(
             spec,
@@ -249,10 +257,23 @@ def plan_job(job: FineTuneJob, args: argparse.Namespace) -> tuple[LaunchPlan, st
             epoch_tokens=tokens,
             model_name=origin,
             product=product,
+            host_memory_per_gpu=host_per_gpu,
         )
     except ModelConfigError as exc:
         raise CliError(f"{origin}: {exc}") from None
     return launch, token_origin
+
+
+def _host_memory_per_gpu(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = to_bytes(text)
+    except ValueError:
+        raise CliError(f"--host-memory-per-gpu: {text!r} is not a quantity (e.g. 48Gi)") from None
+    if value <= 0:
+        raise CliError(f"--host-memory-per-gpu: must be positive, got {text!r}")
+    return value
 
 
 def _cpu_family_check(job: FineTuneJob, spec: FineTuneJobSpec, args: argparse.Namespace) -> None:
@@ -345,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
         results.append({"name": name, **plan.to_dict(), **launched, "pod": pod, "tokens_source": token_origin or None})
         text = render(plan, launch.processes) + "\n" + longest_line(plan, spec) + "\n" + batch
         text += "\n" + checkpoint_lines(plan, spec)
-        if short is not None:
+        if short is not None and plan.host_refusal is None:  # the plan's own is its verdict line
             text += f"\nDOES NOT FIT: {short}"
         if token_origin and token_origin != "given":
             text += f"\n          (epoch tokens {token_origin}, ~{BYTES_PER_TOKEN} bytes per token)"

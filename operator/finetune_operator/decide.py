@@ -205,7 +205,8 @@ def _refused(spec: FineTuneJobSpec, current: Body, seen: Observed) -> tuple[str,
         return image, IMAGE_NOT_ALLOWED
     if (limit := guardrails.limit_refusal(spec, settings)) is not None:
         return limit, EXCEEDS_LIMIT
-    memory = memory_refusal(spec, pod_plan(spec).host)
+    per_gpu = settings.host_memory_for(spec.resources.gpu_product)
+    memory = memory_refusal(spec, pod_plan(spec, host_memory_per_gpu=per_gpu).host)
     return (memory, WONT_FIT) if memory is not None else None
 
 

@@ -16,6 +16,8 @@ from finetune_api import images
 from finetune_api.base import LABEL_KEY_PATTERN, QUANTITY_PATTERN
 from finetune_api.constants import DEFAULT_IMAGE
 from finetune_api.contract import HUB_ENDPOINT_ENV
+from finetune_api.quantities import to_bytes
+from finetune_plan.gpu_products import known_names, lookup
 
 DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
@@ -27,6 +29,7 @@ ENV_IMAGE_PULL_POLICY = "FINETUNE_IMAGE_PULL_POLICY"
 ENV_GPU_PRODUCT_LABEL = "FINETUNE_GPU_PRODUCT_LABEL"
 ENV_GPU_RESOURCE = "FINETUNE_GPU_RESOURCE"
 ENV_GPU_TOLERATIONS = "FINETUNE_GPU_TOLERATIONS"
+ENV_HOST_MEMORY_PER_GPU = "FINETUNE_HOST_MEMORY_PER_GPU"
 ENV_DEFAULT_CPU = "FINETUNE_DEFAULT_CPU"
 ENV_DEFAULT_MEMORY = "FINETUNE_DEFAULT_MEMORY"
 ENV_SHM_SIZE = "FINETUNE_SHM_SIZE"
@@ -95,6 +98,9 @@ class Settings:
     gpu_product_label: str = "nvidia.com/gpu.product"
     gpu_resource: str = "nvidia.com/gpu"
     gpu_tolerations: tuple[dict[str, Any], ...] = DEFAULT_GPU_TOLERATIONS
+    # Host memory a node offers a trainer pod per GPU, by product (`trainer.gpu.hostMemoryPerGpu`);
+    # a product not named here gets the planner's default (`GpuProduct.host_memory_gib`).
+    host_memory_per_gpu: Mapping[str, str] = field(default_factory=dict)
     default_cpu: str | None = None
     default_memory: str | None = None
     shm_size: str = "8Gi"
@@ -136,6 +142,14 @@ class Settings:
     @property
     def clusterwide(self) -> bool:
         return not self.namespaces
+
+    def host_memory_for(self, product: str) -> int | None:
+        """Bytes a node of `product` offers a pod per GPU, where the chart names the product."""
+        wanted = lookup(product)
+        for name, quantity in self.host_memory_per_gpu.items():
+            if wanted is not None and lookup(name) == wanted:
+                return to_bytes(quantity)
+        return None
 
 
 def _port(name: str, raw: str) -> int:
@@ -195,6 +209,23 @@ def _hub_env(name: str, raw: str) -> dict[str, str]:
         raise SettingsError(f"{name}: expected a JSON object of variable names to strings")
     if unknown := sorted(set(value) - set(HUB_ENDPOINT_ENV)):
         raise SettingsError(f"{name}: {', '.join(unknown)} not among {', '.join(HUB_ENDPOINT_ENV)}")
+    return value
+
+
+def _host_memory_per_gpu(name: str, raw: str) -> dict[str, str]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"{name}: not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise SettingsError(f"{name}: expected a JSON object of GPU products to quantities (e.g. 48Gi)")
+    for product, quantity in value.items():
+        if lookup(product) is None:
+            raise SettingsError(
+                f"{name}: {product!r} is not a GPU product the planner knows ({', '.join(known_names())})"
+            )
+        if not _QUANTITY.match(quantity) or to_bytes(quantity) <= 0:
+            raise SettingsError(f"{name}: {product}: {quantity!r} is not a positive quantity (e.g. 48Gi)")
     return value
 
 
@@ -270,6 +301,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         updates["gpu_resource"] = v
     if ENV_GPU_TOLERATIONS in env:
         updates["gpu_tolerations"] = _tolerations(ENV_GPU_TOLERATIONS, env[ENV_GPU_TOLERATIONS])
+    if v := env.get(ENV_HOST_MEMORY_PER_GPU):
+        updates["host_memory_per_gpu"] = _host_memory_per_gpu(ENV_HOST_MEMORY_PER_GPU, v)
     if ENV_DEFAULT_CPU in env:
         updates["default_cpu"] = _quantity(ENV_DEFAULT_CPU, env[ENV_DEFAULT_CPU])
     if ENV_DEFAULT_MEMORY in env:

@@ -33,6 +33,7 @@ class HostNeed:
     processes: int
     mode: str  # the spec's word, for the message
     pinned: float = 0.0  # of per_process: offloaded activations in pinned memory (activationOffload)
+    refusal: str | None = None  # the plan's: above what a node offers (`plan.Plan.host_refusal`)
 
     @property
     def pod_bytes(self) -> float:
@@ -62,7 +63,11 @@ class HostNeed:
 
 def host_need(plan: Plan, processes: int) -> HostNeed:
     return HostNeed(
-        plan.host_gib_per_process * GIB, processes, plan.parallelism, plan.pinned_host_gib_per_process * GIB
+        plan.host_gib_per_process * GIB,
+        processes,
+        plan.parallelism,
+        plan.pinned_host_gib_per_process * GIB,
+        plan.host_refusal,
     )
 
 

@@ -52,6 +52,9 @@ class Recipe:
     # The checkpointed layers' saved activations go to pinned host memory instead of being
     # recomputed (`training.activationOffload`).
     offload: bool = False
+    # With offload: at most this many layers offload (those just before the kept ones), the rest
+    # recompute, so that the pinned memory fits the pod's host memory; None: every layer not kept.
+    max_offloaded: int | None = None
     # The recomputing layers' inputs (all a checkpointed layer keeps) wait in pinned host memory
     # until their recompute (`training.activationOffload` not false, where the GPU needs it).
     offload_inputs: bool = False
@@ -136,6 +139,12 @@ POD_HOST_MARGIN_BYTES: Final = 2 * GIB
 def pod_host_bytes(per_process: float, processes: int) -> float:
     """The host memory a pod of `processes` trainers of `per_process` bytes asks for."""
     return processes * per_process * (1 + POD_HOST_MARGIN_FRACTION) + POD_HOST_MARGIN_BYTES
+
+
+def per_process_within(pod_bytes: float, processes: int) -> float:
+    """The most host memory each of `processes` trainers may hold in a pod of `pod_bytes`
+    (`pod_host_bytes` the other way round)."""
+    return (pod_bytes - POD_HOST_MARGIN_BYTES) / (processes * (1 + POD_HOST_MARGIN_FRACTION))
 
 
 def whole_load_host_bytes_per_process(shape: ModelShape, recipe: Recipe) -> float:
@@ -241,7 +250,7 @@ def kept_layers(shape: ModelShape, recipe: Recipe) -> int:
 
 def offloaded_layers(shape: ModelShape, recipe: Recipe) -> int:
     """Layers whose saved activations wait in host memory for the backward."""
-    return shape.layers - kept_layers(shape, recipe) if recipe.offload else 0
+    return _offloaded_of(recipe, shape.layers - kept_layers(shape, recipe))
 
 
 def recomputed_layers(shape: ModelShape, recipe: Recipe) -> int:
@@ -254,6 +263,14 @@ def kept_on_gpu(shape: ModelShape, recipe: Recipe, first: int, layers: int) -> i
     the trainer keeps the model's last ones (`kept_layers`)."""
     kept_from = shape.layers - kept_layers(shape, recipe)
     return max(0, first + layers - max(first, kept_from))
+
+
+def offloaded_on_gpu(shape: ModelShape, recipe: Recipe, first: int, layers: int) -> int:
+    """Of the `layers` layers from index `first` on one GPU, those that offload: the trainer
+    offloads the ones just before the kept ones (`offloaded_layers`), the first ones recompute."""
+    kept_from = shape.layers - kept_layers(shape, recipe)
+    offloaded_from = kept_from - offloaded_layers(shape, recipe)
+    return max(0, min(first + layers, kept_from) - max(first, offloaded_from))
 
 
 def offload_in_flight(kept: int) -> int:
@@ -269,20 +286,34 @@ def inputs_offloaded(recipe: Recipe) -> bool:
     return recipe.offload_inputs and recipe.gradient_checkpointing and not recipe.offload
 
 
-def activations_on_gpu(shape: ModelShape, recipe: Recipe, layers: int, kept: int) -> float:
-    """What `layers` layers leave resident after the forward, `kept` of them keeping everything and
-    the rest their input (checkpointed; in host memory but the two crossing, with
-    `offload_inputs`) or nothing but the layers still crossing (offloaded)."""
+def _offloaded_of(recipe: Recipe, rest: int) -> int:
+    """Of `rest` layers that do not keep their activations, those that offload."""
+    if not recipe.offload:
+        return 0
+    return rest if recipe.max_offloaded is None else min(rest, recipe.max_offloaded)
+
+
+def activations_on_gpu(
+    shape: ModelShape, recipe: Recipe, layers: int, kept: int, offloaded: int | None = None
+) -> float:
+    """What `layers` layers leave resident after the forward, `kept` of them keeping everything,
+    `offloaded` nothing but the layers still crossing (default: the rest, at most
+    `recipe.max_offloaded`), and the rest their input (checkpointed; in host memory but the two
+    crossing, with `offload_inputs`)."""
     rest = layers - kept
+    if offloaded is None:
+        offloaded = _offloaded_of(recipe, rest)
+    recomputing = rest - offloaded
     full = full_layer_activation_bytes(shape, recipe)
-    if rest and recipe.offload:
-        return (kept + min(rest, offload_in_flight(kept))) * full
-    if rest and inputs_offloaded(recipe):
-        return kept * full + min(rest, 2) * checkpoint_bytes_per_layer(shape, recipe)
-    return kept * full + rest * checkpoint_bytes_per_layer(shape, recipe)
+    crossing = min(offloaded, offload_in_flight(kept)) * full
+    if recomputing and inputs_offloaded(recipe):
+        return kept * full + min(recomputing, 2) * checkpoint_bytes_per_layer(shape, recipe)
+    return kept * full + crossing + recomputing * checkpoint_bytes_per_layer(shape, recipe)
 
 
-def layer_pass_temporaries(shape: ModelShape, recipe: Recipe, layers: int, kept: int) -> float:
+def layer_pass_temporaries(
+    shape: ModelShape, recipe: Recipe, layers: int, kept: int, offloaded: int | None = None
+) -> float:
     """Transient bytes while the first layer runs backward (the model's last: every other layer's
     activations are still held), the larger of its two phases, measured apart
     (bench/results/2026-12-02-h200-parts.json):
@@ -294,9 +325,13 @@ def layer_pass_temporaries(shape: ModelShape, recipe: Recipe, layers: int, kept:
     (the crossing layers are counted resident, `activations_on_gpu`). The backward runs the kept
     layers (the last) first and frees what each kept, so with one layer kept or more a
     checkpointed layer's recompute fits in what the kept ones gave back: only a GPU that keeps
-    none needs a layer more. `layers`: the GPU's decoder layers, `kept` of them keeping theirs."""
+    none needs a layer more; so does an offloaded one, which the backward reaches before the
+    recomputing ones. `layers`: the GPU's decoder layers, `kept` of them keeping theirs,
+    `offloaded` offloading theirs (default: `activations_on_gpu`'s)."""
     if layers == 0:
         return 0.0
+    if offloaded is None:
+        offloaded = _offloaded_of(recipe, layers - kept)
     per_token = recipe.tokens * recipe.compute_bytes
     dequantised = shape.largest_linear_params * recipe.compute_bytes if recipe.quantization != "none" else 0.0
     mlp = dequantised + cal.MLP_GRADIENT_FLOATS * per_token * shape.intermediate
@@ -308,7 +343,7 @@ def layer_pass_temporaries(shape: ModelShape, recipe: Recipe, layers: int, kept:
         attention = copies * attention_matrix_bytes(shape, recipe) - mlp_freed
     else:
         attention = cal.FUSED_ATTENTION_BACKWARD_FLOATS * per_token * shape.attention_width - mlp_freed
-    recomputes = layers > kept and kept == 0 and not recipe.offload
+    recomputes = layers > kept + offloaded and kept == 0 and offloaded == 0
     recompute = full_layer_activation_bytes(shape, recipe) if recomputes else 0.0
     if layers > kept and inputs_offloaded(recipe):
         # The backward holds the recomputing layer's input and the next one's, fetched ahead: one

@@ -21,6 +21,7 @@ from finetune_api.modes import MODES, processes, to_spec
 from . import calibration as cal
 from . import memory as mem
 from .gpu_products import GpuProduct
+from .host_limit import HostLimit
 from .memory import GIB, GpuMemory, Recipe
 from .model_shape import ModelShape
 from .placement import QUANTISED_ACCOUNTING_BYTES, Placement, balance, max_memory
@@ -88,6 +89,10 @@ class Plan:
     device_map: dict[str, int] | None = None
     max_memory: dict[int, int] | None = None
     activations: Activations | None = None
+    # The most host memory the pod may have (None: unbounded, the planner's own tests).
+    host_limit: HostLimit | None = None
+    # Why the pod does not fit a node's host memory (a GPU plan that fits, but too much pinned).
+    host_refusal: str | None = None
 
     @property
     def pinned_host_gib_per_process(self) -> float:
@@ -188,6 +193,13 @@ class Plan:
             "loss_chunk_tokens": self.layout.loss_chunk_tokens,
             "shortfall_gib": round(self.shortfall_gib, 2),
             "host_gib_per_process": _rounded(self.host_gib_per_process),
+            "host_limit": None
+            if self.host_limit is None
+            else {
+                "gib": round(self.host_limit.limit / GIB, 2),
+                "source": self.host_limit.describe(),
+                "detail": self.host_limit.detail or None,
+            },
             "per_gpu": [gpu_dict(g) for g in self.per_gpu],
             "alternatives": [
                 {
@@ -240,6 +252,7 @@ def _device_map_gpu(
     if first is None:
         first = shape.layers - layers if gpu == last else 0
     kept = mem.kept_on_gpu(shape, recipe, first, layers)
+    offloaded = mem.offloaded_on_gpu(shape, recipe, first, layers)
     # A tied head is the embedding matrix: accelerate keeps it with the embeddings on GPU 0.
     loss_gpu = 0 if shape.tied_embeddings else last
     embeddings_head = (mem.embedding_bytes(shape, recipe) if gpu == 0 else 0.0) + (
@@ -255,8 +268,8 @@ def _device_map_gpu(
         embeddings_head=embeddings_head,
         norms=layers * mem.norm_bytes_per_layer(shape) + (shape.hidden * mem.FP32 if gpu == last else 0.0),
         lora_optimizer=layers * mem.lora_state_bytes_per_layer(shape, recipe),
-        activations=mem.activations_on_gpu(shape, recipe, layers, kept) + outside,
-        temporaries=mem.layer_pass_temporaries(shape, recipe, layers, kept),
+        activations=mem.activations_on_gpu(shape, recipe, layers, kept, offloaded) + outside,
+        temporaries=mem.layer_pass_temporaries(shape, recipe, layers, kept, offloaded),
         logits=mem.logits_bytes(shape, recipe) if gpu == loss_gpu else 0.0,
         capacity=hw.capacity,
     )
@@ -447,11 +460,11 @@ def _activations(
     chunks: Sequence[int],
     checkpointing: Choice,
     offload: Choice,
-    host_limit: float | None = None,
+    host_limit: HostLimit | None = None,
 ) -> tuple[Layout, Activations]:
     """The layers that keep, recompute or offload their activations, for a layout that fits.
-    `host_limit`: the pod's host memory when the spec sets it (an offload `auto` turns on must
-    fit it with the rest of the pod's plan)."""
+    `host_limit`: the pod's most host memory (what offload `auto` pins must fit it with the rest
+    of the pod's plan)."""
     plain = replace(recipe, loss_chunk_tokens=layout.loss_chunk_tokens, kept_layers=0, offload=False)
     all_recompute = replace(plain, gradient_checkpointing=True)
     baseline = _rate(shape, all_recompute, hw, layout.mode)
@@ -502,40 +515,90 @@ def _offload_if_it_pays(
     layout: Layout,
     kept_only: Recipe,
     rate: float,
-    host_limit: float | None,
+    host_limit: HostLimit | None,
 ) -> tuple[Layout, Recipe, str]:
     """`activationOffload: auto` when some layers still recompute: offload them instead when the
     plan says it is faster (each layer's copies cross the host link under the compute of its
-    neighbours: `speed.offload_stall_seconds`) and the pinned memory fits the pod's host memory
-    when the spec sets it."""
-    alt = _sized(shape, all_recompute, hw, layout.mode, chunks=[layout.loss_chunk_tokens], offload=True)
+    neighbours: `speed.offload_stall_seconds`). Only as many layers offload as their pinned memory
+    fits the pod's host memory (`host_limit`), those just before the kept ones; the first ones
+    recompute, or all when not one layer fits."""
+    chunks = [layout.loss_chunk_tokens]
+    alt = _sized(shape, all_recompute, hw, layout.mode, chunks=chunks, offload=True)
     if alt is None:
         return layout, kept_only, "off (auto): no room on the GPU for the layers in flight"
+    capped = ""
+    if host_limit is not None:
+        most = most_offloaded(shape, alt[1], hw, alt[0].mode, host_limit)
+        if most < mem.offloaded_layers(shape, alt[1]):
+            full = mem.full_layer_activation_bytes(shape, alt[1])
+            if most < 1:
+                return (
+                    layout,
+                    kept_only,
+                    f"off (auto): not one layer's {full / GIB:.1f} GiB, pinned in each process, fits "
+                    f"{host_limit.describe()} with the rest of the pod",
+                )
+            alt = _sized(
+                shape, replace(all_recompute, max_offloaded=most), hw, layout.mode, chunks=chunks, offload=True
+            )
+            if alt is None:
+                return layout, kept_only, "off (auto): no room on the GPU for the layers in flight"
+            capped = f", {mem.offloaded_layers(shape, alt[1])} layers: what fits {host_limit.describe()}"
     alt_layout, offloaded = alt
     alt_rate = _rate(shape, offloaded, hw, alt_layout.mode)
-    pinned = mem.offload_host_bytes(shape, offloaded)
     figures = f"{alt_rate:,.0f} tokens/s with it against {rate:,.0f} recomputing"
     if alt_rate <= rate:
         return layout, kept_only, f"off (auto): {figures}"
-    if host_limit is not None:
-        per_process = mem.host_bytes_per_process(shape, offloaded) + pinned
-        pod = mem.pod_host_bytes(per_process, processes(to_spec(alt_layout.mode), hw.gpus))
-        if pod > host_limit:
-            return (
-                layout,
-                kept_only,
-                f"off (auto): {figures}, but its {pinned / GIB:.1f} GiB of pinned host memory per process "
-                f"would take the pod to {pod / GIB:.1f} GiB, above spec.resources.memory",
-            )
-    return alt_layout, offloaded, f"on (auto): {figures}, the copy back a layer ahead of the backward"
+    return alt_layout, offloaded, f"on (auto{capped}): {figures}, the copy back a layer ahead of the backward"
 
 
-def _host_allows(shape: ModelShape, recipe: Recipe, layout: Layout, hw: Hardware, host_limit: float | None) -> bool:
-    """Whether the pod's host memory, when the spec sets it, holds the plan's pinned activations."""
-    if host_limit is None:
-        return True
+def pod_bytes(shape: ModelShape, recipe: Recipe, mode: Mode, gpus: int) -> float:
+    """The pod's host memory for `recipe` in `mode` on `gpus` GPUs (`host.HostNeed.pod_bytes`)."""
     per_process = mem.host_bytes_per_process(shape, recipe) + mem.offload_host_bytes(shape, recipe)
-    return mem.pod_host_bytes(per_process, processes(to_spec(layout.mode), hw.gpus)) <= host_limit
+    return mem.pod_host_bytes(per_process, processes(to_spec(mode), gpus))
+
+
+def most_offloaded(shape: ModelShape, recipe: Recipe, hw: Hardware, mode: Mode, host_limit: HostLimit) -> int:
+    """The most layers whose activations, pinned in every process, fit `host_limit` with the rest
+    of the pod (0 when not one does)."""
+    room = mem.per_process_within(host_limit.limit, processes(to_spec(mode), hw.gpus))
+    room -= mem.host_bytes_per_process(shape, recipe)
+    full = mem.full_layer_activation_bytes(shape, recipe)
+    most = max(0, min(shape.layers, int(room // full))) if full > 0 else shape.layers
+    # The pod's figure is rounded up to whole GiB: fewer layers may fit than the division says.
+    while most > 0 and not host_limit.holds(
+        pod_bytes(shape, replace(recipe, offload=True, kept_layers=0, max_offloaded=most), mode, hw.gpus)
+    ):
+        most -= 1
+    return most
+
+
+def _host_allows(shape: ModelShape, recipe: Recipe, layout: Layout, hw: Hardware, host_limit: HostLimit | None) -> bool:
+    """Whether the pod's host memory holds the plan's pinned activations."""
+    return host_limit is None or host_limit.holds(pod_bytes(shape, recipe, layout.mode, hw.gpus))
+
+
+def _host_refusal(
+    shape: ModelShape, recipe: Recipe, layout: Layout, hw: Hardware, host_limit: HostLimit | None, *, offload: Choice
+) -> str | None:
+    """The one-line verdict when the plan's pod needs more host memory than a node offers (a
+    limit the spec sets is `host.shortfall`'s), naming the fields that would change it."""
+    if host_limit is None or host_limit.from_spec or _host_allows(shape, recipe, layout, hw, host_limit):
+        return None
+    need = pod_bytes(shape, recipe, layout.mode, hw.gpus)
+    pinned = mem.offload_host_bytes(shape, recipe)
+    fixes = [host_limit.raise_it]
+    if pinned and offload is True:
+        fixes.insert(0, "set training.activationOffload: auto (it offloads what fits)")
+    elif pinned:
+        fixes.append("lower training.maxLength (fewer bytes pinned per layer)")
+    return (
+        f"does not fit the host memory: the pod needs {need / GIB:.1f} GiB ({processes(to_spec(layout.mode), hw.gpus)}"
+        f" x {(mem.host_bytes_per_process(shape, recipe) + pinned) / GIB:.1f} GiB"
+        + (f", {pinned / GIB:.1f} GiB of it pinned activations" if pinned else "")
+        + f", + {mem.POD_HOST_MARGIN_FRACTION:.0%} + {mem.POD_HOST_MARGIN_BYTES / GIB:.0f} GiB), above "
+        f"{host_limit.describe()}: " + ", or ".join(fixes)
+    )
 
 
 def fits_in(shape: ModelShape, recipe: Recipe, hw: Hardware, modes: Sequence[Mode], chunks: Sequence[int]) -> bool:
@@ -618,7 +681,7 @@ def make_plan(
     loss_chunks: Sequence[int] | None = None,
     checkpointing: Choice | None = None,
     offload: Choice = False,
-    host_limit: float | None = None,
+    host_limit: HostLimit | None = None,
 ) -> Plan:
     """Plan `shape` trained with `recipe` on `hardware`.
 
@@ -628,7 +691,8 @@ def make_plan(
     `checkpointing` (`training.gradientCheckpointing`; None: the recipe's as it is) and `offload`
     (`training.activationOffload`) decide which layers keep, recompute or offload their
     activations (`recompute`); `auto` plans the mode all-recompute, then keeps what fits;
-    `host_limit` (the pod's `resources.memory`, when set) bounds what offload `auto` may pin.
+    `host_limit` (`resources.memory`, or what a node offers) bounds what offload may pin, and a
+    pod above a node's offer does not fit.
     """
     if hardware.gpus < 1:
         raise ValueError("the planner needs at least one GPU")
@@ -642,6 +706,7 @@ def make_plan(
         recipe = replace(recipe, gradient_checkpointing=checkpointing is not False, kept_layers=0, offload=False)
     modes = _modes(mode, hardware, allowed_modes)
     layout, per_mode = _best_layout(shape, recipe, hardware, modes, chunks)
+    inputs_refused = None
     if not layout.fits and checkpointing is not None and offload is not False and recipe.gradient_checkpointing:
         # What a recomputing layer keeps, its input, can wait in host memory instead: the GPUs then
         # hold two such inputs, not one per layer (80 of a 70B at 2048 tokens: 5.1 GiB per GPU).
@@ -649,6 +714,12 @@ def make_plan(
         held = _best_layout(shape, inputs, hardware, modes, chunks)
         if held[0].fits and _host_allows(shape, inputs, held[0], hardware, host_limit):
             recipe, (layout, per_mode) = inputs, held
+        elif held[0].fits and host_limit is not None:
+            need = pod_bytes(shape, inputs, held[0].mode, hardware.gpus)
+            inputs_refused = (
+                f"the recomputing layers' inputs in host memory would fit the GPUs, but take the pod to "
+                f"{_gib(need)}, above {host_limit.describe()}: {host_limit.raise_it}, or lower training.maxLength"
+            )
     if mode == "auto" and hardware.gpus > 1:
         alternatives = tuple(per_mode)
     else:
@@ -692,6 +763,8 @@ def make_plan(
         )
     else:
         suggestions = _suggestions(shape, recipe, hardware, choice=mode, allowed=allowed_modes, chunks=chunks)
+        if inputs_refused is not None:
+            suggestions.insert(0, inputs_refused)
         message = (
             f"does not fit on {where}: the closest is {word} mode, which needs {_gib(fullest.total)} on "
             f"GPU {fullest.index}, {_gib(layout.shortfall)} more than its {hardware.memory_gib:.1f} GiB; "
@@ -701,6 +774,10 @@ def make_plan(
         message += f" (also: {other_text})"
     if activations is not None:
         message += f"; {activations.checkpointing}; activation offload {activations.offload}"
+    host_refusal = _host_refusal(shape, chosen, layout, hardware, host_limit, offload=offload) if layout.fits else None
+    if host_refusal is not None:
+        suggestions = [host_refusal]
+        message = f"{host_refusal} (the GPUs: {message})"
     device_map = layout.placement.device_map() if layout.placement is not None and hardware.gpus > 1 else None
     budget = None
     if layout.placement is not None:
@@ -709,7 +786,7 @@ def make_plan(
         )
         budget = max_memory(layout.placement, accounting, mem.embedding_bytes(shape, recipe), mem.head_bytes(shape))
     return Plan(
-        fits=layout.fits,
+        fits=layout.fits and host_refusal is None,
         mode=layout.mode,
         hardware=hardware,
         shape=shape,
@@ -722,4 +799,6 @@ def make_plan(
         device_map=device_map,
         max_memory=budget,
         activations=activations,
+        host_limit=host_limit,
+        host_refusal=host_refusal,
     )

@@ -41,14 +41,20 @@ class PodPlan:
     host: HostNeed | None
 
 
-def pod_plan(spec: FineTuneJobSpec, model_config: Mapping[str, Any] | None = None) -> PodPlan:
-    """The plan of `spec`'s pod (`model_config` default: `known_config(spec)`)."""
+def pod_plan(
+    spec: FineTuneJobSpec, model_config: Mapping[str, Any] | None = None, *, host_memory_per_gpu: int | None = None
+) -> PodPlan:
+    """The plan of `spec`'s pod (`model_config` default: `known_config(spec)`); `host_memory_per_gpu`:
+    what a node offers the pod per GPU (the chart's `trainer.gpu.hostMemoryPerGpu`; default: the
+    product's)."""
     config = model_config if model_config is not None else known_config(spec)
     if spec.resources.gpus < 1 or config is None:
         return PodPlan(None, Grace(DEFAULT_S, None, None, None), None)
     try:
         # SDPA's memory-efficient kernel, the trainer's usual attention.
-        launch = choose(spec, config, spec.resources.gpus, attention="memory_efficient")
+        launch = choose(
+            spec, config, spec.resources.gpus, attention="memory_efficient", host_memory_per_gpu=host_memory_per_gpu
+        )
     except ModelConfigError:
         return PodPlan(None, Grace(DEFAULT_S, None, None, None), None)
     host = host_need(launch.plan, launch.processes) if launch.plan is not None else None
@@ -61,7 +67,10 @@ def grace_for(spec: FineTuneJobSpec, model_config: Mapping[str, Any] | None = No
 
 
 def memory_refusal(spec: FineTuneJobSpec, host: HostNeed | None) -> str | None:
-    """Why `spec.resources.memory` cannot hold the pod's trainers, or None (unset, or enough, or unplanned)."""
-    if spec.resources.memory is None or host is None:
+    """Why `spec.resources.memory` cannot hold the pod's trainers, or, unset, why a node's host
+    memory cannot; None when it can (or the pod is not planned)."""
+    if host is None:
         return None
+    if spec.resources.memory is None:
+        return host.refusal
     return shortfall(host, to_bytes(spec.resources.memory))

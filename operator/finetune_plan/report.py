@@ -74,7 +74,12 @@ def render(plan: Plan, processes: int | None = None) -> str:
     lines.append("")
     lines.append(("FITS: " if plan.fits else "DOES NOT FIT: ") + plan.message)
     processes = processes if processes is not None else (1 if plan.mode == "device_map" else hw.gpus)
-    lines.append(f"host      {host_need(plan, processes).describe()}")
+    need = host_need(plan, processes)
+    lines.append(f"host      {need.describe()}")
+    if plan.host_limit is not None:
+        limit = plan.host_limit
+        detail = f" ({limit.detail})" if limit.detail else ""
+        lines.append(f"          pod {need.quantity} of {limit.describe()}{detail}")
     if plan.speed is not None:
         speed = plan.speed
         lines.append(

@@ -128,6 +128,9 @@ def test_rendered_env_is_what_the_operator_reads() -> None:
     assert custom.namespaces == ("team-a", "team-b")
     assert custom.gpu_product_label == "example.com/gpu-model"
     assert custom.gpu_tolerations[0]["key"] == "dedicated"
+    # The host memory a node offers per GPU reaches the planner by product; others keep its default.
+    assert parsed.host_memory_per_gpu == {} and parsed.host_memory_for("Tesla-P40") is None
+    assert custom.host_memory_for("Tesla-P40") == 48 * 2**30 and custom.host_memory_for("NVIDIA-H200") is None
     assert (custom.default_cpu, custom.default_memory) == ("8", "96Gi")
     assert (custom.log_level, custom.log_format, custom.image_pull_policy) == ("DEBUG", "text", "Always")
     assert (custom.tmp_size, custom.ephemeral_storage_request, custom.shm_memory_fraction) == ("20Gi", "2Gi", 0.25)
@@ -413,6 +416,7 @@ def test_operator_pod_admits_only_its_ports_from_the_named_namespaces() -> None:
         ("trainer.allowedImages=null", "allowedImages"),
         ("trainer.allowedImages={reg.example.com/*/trainer}", "allowedImages"),
         ("trainer.hubEnv.LD_PRELOAD=/x.so", "hubEnv"),
+        ("trainer.gpu.hostMemoryPerGpu.Tesla-P40=lots", "hostMemoryPerGpu"),
         ("watch.excludedNamespaces={Not_A_Name}", "excludedNamespaces"),
     ],
 )

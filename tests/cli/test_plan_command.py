@@ -329,3 +329,52 @@ def test_the_plan_says_the_effective_batch_and_its_factors(
     assert line in result.stdout.splitlines()
     printed = ftjob("plan", manifest, "--model-config", str(config), "--json")
     assert json.loads(printed.stdout)["effective_batch"] == int(line.split()[2])
+
+
+# --- host memory a node has (issue #39) ---------------------------------------------------------
+
+
+def _manifest_13b(tmp_path: Path, **training: Any) -> tuple[str, str]:
+    """Llama-2-13B (MHA, 40 layers, hidden 5120, vocab 32000), r=64 on all seven linears, dropout
+    0.05, 2048 tokens, 4 x P40, no resources.memory."""
+    from tests.planning.test_host_budget import ALL_LINEARS, LLAMA_2_13B
+
+    body = yaml.safe_load(Path(EXAMPLE_70B).read_text())
+    body["spec"]["lora"] = {"r": 64, "alpha": 16, "dropout": 0.05, "targetModules": ALL_LINEARS}
+    body["spec"]["training"].pop("gradientCheckpointing")
+    body["spec"]["training"].update(training)
+    manifest, config = tmp_path / "job.yaml", tmp_path / "config.json"
+    manifest.write_text(yaml.safe_dump(body))
+    config.write_text(json.dumps(LLAMA_2_13B))
+    return str(manifest), str(config)
+
+
+def test_the_host_line_sets_the_pods_figure_against_what_a_node_offers(tmp_path: Path) -> None:
+    manifest, config = _manifest_13b(tmp_path)
+    result = ftjob("plan", manifest, "--model-config", config)
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if x.strip().startswith("pod "))
+    asked = int(line.split()[1].removesuffix("Gi"))
+    assert asked <= 4 * 28
+    assert f"pod {asked}Gi of the 112 GiB a Tesla-P40 node offers 4 GPUs (4 x 28 GiB, the product's default" in line
+    roomy = ftjob("plan", manifest, "--model-config", config, "--host-memory-per-gpu", "64Gi", "--json")
+    assert roomy.returncode == 0, roomy.stderr
+    plan = json.loads(roomy.stdout)
+    assert plan["host_limit"]["gib"] == 256 and asked < int(plan["pod"]["memory"].removesuffix("Gi")) <= 256
+
+
+def test_nothing_that_fits_a_node_names_the_field_to_change(tmp_path: Path) -> None:
+    manifest, config = _manifest_13b(tmp_path, activationOffload=True)
+    result = ftjob("plan", manifest, "--model-config", config)
+    assert result.returncode == 3, result.stderr
+    verdicts = [x for x in result.stdout.splitlines() if x.startswith("DOES NOT FIT")]
+    assert len(verdicts) == 1 and "Traceback" not in result.stderr
+    assert "set training.activationOffload: auto" in verdicts[0] and "spec.resources.memory" in verdicts[0]
+    small = ftjob("plan", EXAMPLE_70B, "--host-memory-per-gpu", "10Gi")
+    assert small.returncode == 3
+    (verdict,) = [x for x in small.stdout.splitlines() if x.startswith("DOES NOT FIT")]
+    assert "lower training.maxLength" in verdict and "spec.resources.memory" in verdict
+
+
+def test_a_bad_host_memory_per_gpu_is_one_line(tmp_path: Path) -> None:
+    assert_one_line_error(ftjob("plan", EXAMPLE_70B, "--host-memory-per-gpu", "lots"), "--host-memory-per-gpu")

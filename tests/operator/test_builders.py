@@ -356,3 +356,23 @@ def test_the_pods_memory_is_the_spec_s_else_the_plan_s_else_the_chart_default() 
     unknown = spec(model={"source": {"hub": {"id": "org/unknown"}}}, resources={"gpus": 1, "memory": None})
     default = job.job(OWNER, unknown, SETTINGS)["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert default["limits"].get("memory") == SETTINGS.default_memory
+
+
+def test_the_pods_planned_memory_stays_within_what_a_node_offers_per_gpu() -> None:
+    """Llama-3.1-8B at 2048 tokens on one P40 offloads activations (auto) up to what a node offers
+    per GPU: the chart's figure bounds the pod the operator writes."""
+    from dataclasses import replace
+
+    from finetune_api.quantities import to_bytes
+
+    known = {"source": {"hub": {"id": "meta-llama/Llama-3.1-8B"}}}
+    resources = {"gpus": 1, "gpuProduct": "Tesla-P40", "memory": None}
+    body = spec(model=known, training={"maxLength": 2048}, resources=resources)
+
+    def memory(settings: Settings) -> int:
+        container = job.job(OWNER, body, settings)["spec"]["template"]["spec"]["containers"][0]
+        return to_bytes(container["resources"]["limits"]["memory"])
+
+    default = memory(SETTINGS)
+    tight = memory(replace(SETTINGS, host_memory_per_gpu={"Tesla-P40": "12Gi"}))
+    assert tight <= 12 * 2**30 < default <= 28 * 2**30

@@ -410,3 +410,23 @@ def test_where_the_product_exists_or_nodes_cannot_be_listed_the_schedulers_words
         actions = decide(timed(ftj, job=batch_job(suspend=True), pods=pods, nodes_listed=True, node_values=values))
         assert actions.status_patch is not None
         assert actions.status_patch["message"] == f"pods unschedulable for over 300 s: {SCHEDULER_SAID}"
+
+
+def test_a_pod_above_what_a_node_offers_fails_wont_fit_naming_the_fields() -> None:
+    """resources.memory unset: the pod's plan must fit the host memory a node of the product offers
+    (`trainer.gpu.hostMemoryPerGpu`); Llama-3.1-8B's trainer alone needs 6Gi, a node offering 4Gi
+    per P40 holds no pod, and no Job is made."""
+    from dataclasses import replace
+
+    small = replace(SETTINGS, host_memory_per_gpu={"Tesla-P40": "4Gi"})
+    body = finetunejob(model=KNOWN_8B, resources={"gpus": 1, "gpuProduct": "Tesla-P40", "memory": None})
+    observed = Observed(
+        namespace=OWNER.namespace, name=OWNER.name, settings=small, now=NOW, body=body, preflight=checked_inputs()
+    )
+    actions = decide(observed)
+    assert not actions.create and actions.phase == "Failed"
+    assert actions.status_patch is not None
+    message = actions.status_patch["message"]
+    assert "does not fit the host memory" in message and "the 4 GiB a Tesla-P40 node offers 1 GPU" in message
+    assert "spec.resources.memory" in message and "trainer.gpu.hostMemoryPerGpu" in message
+    assert decide(seen(body)).create  # the product's default, 28 GiB, holds it

@@ -41,6 +41,9 @@ def test_env_vars_feed_every_setting():
         ("FINETUNE_GPU_TOLERATIONS", "[{", "FINETUNE_GPU_TOLERATIONS: not JSON"),
         ("FINETUNE_DEFAULT_MEMORY", "lots", "FINETUNE_DEFAULT_MEMORY: 'lots' is not a Kubernetes quantity"),
         ("FINETUNE_LOG_FORMAT", "xml", "FINETUNE_LOG_FORMAT: expected one of json, text"),
+        ("FINETUNE_HOST_MEMORY_PER_GPU", '{"Tesla-P40": "lots"}', "FINETUNE_HOST_MEMORY_PER_GPU: Tesla-P40: 'lots'"),
+        ("FINETUNE_HOST_MEMORY_PER_GPU", '{"GeForce-256": "8Gi"}', "'GeForce-256' is not a GPU product the planner"),
+        ("FINETUNE_HOST_MEMORY_PER_GPU", '["48Gi"]', "expected a JSON object of GPU products"),
     ],
 )
 def test_bad_values_name_the_variable(name, value, fragment):
@@ -131,3 +134,11 @@ def test_the_input_check_settings_come_from_env_and_bad_ones_name_the_variable()
         from_env({"FINETUNE_PREFLIGHT": "maybe"})
     with pytest.raises(SettingsError, match="FINETUNE_PREFLIGHT_MEMORY"):
         from_env({"FINETUNE_PREFLIGHT_MEMORY": "lots"})
+
+
+def test_host_memory_per_gpu_is_by_product_as_torch_or_the_label_names_it():
+    s = from_env({"FINETUNE_HOST_MEMORY_PER_GPU": '{"Tesla-P40": "48Gi", "NVIDIA-A100-80GB": "200Gi"}'})
+    assert s.host_memory_for("Tesla-P40") == s.host_memory_for("Tesla P40") == 48 * 2**30
+    assert s.host_memory_for("NVIDIA A100-SXM4-80GB") == 200 * 2**30
+    assert s.host_memory_for("NVIDIA-A100-40GB") is None  # the planner's default stands
+    assert from_env({}).host_memory_for("Tesla-P40") is None

@@ -289,3 +289,25 @@ def test_offloaded_layers_crossing_are_covered_by_the_kept_ones() -> None:
     assert mem.activations_on_gpu(SHAPE_8B, recipe, 32, 3) == 3 * full
     assert mem.activations_on_gpu(SHAPE_8B, recipe, 32, 1) == 2 * full
     assert mem.activations_on_gpu(SHAPE_8B, recipe, 32, 0) == 2 * full
+
+
+def test_offloading_some_layers_recomputes_the_first_ones() -> None:
+    """Where the pod's host memory holds only some layers' activations (`max_offloaded`), those
+    just before the kept ones offload and the first ones recompute: each keeps its input on the
+    GPU, and a GPU keeping and offloading none pays for one layer's recompute."""
+    recipe = Recipe(max_length=2048, kept_layers=3, offload=True, max_offloaded=10)
+    full = mem.full_layer_activation_bytes(SHAPE_8B, recipe)
+    checkpoint = mem.checkpoint_bytes_per_layer(SHAPE_8B, recipe)
+    assert (mem.kept_layers(SHAPE_8B, recipe), mem.offloaded_layers(SHAPE_8B, recipe)) == (3, 10)
+    assert mem.recomputed_layers(SHAPE_8B, recipe) == 19
+    assert mem.offload_host_bytes(SHAPE_8B, recipe) == 10 * full
+    assert mem.activations_on_gpu(SHAPE_8B, recipe, 32, 3) == 3 * full + 19 * checkpoint
+    # Layers 19-28 offload: a GPU holding 16-23 has 5 of them, 3 recomputing, none kept.
+    assert mem.offloaded_on_gpu(SHAPE_8B, recipe, 16, 8) == 5
+    assert mem.kept_on_gpu(SHAPE_8B, recipe, 16, 8) == 0
+    assert mem.activations_on_gpu(SHAPE_8B, recipe, 8, 0, 5) == 2 * full + 3 * checkpoint
+    one_pass = mem.layer_pass_temporaries(SHAPE_8B, recipe, 8, 0, 5)
+    assert mem.layer_pass_temporaries(SHAPE_8B, recipe, 8, 0, 0) == pytest.approx(one_pass + full)
+    # Uncapped, every layer not kept offloads, as before.
+    every = replace(recipe, max_offloaded=None)
+    assert mem.offloaded_layers(SHAPE_8B, every) == 29 and mem.recomputed_layers(SHAPE_8B, every) == 0

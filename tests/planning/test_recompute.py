@@ -3,11 +3,12 @@ never past the cap less the margin, in every mode; `true`/`false` keep their mea
 counted on the host and said in words."""
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from finetune_api.spec import FineTuneJobSpec
-from finetune_plan import GIB, Hardware, Recipe, calibration, lookup, make_plan, memory, shape_from_config
+from finetune_plan import GIB, Hardware, Plan, Recipe, calibration, lookup, make_plan, memory, shape_from_config
 from finetune_plan.host import host_need
 from finetune_plan.parallelism import choose
 from finetune_plan.report import render
@@ -143,17 +144,34 @@ def test_auto_offloads_the_layers_left_to_recompute_when_the_copies_cost_less() 
     assert plan.pinned_host_gib_per_process == pytest.approx(summary["offloaded_layers"] * moved / GIB)
 
 
-def test_auto_leaves_offload_off_when_its_pinned_memory_would_break_the_pods_memory() -> None:
-    """A pod whose resources.memory holds the trainer but not 25-odd GiB of pinned activations:
-    offload stays off, the plan keeps what it can and recomputes the rest, and says why."""
-    launch = choose(_spec("16Gi"), LLAMA_3_8B, 1, gpu_name="Tesla P40", attention="memory_efficient")
-    plan = launch.plan
+def _offloaded(memory: str | None) -> tuple[Plan, dict[str, Any]]:
+    plan = choose(_spec(memory), LLAMA_3_8B, 1, gpu_name="Tesla P40", attention="memory_efficient").plan
     assert plan is not None and plan.activations is not None
-    assert plan.summary["offloaded_layers"] == 0 and plan.summary["recomputed_layers"] > 0
-    assert "above spec.resources.memory" in plan.activations.offload
-    assert host_need(plan, 1).pod_bytes <= 16 * GIB
-    roomy = choose(_spec("64Gi"), LLAMA_3_8B, 1, gpu_name="Tesla P40", attention="memory_efficient").plan
-    assert roomy is not None and roomy.summary["offloaded_layers"] > 0
+    return plan, plan.summary
+
+
+def test_auto_offloads_only_the_layers_the_pods_memory_holds() -> None:
+    """A pod whose resources.memory holds the trainer and some of its 13-odd GiB of activations:
+    offload pins only the layers that fit (those just before the kept ones), the first ones
+    recompute, and it says why; a pod that holds not one layer's offloads none, and recomputes."""
+    _, every = _offloaded("64Gi")
+    assert every["offloaded_layers"] > 0 and every["recomputed_layers"] == 0
+    some, summary = _offloaded("16Gi")
+    assert 0 < summary["offloaded_layers"] < every["offloaded_layers"] and summary["recomputed_layers"] > 0
+    assert summary["kept_layers"] + summary["offloaded_layers"] + summary["recomputed_layers"] == 32
+    assert some.activations is not None
+    assert f"{summary['offloaded_layers']} layers: what fits the 16 GiB of spec.resources.memory" in (
+        some.activations.offload
+    )
+    assert host_need(some, 1).pod_bytes <= 16 * GIB
+    # One layer more would not fit: the pinned memory is all the pod has left.
+    moved = memory.full_layer_activation_bytes(SHAPE_8B, some.recipe)
+    assert host_need(some, 1).pod_bytes + moved * (1 + memory.POD_HOST_MARGIN_FRACTION) > 16 * GIB
+    none, summary = _offloaded("6Gi")
+    assert summary["offloaded_layers"] == 0 and summary["recomputed_layers"] > 0
+    assert none.activations is not None and "off (auto): not one layer's" in none.activations.offload
+    assert "of spec.resources.memory" in none.activations.offload
+    assert host_need(none, 1).pod_bytes <= 6 * GIB
 
 
 def test_the_70b_slice_uncapped_keeps_every_layer() -> None:

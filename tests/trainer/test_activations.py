@@ -227,3 +227,51 @@ def test_a_recomputing_layer_sends_only_its_input_to_the_host_and_trains_as_befo
     assert len(offloader.groups) == 3
     assert offloader.copied_bytes == 3 * ids.numel() * config.hidden_size * 4  # each layer's input, once
     assert all(torch.equal(a, b) for a, b in zip(plain, moved, strict=True))
+
+
+def test_where_the_host_holds_only_some_layers_those_before_the_kept_offload_and_the_first_recompute() -> None:
+    """The plan's `offloaded_layers` below the layers not kept (the pod's host memory holds only
+    those): of four layers, the last keeps, the two before it offload, the first recomputes; the
+    gradients are the all-checkpointed run's, bit for bit."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from finetune_trainer import activations
+
+    config = LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+    )
+    ids = torch.randint(0, 100, (2, 64), generator=torch.Generator().manual_seed(0))
+    layout = activations.chosen(_spec(), {"kept_layers": 1, "offloaded_layers": 2, "recomputed_layers": 1}, 4)
+    assert layout == activations.LayerActivations(1, True, False, 2) and layout.recomputed(4) == 1
+
+    def run(layout: activations.LayerActivations | None) -> tuple[list[torch.Tensor], dict[str, int]]:
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).float().train()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        counts = activations.apply(model, layout or activations.LayerActivations(0, False))
+        flags = [layer.gradient_checkpointing for layer in activations.decoder_layers(model)]
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        return grads, {**counts, "first_recomputes": int(flags == [True, False, False, False])}
+
+    plain, _ = run(None)
+    mixed, counts = run(layout)
+    assert counts == {"layers": 4, "kept": 1, "recomputed": 1, "offloaded": 2, "first_recomputes": 1}
+    assert all(torch.equal(a, b) for a, b in zip(plain, mixed, strict=True))
+
+
+def _spec() -> Any:
+    from finetune_api.spec import FineTuneJobSpec
+
+    return FineTuneJobSpec.model_validate(
+        {
+            "model": {"source": {"pvc": {"claimName": "m"}}},
+            "dataset": {"source": {"pvc": {"claimName": "d", "path": "x.jsonl"}}, "format": "text"},
+            "output": {"pvc": {"claimName": "o"}},
+        }
+    )

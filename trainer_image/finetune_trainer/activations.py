@@ -4,7 +4,9 @@ The plan (`finetune_plan.recompute`) says how many layers keep their activations
 trainer keeps the model's last ones (the backward runs them first and frees what they kept before
 the first recompute, as the plan counts it). Every other layer is either checkpointed (its forward
 runs again in the backward) or, with `training.activationOffload`, keeps its saved tensors in
-pinned host memory instead (`Offloader`), brought back ahead of the backward.
+pinned host memory instead (`Offloader`), brought back ahead of the backward. Where the pod's host
+memory holds only some of them, the plan offloads the layers just before the kept ones and the
+first ones recompute.
 
 transformers 5 makes every decoder layer a `GradientCheckpointingLayer`: enabling checkpointing
 sets `gradient_checkpointing = True` on each, and each layer's `forward` checks its own flag, so
@@ -38,15 +40,24 @@ MIN_OFFLOAD_BYTES: Final = 64 * 1024
 @dataclass(frozen=True)
 class LayerActivations:
     """`kept` decoder layers (the last) keep their activations; the rest recompute, or with
-    `offload` wait in host memory."""
+    `offload` wait in host memory (`offloaded` of them, those just before the kept ones; None:
+    all)."""
 
     kept: int
     offload: bool
     # The recomputing layers' inputs wait in pinned host memory until their recompute.
     inputs: bool = False
+    offloaded: int | None = None
+
+    def offloaded_from(self, layers: int) -> int:
+        """The first offloaded layer's index (the first kept one's when none offloads)."""
+        kept_from = layers - min(self.kept, layers)
+        if not self.offload:
+            return kept_from
+        return kept_from - (kept_from if self.offloaded is None else min(self.offloaded, kept_from))
 
     def recomputed(self, layers: int) -> int:
-        return 0 if self.offload else layers - min(self.kept, layers)
+        return self.offloaded_from(layers)
 
 
 def chosen(spec: FineTuneJobSpec, summary: Mapping[str, Any], layers: int) -> LayerActivations:
@@ -55,8 +66,9 @@ def chosen(spec: FineTuneJobSpec, summary: Mapping[str, Any], layers: int) -> La
     names how many to keep (`test_hooks.KEEP_LAYERS`) or has the inputs offloaded
     (`test_hooks.OFFLOAD_INPUTS`)."""
     if "kept_layers" in summary:
-        offloaded = int(summary.get("offloaded_layers") or 0) > 0
-        return LayerActivations(int(summary["kept_layers"]), offloaded, bool(summary.get("inputs_offloaded")))
+        offloaded = int(summary.get("offloaded_layers") or 0)
+        inputs = bool(summary.get("inputs_offloaded"))
+        return LayerActivations(int(summary["kept_layers"]), offloaded > 0, inputs, offloaded or None)
     asked = spec.training.gradient_checkpointing
     if asked is False:
         return LayerActivations(layers, False)
@@ -80,12 +92,13 @@ def apply(model: nn.Module, layout: LayerActivations) -> dict[str, int]:
     recomputes) and hook offloading on the others when asked; returns the counts for the log."""
     layers = decoder_layers(model)
     kept_from = len(layers) - min(layout.kept, len(layers))
+    offloaded_from = layout.offloaded_from(len(layers))
     offloaded = 0
     offloader = Offloader()
     for index, layer in enumerate(layers):
-        if index >= kept_from or layout.offload:
+        if index >= offloaded_from:
             layer.gradient_checkpointing = False  # type: ignore[assignment]
-        if index < kept_from and (layout.offload or layout.inputs):
+        if offloaded_from <= index < kept_from or (index < kept_from and layout.inputs and not layout.offload):
             # A recomputing layer's hooks run outside its checkpoint (transformers checkpoints
             # `forward`, not `__call__`): under them autograd saves only what the checkpoint keeps,
             # the layer's input, so that is all that crosses; the layer's own saved tensors stay

@@ -41,7 +41,7 @@ from .hardware import (
     planned_attention,
     resolve_precision,
 )
-from .model_loading import DTYPES, load_model_config
+from .model_loading import DTYPES, load_model_config, pod_memory_limit
 from .oom_retry import recorded
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,9 @@ def decide(
             attention=planned_attention(attention, DTYPES[resolve_precision(config.spec.precision, hardware)]),
             model_name=config.paths.model,
             loss_chunks=loss_chunks,
+            # What the operator gave the pod (its plan's figure, at most a node's): the plan pins
+            # no more than that (`finetune_plan.host_limit`).
+            host_memory=pod_memory_limit(),
         )
     except ModelConfigError as exc:
         raise TrainerFailure(ExitReason.InvalidConfig, str(exc)) from None

@@ -240,7 +240,7 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
     if spec.placement.workload_priority_class_name:
         job_meta["labels"][KUEUE_PRIORITY_LABEL] = spec.placement.workload_priority_class_name
     # One plan for the pod: its grace period and, when the spec leaves it unset, its memory.
-    planned = pod_plan(spec)
+    planned = pod_plan(spec, host_memory_per_gpu=settings.host_memory_for(spec.resources.gpu_product))
     vols, mounts = volumes(owner, spec, settings, planned.host)
     pod_security, container_security = security_contexts(settings)
     container: dict[str, Any] = {
