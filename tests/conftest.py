@@ -28,17 +28,31 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+# Before pytest-xdist's own hook, which reads the `xdist_group` marks set here.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         marked = {mark.name for mark in item.iter_markers()}
         for tier in tiers.tiers_of(marked, list(getattr(item, "fixturenames", ())), item.path) - marked:
             item.add_marker(tier)
+        if _shares_module_state(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if any(item.get_closest_marker("gpu") for item in items) and not _cuda():
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
     items.sort(key=lambda item: item.nodeid.startswith(LAST))
+
+
+def _shares_module_state(item: pytest.Item) -> bool:
+    """A test that uses a module- or class-scoped fixture (a trained run the module's tests all
+    read) runs on the worker that built it: `--dist loadgroup` keeps such tests together, and
+    sends every other test to whichever worker is free (tests/run.py)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(d.scope in ("module", "class", "package") for defs in info.name2fixturedefs.values() for d in defs)
 
 
 def _cuda() -> bool:

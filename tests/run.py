@@ -4,11 +4,17 @@
 
 1. The parallel phase: every test not marked `serial`, on pytest-xdist workers. Tests wait on
    the control plane, on a trainer subprocess or on a build far more than they compute, so more
-   workers than cores pay (measured on the 2-core CI machine: tests/timing/). Each file stays
-   on one worker (`--dist loadfile`): module fixtures (a trained tiny model, a GGUF export, an
-   operator's identity) are built once, as in a serial run.
+   workers than cores pay (measured on the 2-core CI machine: tests/timing/). Tests go to
+   whichever worker is free (`--dist loadgroup`), except those that share a module- or
+   class-scoped fixture (a trained run, a GGUF export): they stay together on one worker
+   (tests/conftest.py), so it is built once, as in a serial run.
 2. The serial phase: tests marked `serial`, alone on the control plane (they install cluster-wide
    objects, or their figures are timings that neighbours would disturb).
+
+Before them, the builds the suite needs are made where the versioned caches lack them (the
+control plane's binaries, Kueue and promtool; llama.cpp's bindings and tools), the Go build and
+the C++ build side by side: no test then waits on a build inside its own time limit. A run
+given its own pytest arguments (a subset) skips this; the fixtures build what their tests need.
 
 The control plane starts once for both: this process registers itself beside each test session
 (FINETUNE_TEST_HOLDER, tests/fixtures/cluster.py) and leaves at the end, stopping a cluster that
@@ -21,6 +27,7 @@ the time spent before the tests (the venv's install when the pins changed) is pr
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import platform
@@ -48,9 +55,9 @@ Case = tuple[str, float, str]
 
 
 def _phase_command(name: str, markexpr: str, workers: int, junit: Path, extra: list[str]) -> list[str]:
-    command = [sys.executable, "-m", "pytest", "-m", markexpr, f"--junitxml={junit}", "--durations=10", *extra]
+    command = [sys.executable, "-m", "pytest", "-m", markexpr, f"--junitxml={junit}", f"--durations={SLOWEST}", *extra]
     if name == "parallel" and workers > 1:
-        command += ["-n", str(workers), "--dist", "loadfile"]
+        command += ["-n", str(workers), "--dist", "loadgroup"]
     return command
 
 
@@ -77,9 +84,51 @@ def _leave_cluster() -> None:
 
 
 def _steps(path: Path) -> list[Step]:
+    """The steps the test sessions reported, one line per kind: each worker joins the cluster
+    and may wait on a build another started, so the longest wait is the step's time."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    longest: dict[str, float] = {}
+    sessions: dict[str, int] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            step = json.loads(line)
+            longest[step["step"]] = max(longest.get(step["step"], 0.0), float(step["seconds"]))
+            sessions[step["step"]] = sessions.get(step["step"], 0) + 1
+    return [{"step": f"{name} (longest of {sessions[name]})", "seconds": seconds} for name, seconds in longest.items()]
+
+
+# The builds, in two lanes that run side by side (each lane's commands one after another).
+SET_UP = (
+    ("the control plane's binaries, Kueue, promtool", (("hack.cluster", "binaries"),)),
+    (
+        "llama.cpp: bindings, then llama-server and llama-quantize",
+        (("hack.llama_cpp", "python"), ("hack.llama_cpp", "tools")),
+    ),
+)
+
+
+def _set_up() -> list[Step]:
+    """Each lane of SET_UP in its own thread; their times. A failed build fails the run."""
+    steps: list[Step] = []
+
+    def lane(name: str, commands: tuple[tuple[str, str], ...]) -> None:
+        started = time.monotonic()
+        for module, command in commands:
+            done = subprocess.run(
+                [sys.executable, "-m", module, command], cwd=REPO, stdout=subprocess.DEVNULL, check=False
+            )
+            if done.returncode != 0:
+                raise SystemExit(f"tests/run.py: `python -m {module} {command}` failed ({done.returncode})")
+        steps.append(
+            {"step": f"set-up: {name} (built where not cached)", "seconds": round(time.monotonic() - started, 1)}
+        )
+
+    print("== tests/run.py: set-up: building what the caches lack", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(len(SET_UP)) as pool:
+        for future in [pool.submit(lane, name, commands) for name, commands in SET_UP]:
+            future.result()
+    return steps
 
 
 def _run_phases(workers: int, work: Path, extra: list[str]) -> tuple[dict[str, int], list[Step], list[Case]]:
@@ -132,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.run", description=(__doc__ or "").split("\n\n")[0])
     default_workers = int(os.environ.get("TEST_WORKERS", WORKERS_PER_CORE * (os.cpu_count() or 1)))
     parser.add_argument("--workers", type=int, default=default_workers)
-    parser.add_argument("--record", type=Path, help="write the steps and slowest tests as JSON here")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        default=os.environ.get("TEST_RECORD") or None,
+        help="write the steps and slowest tests as JSON here (default: $TEST_RECORD)",
+    )
     parser.add_argument("--since", type=float, help="when `make` began (epoch seconds)")
     args, extra = parser.parse_known_args(argv)
 
@@ -141,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.since:
         waited = round(began - args.since, 1)
         before.append({"step": "before the tests (the venv's install when the pins changed)", "seconds": waited})
+    built = [] if extra else _set_up()
     work = Path(tempfile.mkdtemp(prefix="finetune-tests-"))
     codes, phases, cases = _run_phases(args.workers, work, extra)
-    steps = [*before, *_steps(work / "steps.jsonl"), *phases]
+    steps = [*before, *built, *_steps(work / "steps.jsonl"), *phases]
     total = round(time.time() - (args.since or began), 1)
     _report(steps, cases, total)
     if args.record:

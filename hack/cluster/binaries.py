@@ -250,3 +250,11 @@ def ensure(layout: Layout) -> dict[str, Path]:
                 found[name] = path
     _link(layout, found)
     return found
+
+
+def ensure_all(layout: Layout) -> int:
+    """Every binary, the optional ones too, built where missing; nothing started."""
+    ensure(layout)
+    for component in OPTIONAL:
+        ensure_component(layout, component)
+    return 0

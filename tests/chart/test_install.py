@@ -22,7 +22,8 @@ from tests.fixtures.cluster import Cluster
 from tests.support.harness import free_ports
 from tests.support.helm import ALL_ON_VALUES, CHART, REPO, helm, render
 
-pytestmark = pytest.mark.cluster
+# Serial: it installs and uninstalls a whole release on the shared control plane (tests/conftest.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 
 LOCAL_NODE = "local-0"
 TINY_JOB = REPO / "examples" / "tiny-job.yaml"

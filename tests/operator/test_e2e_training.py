@@ -177,12 +177,21 @@ SUSPEND_TRIES = 4
 
 
 def test_ftjob_suspend_mid_accumulation_loses_no_micro_batch_and_ends_with_the_uninterrupted_adapter(
-    cluster, namespace: str, jobs: Jobs, training_volumes: dict[str, Path], operator: OperatorProcess
+    cluster,
+    core: client.CoreV1Api,
+    namespace: str,
+    jobs: Jobs,
+    training_volumes: dict[str, Path],
+    operator: OperatorProcess,
 ) -> None:
     """`ftjob suspend` SIGTERMs the pod: the trainer stops at the next micro-batch boundary with a
     checkpoint of that point; `ftjob resume` finishes the step from there. A stop that happens to
     land on a step boundary proves less, so the test suspends again until one lands inside a step."""
     spec = {"training": ACCUMULATING, "checkpoints": CHECKPOINTS, "resources": TWO_PROCESSES}
+    # 0.25 s after each micro-batch: the 32 steps of 4 take over 30 s, so the suspend's way through
+    # the API reaches a running trainer on a loaded machine too (without it the run once ended,
+    # in 2.5 s, before the SIGTERM), and a stop lands inside a step 3 times in 4.
+    trainer_hooks(core, namespace, "pause", FINETUNE_TEST_MICRO_DELAY="0.25")
     jobs.create("steady", body(**spec))
     jobs.create("pause", body(**spec))
     stops: list[dict] = []
@@ -195,7 +204,9 @@ def test_ftjob_suspend_mid_accumulation_loses_no_micro_batch_and_ends_with_the_u
         assert done.returncode == 0, done.stderr
         jobs.wait_phase("pause", "Suspended", 120)
         wait_for(lambda: not jobs.pods("pause"), 120, "the trainer pod to go away while suspended")
-        stops.append(wait_for(lambda: trainer_event(cluster, namespace, pod_name, "stopped"), 30, "the stop"))  # noqa: B023
+        # The pod is gone, so the trainer has exited; its last lines may still be on their way to
+        # the log on a loaded machine (4 test workers on 2 cores: once over 30 s).
+        stops.append(wait_for(lambda: trainer_event(cluster, namespace, pod_name, "stopped"), 90, "the stop"))  # noqa: B023
         done = ftjob("resume", "pause", "-n", namespace)
         assert done.returncode == 0, done.stderr
         if stops[-1]["microBatchesDone"]:

@@ -15,6 +15,7 @@ checkpoint, and a resumed step starts from one.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -157,6 +158,8 @@ class Loop:
                     local_loss += float(total.detach())
                     local_tokens += sum(len(r.input_ids) for r in chosen)
                 test_hooks.signal_after_micro(step + 1, index + 1)
+                if delay := test_hooks.micro_delay():
+                    time.sleep(delay)
                 if stop is not None and index + 1 < len(micro) and self.agree(stop())[0]:
                     figures = self.mode.reduce(self.adapter.params, [local_loss, float(local_tokens)], world)
                     partial = partial_of(

@@ -22,6 +22,9 @@ SIGTERM_AT = "FINETUNE_TEST_SIGTERM_AT"
 # "STEP": while rank 0 writes that step's checkpoint, SIGTERM reaches every rank, twice
 SIGTERM_IN_SAVE = "FINETUNE_TEST_SIGTERM_IN_SAVE"
 STEP_DELAY = "FINETUNE_TEST_STEP_DELAY"  # seconds to sleep per step, to widen kill windows
+# seconds to sleep after each micro-batch: a SIGTERM at a random moment then lands inside a step
+# far more often than on its boundary, and a tiny run outlasts a suspend's way through the API
+MICRO_DELAY = "FINETUNE_TEST_MICRO_DELAY"
 # "STEP": rank 0 runs out of GPU memory as that step (1-based) begins, on the spec's own plan;
 # OOM_AGAIN_AT: the same on the tighter plan of the retry after an OOM (oom_retry.py)
 OOM_AT = "FINETUNE_TEST_OOM_AT"
@@ -86,8 +89,16 @@ def plant_half() -> str | None:
 
 
 def step_delay() -> float:
+    return _seconds(STEP_DELAY)
+
+
+def micro_delay() -> float:
+    return _seconds(MICRO_DELAY)
+
+
+def _seconds(name: str) -> float:
     try:
-        return float(os.environ.get(STEP_DELAY, "0"))
+        return float(os.environ.get(name, "0"))
     except ValueError:
         return 0.0
 
