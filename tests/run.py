@@ -161,10 +161,17 @@ def _report(steps: list[Step], cases: list[Case], total: float) -> dict[str, int
     return outcomes
 
 
+def _commit() -> str:
+    command = ["git", "rev-parse", "--short", "HEAD"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "unknown"
+
+
 def _record(path: Path, workers: int, steps: list[Step], cases: list[Case], total: float) -> None:
     slowest = sorted(cases, key=lambda case: case[1], reverse=True)[:SLOWEST]
     record = {
         "recorded": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": _commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "workers": workers,
         "steps": steps,

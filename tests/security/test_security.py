@@ -251,6 +251,13 @@ def _pod_problems(pod_spec: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _not_looking_up_the_account(refused: ApiException | None) -> tuple[ApiException | None] | None:
+    """The dry run's answer, unless it is admission not yet seeing the pod's ServiceAccount."""
+    if refused is not None and "error looking up service account" in str(refused.body):
+        return None
+    return (refused,)
+
+
 def _dry_run_pod(core: client.CoreV1Api, namespace: str, name: str, pod_spec: dict[str, Any]) -> ApiException | None:
     try:
         core.create_namespaced_pod(namespace, {"metadata": {"name": name}, "spec": pod_spec}, dry_run="All")
@@ -267,7 +274,20 @@ def test_restricted_admits_the_operator_pod(
     deployment = next(o for o in chart_objects if o["kind"] == "Deployment")
     pod_spec = deployment["spec"]["template"]["spec"]
     assert _pod_problems(pod_spec) == []
-    refused = _dry_run_pod(core, operator_ns, "operator", pod_spec)
+    # The pod names the chart's ServiceAccount: this test makes it rather than relying on the RBAC
+    # test before it, and waits until admission sees it (its informer lagged behind the create
+    # once, with four test workers on two cores: "error looking up service account").
+    account = next(o for o in chart_objects if o["kind"] == "ServiceAccount")
+    try:
+        core.create_namespaced_service_account(operator_ns, {"metadata": {"name": account["metadata"]["name"]}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    refused = wait_for(
+        lambda: _not_looking_up_the_account(_dry_run_pod(core, operator_ns, "operator", pod_spec)),
+        30,
+        "admission to see the operator's ServiceAccount",
+    )[0]
     assert refused is None, f"restricted refused the operator pod: {refused.body if refused else ''}"
     # The control: the same namespace refuses a pod that breaks the profile.
     privileged = {"containers": [{"name": "x", "image": "x", "securityContext": {"privileged": True}}]}
