@@ -8,8 +8,8 @@
    whichever worker is free (`--dist loadgroup`), except those that share a module- or
    class-scoped fixture (a trained run, a GGUF export): they stay together on one worker
    (tests/conftest.py), so it is built once, as in a serial run.
-2. The serial phase: tests marked `serial`, alone on the control plane (they install cluster-wide
-   objects, or their figures are timings that neighbours would disturb).
+2. The serial phase: tests marked `serial`, alone on the control plane: they install cluster-wide
+   objects, or what they assert depends on timing that neighbours would disturb.
 
 Before them, the builds the suite needs are made where the versioned caches lack them (the
 control plane's binaries, Kueue and promtool; llama.cpp's bindings and tools), the Go build and
