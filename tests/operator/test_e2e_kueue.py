@@ -32,6 +32,7 @@ from tests.support.training import (
     running_pod,
     summary,
     trainer_event,
+    trainer_hooks,
     watch_until_done,
 )
 
@@ -224,6 +225,7 @@ def final_adapter(folders: dict[str, Path], status: dict) -> Path:
 @pytest.mark.trainer
 def test_a_high_priority_job_preempts_the_trainer_which_resumes_from_its_checkpoint(
     cluster,
+    core: client.CoreV1Api,
     namespace: str,
     jobs: Jobs,
     kueue_objects: KueueObjects,
@@ -244,6 +246,10 @@ def test_a_high_priority_job_preempts_the_trainer_which_resumes_from_its_checkpo
     def placed(priority: str) -> dict:
         return {"queueName": QUEUE, "workloadPriorityClassName": f"{namespace}-{priority}"}
 
+    # 0.25 s per step: the 160 steps take over 40 s, so the preemption's way through Kueue, the
+    # operator and the Job controller reaches a running trainer on a loaded machine too (with
+    # four test workers on two cores the run once ended before its SIGTERM came).
+    trainer_hooks(core, namespace, "low", FINETUNE_TEST_STEP_DELAY="0.25")
     jobs.create("low", body(training=LOW_TRAINING, checkpoints=CHECKPOINTS, placement=placed("low")))
     # The same spec outside any queue, never preempted: the adapter the preempted one must end with.
     jobs.create("steady", body(training=LOW_TRAINING, checkpoints=CHECKPOINTS))
