@@ -39,9 +39,21 @@ def admission_policies_install(kube: client.ApiClient, objects: list[dict[str, A
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            name = body["metadata"]["name"]
-            version = read(name).metadata.resource_version
+            _replace_latest(body, read, replace)
+
+
+def _replace_latest(body: dict[str, Any], read: Any, replace: Any) -> None:
+    """Replace at the latest version; parallel test workers install the same objects at their
+    start, so a replace that loses to another's write (409) reads again and retries."""
+    name = body["metadata"]["name"]
+    for attempt in range(10):
+        version = read(name).metadata.resource_version
+        try:
             replace(name, {**body, "metadata": {**body["metadata"], "resourceVersion": version}})
+            return
+        except ApiException as exc:
+            if exc.status != 409 or attempt == 9:
+                raise
 
 
 def trainer_status_policy_install(kube: client.ApiClient) -> None:
@@ -81,9 +93,7 @@ def finetune_crd_install(kube: client.ApiClient) -> str:
     except ApiException as exc:
         if exc.status != 409:
             raise
-        current = api.read_custom_resource_definition(CRD_NAME)
-        body["metadata"]["resourceVersion"] = current.metadata.resource_version
-        api.replace_custom_resource_definition(CRD_NAME, body)
+        _replace_latest(body, api.read_custom_resource_definition, api.replace_custom_resource_definition)
 
     def established() -> bool:
         found = api.read_custom_resource_definition(CRD_NAME)
