@@ -45,10 +45,9 @@ from tests.support.steps import STEPS_ENV
 REPO = Path(__file__).resolve().parents[1]
 EXCLUDED = "not gpu and not soak"
 PHASES = (("parallel", f"{EXCLUDED} and not serial"), ("serial", f"{EXCLUDED} and serial"))
-# Workers per core (TEST_WORKERS=N overrides). Most of a test's time is waiting, and 2 per core
-# measured fastest (tests/timing/); 1 stays the default until three fresh-clone runs at 2 per
-# core are green in a row: each earlier one at 2 found a test disturbed by its neighbours.
-WORKERS_PER_CORE = 1
+# Workers per core (TEST_WORKERS=N overrides). Most of a test's time is waiting on the control
+# plane, a trainer subprocess or a build, and 2 per core measured fastest (tests/timing/).
+WORKERS_PER_CORE = 2
 SLOWEST = 25
 NO_TESTS = 5  # pytest's exit code when a phase selects nothing (e.g. `-k` matched one phase only)
 OUTCOMES = ("passed", "failure", "error", "skipped")

@@ -200,25 +200,26 @@ def _allowed_images(name: str, raw: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _hub_env(name: str, raw: str) -> dict[str, str]:
+def _json_string_map(name: str, raw: str, expected: str) -> dict[str, str]:
+    """A JSON object of strings to strings; `expected` finishes the error when it is not one."""
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise SettingsError(f"{name}: not JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise SettingsError(f"{name}: expected a JSON object of variable names to strings")
+        raise SettingsError(f"{name}: expected a JSON object of {expected}")
+    return value
+
+
+def _hub_env(name: str, raw: str) -> dict[str, str]:
+    value = _json_string_map(name, raw, "variable names to strings")
     if unknown := sorted(set(value) - set(HUB_ENDPOINT_ENV)):
         raise SettingsError(f"{name}: {', '.join(unknown)} not among {', '.join(HUB_ENDPOINT_ENV)}")
     return value
 
 
 def _host_memory_per_gpu(name: str, raw: str) -> dict[str, str]:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SettingsError(f"{name}: not JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise SettingsError(f"{name}: expected a JSON object of GPU products to quantities (e.g. 48Gi)")
+    value = _json_string_map(name, raw, "GPU products to quantities (e.g. 48Gi)")
     for product, quantity in value.items():
         if lookup(product) is None:
             raise SettingsError(
