@@ -26,7 +26,11 @@ process so one's memory never shows in the other's peak:
   8. `parts` (not in the default list): the plan part by part (resident, activations, the
      backward's and the loss's transients) against the trainer's phase probe, shallow slices
      through the pod's command (bench/parts.py): <date>-<gpu>-parts.json;
-  9. `multinode` (not in the default list): the launch path of a job of 2 nodes on one 2-GPU
+  9. `heldout` (not in the default list; one GPU): the plan at shapes and LoRA settings no
+     constant was fitted on, each run as auto and as every alternative (all-recompute, keep-only,
+     offload) through the pod's command, plan against measured speed, peak and host memory
+     (bench/heldout.py): <date>-<gpu>-heldout.json;
+  10. `multinode` (not in the default list): the launch path of a job of 2 nodes on one 2-GPU
      machine, two launchers of one GPU each meeting over TCP on 127.0.0.1 with the Indexed Job's
      environment, against the 1-GPU reference in the same call: <date>-<gpu>-2node.json.
 
@@ -63,9 +67,10 @@ PHASES = (
     "recompute",
     "parts",
     "long",
+    "heldout",
 )
 # Phases that need no FP32 matmul peak: run alone, they only name the GPU (saves the peak's time).
-NO_PEAK_PHASES = frozenset({"recompute", "parts", "boundary", "long"})
+NO_PEAK_PHASES = frozenset({"recompute", "parts", "boundary", "long", "heldout"})
 # What runs without --phases: `multinode` (2 GPUs of their own), `boundary`, `families` and
 # `streamed` are asked for by name.
 DEFAULT_PHASES = ("compare", "nockpt", "large", "layers", "calibration")
@@ -89,6 +94,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--parts-points", default="", help="`parts`: only these points (names, comma list)")
     parser.add_argument("--recompute-shapes", default="", help="`recompute`: only these shapes (names, comma list)")
+    parser.add_argument("--heldout-points", default="", help="`heldout`: only these points, or `fit`/`heldout` sets")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=4, help="timed steps after warm-up")
     parser.add_argument("--warm", type=int, default=2)
@@ -550,6 +556,43 @@ class Bench:
                 self.write(f"{self.date}-{gpu_slug(peaks)}-recompute.json", record)
             print(f"[bench] recompute {shape.name}: ratio {record['shapes'][-1]['ratio']}", flush=True)
 
+    def heldout(self, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
+        """Each point of bench.heldout through the pod's command: auto, then each alternative whose
+        plan lays the layers out differently from every run before it."""
+        from bench import heldout
+
+        steps = self.args.steps + self.args.warm
+        record: dict[str, Any] = {"date": self.date, "gpu": peaks[0].get("gpu"), "steps": steps}
+        record.update(warm=self.args.warm, versions=versions, points=[])
+        wanted = {n for n in self.args.heldout_points.split(",") if n}
+        for point in (p for p in heldout.POINTS if not wanted or p.name in wanted or p.kind in wanted):
+            if self.left_s() < 60:
+                print(f"[bench] budget spent; heldout {point.name} not run", flush=True)
+                continue
+            model = self.args.work / f"heldout-{point.name}"
+            if not (model / "config.json").exists():
+                self.child(f"build-{point.name}", heldout.build_argv(sys.executable, model, point), 1, timeout=300.0)
+            rows: list[dict[str, Any]] = []
+            seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+            for label, ckpt, offload in heldout.RUNS:
+                launch = heldout.planned(point, ckpt, offload, steps)
+                row = heldout.plan_row(label, launch)
+                layout = heldout.layout_of(launch)
+                if layout in seen:
+                    same = seen[layout]  # the plan's figures are that run's too: the same layout
+                    rows.append({**same, "run": label, "sameAs": same["run"]})
+                elif self.left_s() > 45:
+                    extra = heldout.ours_extra(point, ckpt, offload, steps)
+                    ours = self.ours(1, f"heldout-{point.name}-{label}", model=model, **extra)
+                    rows.append(heldout.measured_row(row, ours))
+                    seen[layout] = rows[-1]
+                else:
+                    rows.append(heldout.measured_row(row, None))
+                done = [p for p in record["points"] if p["point"] != point.name]
+                record["points"] = [*done, heldout.judge(point, rows)]
+                self.write(f"{self.date}-{gpu_slug(peaks)}-heldout.json", record)
+            print(f"[bench] heldout {point.name}: {record['points'][-1]['holds']}", flush=True)
+
     def layers(self, peaks: list[dict[str, Any]]) -> None:
         spec = {"path": str(self.model), "seqs": [1024, 2048]}
         lines = self.child("layer-memory", [sys.executable, "-m", "bench.layer_memory", json.dumps(spec)], 1)
@@ -604,6 +647,7 @@ class Bench:
             ("long", lambda: self.long(peaks, versions)),
             ("families", lambda: self.families(peaks, versions)),
             ("recompute", lambda: self.recompute(peaks, versions)),
+            ("heldout", lambda: self.heldout(peaks, versions)),
             ("parts", lambda: self.parts(peaks, versions)),
             ("layers", lambda: self.layers(peaks)),
             ("calibration", self.calibration),

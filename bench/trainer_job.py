@@ -93,16 +93,18 @@ def spec_for(
     batch: int = 1,
     offload: bool | str | None = None,
     dropout: float = 0.0,
+    lora: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The FineTuneJob spec of a bench run (`every`: checkpoint steps, default the last step;
-    `eval_fraction`: a held-out share evaluated at each checkpoint; `dropout`: LoRA's)."""
+    `eval_fraction`: a held-out share evaluated at each checkpoint; `dropout`: LoRA's; `lora`: the
+    whole `lora` block instead, for runs of other ranks and targets)."""
     dataset: dict[str, Any] = {"source": {"pvc": {"claimName": "data", "path": "train.jsonl"}}, "format": "text"}
     if eval_fraction:
         dataset["evalFraction"] = eval_fraction
     return {
         "model": {"source": {"pvc": {"claimName": "models"}}},
         "dataset": dataset,
-        "lora": {"r": 8, "alpha": 16, "dropout": dropout},
+        "lora": lora or {"r": 8, "alpha": 16, "dropout": dropout},
         "precision": "fp32",
         "training": {
             "maxSteps": steps,
@@ -162,6 +164,7 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
             batch=spec.get("batch", 1),
             offload=spec.get("offload"),
             dropout=spec.get("dropout", 0.0),
+            lora=spec.get("lora"),
         ),
         "paths": {"model": str(model), "dataset": str(data), "output": str(work / "output")},
     }
@@ -303,6 +306,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                     "worldSize",
                     "peakHostGiBPerProcess",
                     "peakHostAnonGiBPerProcess",
+                    "peakPinnedHostGiBPerProcess",
                     "modelBytesRead",
                     "loadSeconds",
                     "family",

@@ -87,7 +87,9 @@ def compare(run: dict[str, Any], record: dict[str, Any]) -> Comparison:
         measured_gib=[float(x) for x in run["peak_allocated_gib"]],
         predicted_gib=[g.allocated / GIB for g in layout.per_gpu],
         measured_tokens_per_second=float(run["tokens_per_second"]),
-        predicted_tokens_per_second=speed.tokens_per_second,
+        # The grid's harness times the forward, backward and optimizer step alone: not the
+        # trainer's own work per step, which the plan counts for the pod (STEP_SECONDS).
+        predicted_tokens_per_second=recipe.tokens / (speed.step_seconds - cal.STEP_SECONDS),
         peak_seconds=flops_per_token(shape, recipe) * recipe.tokens / (product.fp32_tflops * 1e12),
         memory_seconds=memory_traffic_bytes(shape, recipe) / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION),
         layer_passes=shape.layers * passes,

@@ -26,6 +26,7 @@ def recipe_from_spec(spec: FineTuneJobSpec, product: GpuProduct, attention: Atte
     return Recipe(
         max_length=training.max_length,
         batch_size=training.batch_size,
+        gradient_accumulation=training.gradient_accumulation,
         lora_r=spec.lora.r,
         lora_targets=tuple(spec.lora.target_modules),
         lora_dropout=spec.lora.dropout > 0,

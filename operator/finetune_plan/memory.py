@@ -42,6 +42,7 @@ class Recipe:
 
     max_length: int = 2048
     batch_size: int = 1
+    gradient_accumulation: int = 1  # micro-batches per optimizer step (speed only)
     lora_r: int = 8
     lora_targets: tuple[str, ...] = ATTENTION_MODULES
     lora_dropout: bool = True

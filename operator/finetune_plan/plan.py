@@ -489,9 +489,18 @@ def _activations(
     rate = _rate(shape, chosen, hw, layout.mode)
     if wanted:
         why = "on (activationOffload: true)"
-    elif offload == "auto" and mem.recomputed_layers(shape, chosen):
+    elif offload == "auto" and (mem.recomputed_layers(shape, chosen) or chosen.loss_chunk_tokens):
+        # Also where every layer keeps but only with the loss in chunks: each chunk's logits are
+        # recomputed in the backward, and offloading some layers may leave room for a whole loss.
         layout, chosen, why = _offload_if_it_pays(
-            shape, all_recompute, hw=hw, layout=layout, kept_only=chosen, rate=rate, host_limit=host_limit
+            shape,
+            all_recompute,
+            hw=hw,
+            layout=layout,
+            kept_only=chosen,
+            rate=rate,
+            host_limit=host_limit,
+            chunks=list(dict.fromkeys([layout.loss_chunk_tokens, *chunks])),
         )
         rate = _rate(shape, chosen, hw, layout.mode)
     else:
@@ -516,13 +525,14 @@ def _offload_if_it_pays(
     kept_only: Recipe,
     rate: float,
     host_limit: HostLimit | None,
+    chunks: Sequence[int],
 ) -> tuple[Layout, Recipe, str]:
-    """`activationOffload: auto` when some layers still recompute: offload them instead when the
-    plan says it is faster (each layer's copies cross the host link under the compute of its
-    neighbours: `speed.offload_stall_seconds`). Only as many layers offload as their pinned memory
-    fits the pod's host memory (`host_limit`), those just before the kept ones; the first ones
-    recompute, or all when not one layer fits."""
-    chunks = [layout.loss_chunk_tokens]
+    """`activationOffload: auto` when some layers still recompute, or the loss runs in chunks:
+    offload the layers not kept instead when the plan says it is faster (each layer's copies cross
+    the host link under the compute of its neighbours: `speed.offload_stall_seconds`), with the
+    loss chunk size (of `chunks`) that runs fastest. Only as many layers offload as their pinned
+    memory fits the pod's host memory (`host_limit`), those just before the kept ones; the first
+    ones recompute, or all when not one layer fits."""
     alt = _sized(shape, all_recompute, hw, layout.mode, chunks=chunks, offload=True)
     if alt is None:
         return layout, kept_only, "off (auto): no room on the GPU for the layers in flight"
@@ -546,7 +556,8 @@ def _offload_if_it_pays(
             capped = f", {mem.offloaded_layers(shape, alt[1])} layers: what fits {host_limit.describe()}"
     alt_layout, offloaded = alt
     alt_rate = _rate(shape, offloaded, hw, alt_layout.mode)
-    figures = f"{alt_rate:,.0f} tokens/s with it against {rate:,.0f} recomputing"
+    instead = "recomputing" if mem.recomputed_layers(shape, kept_only) else "keeping every layer, the loss in chunks"
+    figures = f"{alt_rate:,.0f} tokens/s with it against {rate:,.0f} {instead}"
     if alt_rate <= rate:
         return layout, kept_only, f"off (auto): {figures}"
     return alt_layout, offloaded, f"on (auto{capped}): {figures}, the copy back a layer ahead of the backward"

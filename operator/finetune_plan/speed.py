@@ -48,12 +48,24 @@ def layer_passes(shape: ModelShape, recipe: Recipe) -> int:
 
 def flops_per_token(shape: ModelShape, recipe: Recipe) -> float:
     """Frozen weights need no weight gradient: 2 FLOPs per weight per pass; the adapters train
-    fully (6 per weight); attention as its kernel computes it (`attention_flops_per_token`)."""
+    fully (6 per weight); attention as its kernel computes it (`attention_flops_per_token`); the
+    head forward and backward, and forward again where the loss runs in chunks (`head_passes`)."""
     passes = layer_passes(shape, recipe)
     linear = 2 * shape.linear_params_per_layer * passes
     lora = 6 * shape.layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets)
-    head = 4 * shape.vocab * shape.hidden
+    head = 2 * head_passes(recipe) * shape.vocab * shape.hidden
     return float(linear + lora + head + attention_flops_per_token(shape, recipe))
+
+
+def head_passes(recipe: Recipe) -> int:
+    """Matmuls of the LM head per token: its forward and its input gradient, plus the forward once
+    more where the loss runs in chunks, since each chunk's logits are recomputed in the backward
+    instead of kept (`finetune_trainer/loss_head.py`). Planned without it, a 6-layer 8B-shaped
+    slice that kept every layer with the loss in chunks measured 0.79 of its planned speed, and
+    the same slice offloading four layers with a whole loss 0.86 (the `fit` points of
+    bench/results/2026-12-05-h200-heldout-fit.json)."""
+    chunked = 0 < recipe.loss_chunk_tokens < recipe.tokens
+    return 3 if chunked else 2
 
 
 def attention_flops_per_token(shape: ModelShape, recipe: Recipe) -> float:
@@ -123,7 +135,10 @@ def compute_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> f
     memory = memory_traffic_bytes(shape, recipe) / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
     launches = layer_passes(shape, recipe) * cal.LAYER_PASS_SECONDS
     attention = attention_seconds(shape, recipe, product)
-    return compute + memory + launches + attention + offload_stall_seconds(shape, recipe, product)
+    # The optimizer's step and the trainer's own work once per step (the figures it reports, the
+    # gradient clip, the step's bookkeeping), shared by the step's micro-batches.
+    step = cal.STEP_SECONDS / recipe.gradient_accumulation
+    return compute + memory + launches + attention + step + offload_stall_seconds(shape, recipe, product)
 
 
 def gather_bytes(shape: ModelShape, recipe: Recipe, gpus: int) -> float:

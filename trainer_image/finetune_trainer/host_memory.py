@@ -4,7 +4,10 @@
 into memory: those belong to the page cache, are shared by every process reading the same
 files, and the kernel can drop them. The anonymous peak (`RssAnon`, sampled by a thread, since
 the kernel keeps no high-water mark of it) is the memory the process itself holds: the figure
-to size a node's RAM by, per process.
+to size a node's RAM by, per process. Pinned host memory (the offloaded activations) is neither:
+the driver maps it outside the process's anonymous pages, but it is locked and counts in the pod's
+memory cgroup, so `pinned_peak_gib` reads it from PyTorch's pinned allocator, whose cache keeps
+every block it ever handed out (the figure the node must hold).
 """
 
 from __future__ import annotations
@@ -50,6 +53,16 @@ class HostMemory:
     def anon_peak_gib(self) -> float:
         self._peak_kib = max(self._peak_kib, _anon_kib())
         return self._peak_kib / 2**20
+
+    @staticmethod
+    def pinned_peak_gib() -> float:
+        """Peak bytes PyTorch's pinned host allocator held (0 before CUDA starts or without it)."""
+        import torch
+
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return 0.0
+        stats = torch.cuda.host_memory_stats()
+        return float(stats.get("reserved_bytes.peak", stats.get("allocated_bytes.peak", 0))) / 2**30
 
     @staticmethod
     def resident_peak_gib() -> float:

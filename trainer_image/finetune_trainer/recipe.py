@@ -100,15 +100,17 @@ def checkpoint_ref(checkpoint: Checkpoint) -> dict[str, Any]:
 def _host_peaks(ranks: Topology, device: torch.device, memory: HostMemory, bytes_read: int) -> dict[str, Any]:
     """Peak host memory (GiB) of every rank, resident and anonymous, and the model bytes all the
     ranks read from the model volume, gathered to every rank."""
-    resident = [0.0] * ranks.world_size
-    anon = [0.0] * ranks.world_size
+    n = ranks.world_size
+    resident, anon, pinned = [0.0] * n, [0.0] * n, [0.0] * n
     resident[ranks.rank] = memory.resident_peak_gib()
     anon[ranks.rank] = memory.anon_peak_gib
-    both = sum_figures([*resident, *anon, float(bytes_read)], ranks.world_size, device)
+    pinned[ranks.rank] = memory.pinned_peak_gib()
+    every = sum_figures([*resident, *anon, *pinned, float(bytes_read)], n, device)
     return {
-        "resident": [round(v, 2) for v in both[: ranks.world_size]],
-        "anonymous": [round(v, 2) for v in both[ranks.world_size : 2 * ranks.world_size]],
-        "bytesRead": int(both[-1]),
+        "resident": [round(v, 2) for v in every[:n]],
+        "anonymous": [round(v, 2) for v in every[n : 2 * n]],
+        "pinned": [round(v, 2) for v in every[2 * n : 3 * n]],
+        "bytesRead": int(every[-1]),
     }
 
 
@@ -636,6 +638,8 @@ class Recipe:
             # anonymous is what each process holds itself.
             "peakHostGiBPerProcess": self.host_peaks["resident"],
             "peakHostAnonGiBPerProcess": self.host_peaks["anonymous"],
+            # Pinned (offloaded activations): locked, outside both of the above, in the pod's cgroup.
+            "peakPinnedHostGiBPerProcess": self.host_peaks["pinned"],
             # The checkpoint bytes every process of the job read, summed: once the checkpoint's
             # tensors when fsdp streams it, the files' size per process otherwise.
             "modelBytesRead": self.host_peaks["bytesRead"],
