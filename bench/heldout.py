@@ -89,6 +89,7 @@ QWEN25_14B: Final[dict[str, Any]] = {
     "rope_theta": 1000000.0,
 }
 ALL_LINEAR: Final = ("all-linear",)
+BYTE_TOKENIZER_FAMILIES: Final = frozenset({"qwen2", "phi3"})
 QKVO: Final = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -159,6 +160,9 @@ def ours_extra(point: Point, ckpt: bool | str, offload: bool | str, steps: int) 
         "steps": steps,
         "lora": point.lora(),
         "gpu_memory_gib": point.cap_gib,
+        # Qwen2's tokenizer class rebuilds a byte-level BPE from the vocabulary whatever the folder
+        # declares, and a word-level one gains a token past the model's embeddings there.
+        **({"tokenizer": "bytes"} if point.config["model_type"] in BYTE_TOKENIZER_FAMILIES else {}),
     }
 
 

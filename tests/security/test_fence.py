@@ -115,10 +115,21 @@ def fenced(cluster: Cluster, kube: client.ApiClient, tmp_path_factory: pytest.Te
     owner = Owner(name="owner", namespace=namespace, uid=ftj["metadata"]["uid"])
     token = token_client(cluster, core, SYSTEM_NAMESPACE, OPERATOR_SA)
     fenced = Fenced(token, namespace, owner)
+
     # The fence was (re)applied as this module started (its conftest installs the chart's objects):
     # a policy takes a moment to reach the admission plugin, so wait until it refuses an image off
     # the allow-list before any case, as the image cases below do for their own policy.
-    wait_for(lambda: fenced.refusal(fenced.batch.create_namespaced_job, fenced.job("docker.io/x/y:1")), 60, "the fence")
+    # Only the fence's own words count: an RBAC refusal comes back too while the authorizer has not
+    # yet seen the widened binding (under load it once refused the cluster-admin binding below for
+    # escalation, before admission ran). That binding refused by the fence proves both are live.
+    def by_fence(create: Callable[..., Any], body: dict[str, Any]) -> str | None:
+        message = fenced.refusal(create, body)
+        return message if message and "finetune-operator fence, rule" in message else None
+
+    wait_for(lambda: by_fence(fenced.batch.create_namespaced_job, fenced.job("docker.io/x/y:1")), 60, "the fence")
+    admin = rbac_builder.role_binding(namespace)
+    admin["roleRef"] = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"}
+    wait_for(lambda: by_fence(fenced.rbac.create_namespaced_role_binding, admin), 60, "the widened role's bind")
     yield fenced
     core.delete_namespace(namespace, propagation_policy="Background")
 
