@@ -7,6 +7,7 @@ unquantised (lm_head and norms cast to FP32), LoRA adapters in FP32, FP32 comput
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -354,12 +355,55 @@ def layer_pass_temporaries(
     return recompute + max(mlp, attention)
 
 
+def saved_storages(shape: ModelShape, recipe: Recipe) -> list[float]:
+    """Bytes of each storage one layer saves for its backward when it is not checkpointed, one
+    entry per tensor: the same tensors `full_layer_activation_bytes` counts in floats (its sum,
+    give or take the rounding of the calibrated counts)."""
+    per_float = recipe.tokens * recipe.compute_bytes
+    widths = [float(shape.hidden)] * round(cal.ACTIVATION_HIDDEN_FLOATS)
+    widths += [float(shape.attention_width)] * round(cal.ACTIVATION_ATTENTION_FLOATS)
+    widths += [float(shape.intermediate)] * round(cal.ACTIVATION_INTERMEDIATE_FLOATS)
+    if not keeps_attention_matrix(recipe):
+        output_shared = "o_proj" in recipe.lora_targets and not recipe.lora_dropout
+        widths += [] if output_shared else [float(shape.attention_width)]
+        widths.append(float(shape.heads))  # the log-sum-exp
+    dims = shape.linear_dims()
+    adapted = [t for t in recipe.lora_targets if t in dims]
+    masks: list[float] = []
+    if recipe.lora_dropout:
+        # Each adapter's dropped copy of its input, and the dropout's one-byte mask of it.
+        widths += [float(dims[t][0]) for t in adapted]
+        masks = [recipe.tokens * dims[t][0] * (cal.DROPOUT_FLOATS_PER_INPUT - 1) * FP32 for t in adapted]
+    else:
+        widths += [float(w) for w in (next((dims[t][0] for t in g if t in adapted), 0) for g in INPUT_GROUPS) if w]
+    copies = cal.ATTENTION_MATRIX_COPIES_SAVED + (cal.SOFTCAP_SAVED_COPIES if shape.attention_softcap else 0.0)
+    matrices = [attention_matrix_bytes(shape, recipe)] * round(copies) if keeps_attention_matrix(recipe) else []
+    return [w * per_float for w in widths] + masks + matrices
+
+
+def pinned_block(nbytes: float) -> float:
+    """What PyTorch's pinned host allocator holds for a request: the next power of two (it rounds
+    every block up, so blocks are reused across sizes). Counted per storage, it is what the
+    trainer's offload pinned on the GPU: a 13B-shaped layer at 4096 tokens saves 1.95 GiB and pins
+    2.75 (5 layers: 13.75 GiB planned per storage, 13.59 measured, 9.76 counted as the bytes
+    saved; bench/results/2026-12-05-h200-heldout-heldout-a.json)."""
+    if nbytes <= 0:
+        return 0.0
+    return float(2 ** math.ceil(math.log2(nbytes)))
+
+
+def pinned_layer_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    """Pinned host memory of one offloaded layer's saved tensors, per storage as the allocator rounds."""
+    return sum(pinned_block(b) for b in saved_storages(shape, recipe))
+
+
 def offload_host_bytes(shape: ModelShape, recipe: Recipe) -> float:
     """Pinned host memory one process holds for its offloaded layers' activations, or for its
-    recomputing layers' inputs (`offload_inputs`)."""
+    recomputing layers' inputs (`offload_inputs`), each storage rounded as the pinned allocator
+    rounds it (`pinned_block`)."""
     if inputs_offloaded(recipe):
-        return recomputed_layers(shape, recipe) * checkpoint_bytes_per_layer(shape, recipe)
-    return offloaded_layers(shape, recipe) * full_layer_activation_bytes(shape, recipe)
+        return recomputed_layers(shape, recipe) * pinned_block(checkpoint_bytes_per_layer(shape, recipe))
+    return offloaded_layers(shape, recipe) * pinned_layer_bytes(shape, recipe)
 
 
 def logits_bytes(shape: ModelShape, recipe: Recipe) -> float:

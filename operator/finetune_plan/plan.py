@@ -540,7 +540,7 @@ def _offload_if_it_pays(
     if host_limit is not None:
         most = most_offloaded(shape, alt[1], hw, alt[0].mode, host_limit)
         if most < mem.offloaded_layers(shape, alt[1]):
-            full = mem.full_layer_activation_bytes(shape, alt[1])
+            full = mem.pinned_layer_bytes(shape, alt[1])
             if most < 1:
                 return (
                     layout,
@@ -574,7 +574,7 @@ def most_offloaded(shape: ModelShape, recipe: Recipe, hw: Hardware, mode: Mode, 
     of the pod (0 when not one does)."""
     room = mem.per_process_within(host_limit.limit, processes(to_spec(mode), hw.gpus))
     room -= mem.host_bytes_per_process(shape, recipe)
-    full = mem.full_layer_activation_bytes(shape, recipe)
+    full = mem.pinned_layer_bytes(shape, recipe)
     most = max(0, min(shape.layers, int(room // full))) if full > 0 else shape.layers
     # The pod's figure is rounded up to whole GiB: fewer layers may fit than the division says.
     while most > 0 and not host_limit.holds(

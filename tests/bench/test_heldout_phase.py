@@ -117,3 +117,39 @@ def test_a_run_off_its_plan_fails_its_band() -> None:
     assert heldout.judge(point, [over])["holds"]["memory"] is False
     oom = heldout.measured_row(row, {**summary, "exit_code": 3, "reason": "OutOfMemory"})
     assert heldout.judge(point, [oom])["holds"]["noOom"] is False
+
+
+def test_the_host_memory_the_runs_measured_is_within_todays_plan() -> None:
+    """Every committed held-out run that pinned memory: today's plan of the same layout pins at
+    least what the trainer's pinned allocator held and at most 5 % more, and the process's host
+    memory (anonymous peak plus pinned) stays within the plan's host figure per process."""
+    settings = {label: (ckpt, offload) for label, ckpt, offload in heldout.RUNS}
+    points = {p.name: p for p in heldout.POINTS}
+    checked = 0
+    for path in sorted(heldout.RESULTS.glob("*-heldout*.json")):
+        record = json.loads(path.read_text())
+        for point in record["points"]:
+            for row in point["runs"]:
+                pinned = max(row.get("peakPinnedHostGiBPerProcess") or [0.0])
+                if row.get("sameAs") or not pinned:
+                    continue
+                launch = heldout.planned(points[point["point"]], *settings[row["run"]], record["steps"])
+                assert heldout.layout_of(launch)[:3] == (
+                    row["keptLayers"],
+                    row["recomputedLayers"],
+                    row["offloadedLayers"],
+                )
+                plan = launch.plan
+                assert pinned <= plan.pinned_host_gib_per_process <= 1.05 * pinned, (
+                    path.name,
+                    point["point"],
+                    row["run"],
+                )
+                assert row["hostFootprintGiB"] <= plan.host_gib_per_process, (path.name, point["point"], row["run"])
+                checked += 1
+    assert checked >= 5
+
+
+def test_the_readme_shows_the_records_table() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert heldout.readme_table() in readme

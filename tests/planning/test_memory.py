@@ -300,7 +300,7 @@ def test_offloading_some_layers_recomputes_the_first_ones() -> None:
     checkpoint = mem.checkpoint_bytes_per_layer(SHAPE_8B, recipe)
     assert (mem.kept_layers(SHAPE_8B, recipe), mem.offloaded_layers(SHAPE_8B, recipe)) == (3, 10)
     assert mem.recomputed_layers(SHAPE_8B, recipe) == 19
-    assert mem.offload_host_bytes(SHAPE_8B, recipe) == 10 * full
+    assert mem.offload_host_bytes(SHAPE_8B, recipe) == 10 * mem.pinned_layer_bytes(SHAPE_8B, recipe)
     assert mem.activations_on_gpu(SHAPE_8B, recipe, 32, 3) == 3 * full + 19 * checkpoint
     # Layers 19-28 offload: a GPU holding 16-23 has 5 of them, 3 recomputing, none kept.
     assert mem.offloaded_on_gpu(SHAPE_8B, recipe, 16, 8) == 5
@@ -311,3 +311,36 @@ def test_offloading_some_layers_recomputes_the_first_ones() -> None:
     # Uncapped, every layer not kept offloads, as before.
     every = replace(recipe, max_offloaded=None)
     assert mem.offloaded_layers(SHAPE_8B, every) == 29 and mem.recomputed_layers(SHAPE_8B, every) == 0
+
+
+def test_pinned_memory_is_counted_per_storage_as_the_allocator_rounds_it() -> None:
+    """PyTorch's pinned host allocator hands out powers of two: the storages one layer saves sum to
+    `full_layer_activation_bytes`, and each is pinned as the next power of two. A 13B-shaped
+    layer at 1024 x 4 tokens (hidden-wide storages of 80 MiB) pins 2.75 GiB for its 1.95 saved."""
+    shape = shape_from_config(
+        {
+            "hidden_size": 5120,
+            "intermediate_size": 13824,
+            "num_hidden_layers": 40,
+            "num_attention_heads": 40,
+            "num_key_value_heads": 40,
+            "vocab_size": 32000,
+        }
+    )
+    recipe = Recipe(
+        max_length=1024,
+        batch_size=4,
+        lora_r=64,
+        lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        attention="memory_efficient",
+        offload=True,
+    )
+    storages = mem.saved_storages(shape, recipe)
+    assert sum(storages) == pytest.approx(mem.full_layer_activation_bytes(shape, recipe))
+    assert mem.pinned_block(80 * 2**20) == 128 * 2**20 and mem.pinned_block(64 * 2**20) == 64 * 2**20
+    assert mem.pinned_layer_bytes(shape, recipe) == sum(mem.pinned_block(b) for b in storages)
+    assert mem.full_layer_activation_bytes(shape, recipe) / GIB == pytest.approx(1.95, abs=0.01)
+    assert mem.pinned_layer_bytes(shape, recipe) / GIB == pytest.approx(2.75, abs=0.01)
+    # Without dropout the adapters share their inputs and the o adapter keeps the attention output.
+    plain = replace(recipe, lora_dropout=False)
+    assert sum(mem.saved_storages(shape, plain)) == pytest.approx(mem.full_layer_activation_bytes(shape, plain))
