@@ -34,6 +34,15 @@ def _policy(jobs: Jobs, name: str) -> dict[str, Any] | None:
     return plain
 
 
+def _job(jobs: Jobs, name: str) -> client.V1Job | None:
+    try:
+        return jobs.batch.read_namespaced_job(name, jobs.namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
 def _policy_of(jobs: Jobs, name: str) -> dict[str, Any]:
     return wait_for(lambda: _policy(jobs, name), 60, f"the NetworkPolicy of {name}")
 
@@ -52,8 +61,10 @@ def test_every_job_gets_its_own_policy_owned_by_it(jobs: Jobs, operator: Operato
     assert spec["podSelector"]["matchLabels"][LABEL_JOB] == "solo"
     assert set(spec["policyTypes"]) == {"Ingress", "Egress"} and not spec.get("ingress")
     assert spec["egress"] == [*TRAINER_NETWORK["egress"], TRAINER_NETWORK["hubEgress"]]
-    # The Job came after its policy: its pods never run without it.
-    job = jobs.api.sanitize_for_serialization(jobs.batch.read_namespaced_job("solo", jobs.namespace))
+    # The Job came after its policy: its pods never run without it. The policy is written first,
+    # so the Job may not be there yet when the policy is (a read at once once found none, under load).
+    found = wait_for(lambda: _job(jobs, "solo"), 60, "the Job after its policy")
+    job = jobs.api.sanitize_for_serialization(found)
     assert job["metadata"]["creationTimestamp"] >= policy["metadata"]["creationTimestamp"]
     jobs.delete("solo")
     wait_for(lambda: _policy(jobs, "solo") is None or None, 60, "the policy collected with its job")
