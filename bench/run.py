@@ -257,6 +257,11 @@ class Bench:
         print(f"[bench] GPUs: {facts}", flush=True)
         return list(facts)
 
+    def build_once(self, name: str, model: Path, argv: list[str]) -> None:
+        """A child that writes a random-init checkpoint to `model`, unless an earlier one did."""
+        if not (model / "config.json").exists():
+            self.child(name, argv, 1, timeout=300.0)
+
     def build(self, model: Path, layers: int) -> None:
         if (model / "config.json").exists():
             return
@@ -541,8 +546,7 @@ class Bench:
                 print(f"[bench] budget spent; recompute {shape.name} not run", flush=True)
                 continue
             model = self.args.work / f"recompute-{shape.name}"
-            if not (model / "config.json").exists():
-                self.child(f"build-{shape.name}", recompute.build_argv(sys.executable, model, shape), 1, timeout=300.0)
+            self.build_once(f"build-{shape.name}", model, recompute.build_argv(sys.executable, model, shape))
             rows = []
             for label, ckpt, offload in recompute.runs(shape, self.args.recompute_keep_only):
                 launch = recompute.planned(shape, ckpt, steps, peaks[0].get("memory_gib"), offload)
@@ -570,8 +574,7 @@ class Bench:
                 print(f"[bench] budget spent; heldout {point.name} not run", flush=True)
                 continue
             model = self.args.work / f"heldout-{point.name}"
-            if not (model / "config.json").exists():
-                self.child(f"build-{point.name}", heldout.build_argv(sys.executable, model, point), 1, timeout=300.0)
+            self.build_once(f"build-{point.name}", model, heldout.build_argv(sys.executable, model, point))
             rows: list[dict[str, Any]] = []
             seen: dict[tuple[Any, ...], dict[str, Any]] = {}
             for label, ckpt, offload in heldout.RUNS:

@@ -22,7 +22,7 @@ from typing import Final
 #   matmuls, k and v repeated to every head;
 # - intermediate-wide: the gate (SiLU's input), SiLU's output and up (the product's inputs).
 # The NF4 linears keep no input (their weight has no gradient); what the adapters keep of their
-# inputs is `memory.adapter_input_floats`.
+# inputs is counted in `memory.saved_storages`.
 ACTIVATION_HIDDEN_FLOATS: Final = 2.0
 ACTIVATION_ATTENTION_FLOATS: Final = 3.0
 ACTIVATION_INTERMEDIATE_FLOATS: Final = 3.0
@@ -48,7 +48,7 @@ MLP_FREED_HIDDEN_FLOATS: Final = 2.0
 # to every query head, SDPA's memory-efficient kernel by name) keeps no probabilities. Besides q
 # and the expanded k and v (`ACTIVATION_ATTENTION_FLOATS`) it keeps its output, one attention-wide
 # block, which is the o adapter's input where that adapter keeps its input (no dropout), and one
-# log-sum-exp per head and position (`memory.attention_saved_floats`). Its backward holds the
+# log-sum-exp per head and position (`memory.saved_storages`). Its backward holds the
 # gradients of q, k and v (k and v expanded), the output's gradient and the kernel's fp32
 # accumulator, attention-wide each, after the MLP's backward has freed what the MLP kept.
 FUSED_ATTENTION_BACKWARD_FLOATS: Final = 5.0

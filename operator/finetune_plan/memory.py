@@ -187,17 +187,6 @@ def attention_mask_bytes(recipe: Recipe) -> float:
     return float(recipe.batch_size * recipe.max_length * aligned * FP32)
 
 
-def attention_saved_floats(shape: ModelShape, recipe: Recipe) -> float:
-    """Floats per token the attention keeps for its backward besides any matrix: q and k and v
-    repeated to every head (both kernels); the fused kernel also its output, unless the o
-    adapter keeps that very tensor as its input, and a log-sum-exp per head."""
-    floats = cal.ACTIVATION_ATTENTION_FLOATS * shape.attention_width
-    if keeps_attention_matrix(recipe):
-        return floats
-    output_shared = "o_proj" in recipe.lora_targets and not recipe.lora_dropout
-    return floats + (0 if output_shared else shape.attention_width) + shape.heads
-
-
 def attention_matrix_bytes(shape: ModelShape, recipe: Recipe) -> float:
     if not keeps_attention_matrix(recipe):
         return 0.0
@@ -215,28 +204,11 @@ INPUT_GROUPS: Final = (
 )
 
 
-def adapter_input_floats(shape: ModelShape, recipe: Recipe) -> float:
-    """Floats per token the LoRA adapters keep of their inputs, in one layer."""
-    dims = shape.linear_dims()
-    adapted = [t for t in recipe.lora_targets if t in dims]
-    if recipe.lora_dropout:
-        return cal.DROPOUT_FLOATS_PER_INPUT * sum(dims[t][0] for t in adapted)
-    widths = (next((dims[t][0] for t in group if t in adapted), 0) for group in INPUT_GROUPS)
-    return float(sum(widths))
-
-
 def full_layer_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
     """Everything one layer keeps for backward when it is not checkpointed: its own tensors
-    (calibration.py lists them), the adapters' inputs, and the attention probabilities."""
-    floats = (
-        cal.ACTIVATION_HIDDEN_FLOATS * shape.hidden
-        + attention_saved_floats(shape, recipe)
-        + cal.ACTIVATION_INTERMEDIATE_FLOATS * shape.intermediate
-        + adapter_input_floats(shape, recipe)
-    )
-    saved = recipe.tokens * floats * recipe.compute_bytes
-    copies = cal.ATTENTION_MATRIX_COPIES_SAVED + (cal.SOFTCAP_SAVED_COPIES if shape.attention_softcap else 0.0)
-    return saved + copies * attention_matrix_bytes(shape, recipe)
+    (calibration.py lists them), the adapters' inputs, and the attention probabilities, counted
+    storage by storage (`saved_storages`)."""
+    return sum(saved_storages(shape, recipe))
 
 
 def outside_layers_activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
@@ -357,8 +329,11 @@ def layer_pass_temporaries(
 
 def saved_storages(shape: ModelShape, recipe: Recipe) -> list[float]:
     """Bytes of each storage one layer saves for its backward when it is not checkpointed, one
-    entry per tensor: the same tensors `full_layer_activation_bytes` counts in floats (its sum,
-    give or take the rounding of the calibrated counts)."""
+    entry per tensor (calibration.py lists them): hidden-, attention- and intermediate-wide ones;
+    with the fused attention its output (unless the o adapter keeps that very tensor as its input,
+    without dropout) and one log-sum-exp per head; the adapters' inputs (without dropout one per
+    group of linears reading the same tensor, with dropout each adapter's dropped copy and its
+    one-byte mask); the attention probabilities where the kernel keeps them."""
     per_float = recipe.tokens * recipe.compute_bytes
     widths = [float(shape.hidden)] * round(cal.ACTIVATION_HIDDEN_FLOATS)
     widths += [float(shape.attention_width)] * round(cal.ACTIVATION_ATTENTION_FLOATS)

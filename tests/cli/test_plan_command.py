@@ -337,7 +337,8 @@ def test_the_plan_says_the_effective_batch_and_its_factors(
 def _manifest_13b(tmp_path: Path, **training: Any) -> tuple[str, str]:
     """Llama-2-13B (MHA, 40 layers, hidden 5120, vocab 32000), r=64 on all seven linears, dropout
     0.05, 2048 tokens, 4 x P40, no resources.memory."""
-    from tests.planning.test_host_budget import ALL_LINEARS, LLAMA_2_13B
+    from tests.planning.models import LLAMA_2_13B
+    from tests.planning.test_host_budget import ALL_LINEARS
 
     body = yaml.safe_load(Path(EXAMPLE_70B).read_text())
     body["spec"]["lora"] = {"r": 64, "alpha": 16, "dropout": 0.05, "targetModules": ALL_LINEARS}

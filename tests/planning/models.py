@@ -15,6 +15,19 @@ LLAMA_33_70B: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
+# Llama-2-13B's public config.json: multi-head attention, 40 layers, hidden 5120, vocab 32000.
+LLAMA_2_13B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 5120,
+    "intermediate_size": 13824,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 40,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+}
+
 LLAMA_3_8B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",

@@ -18,24 +18,12 @@ from finetune_plan.host import host_need
 from finetune_plan.host_limit import CHART_FIELD, SPEC_FIELD
 from finetune_plan.pod import memory_refusal
 
-from .models import LLAMA_3_8B, LLAMA_33_70B
+from .models import LLAMA_2_13B, LLAMA_3_8B, LLAMA_33_70B
 from .test_parallelism import example_spec
 
 P40 = lookup("Tesla-P40")
 assert P40 is not None
 ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# Llama-2-13B's public config.json: multi-head attention, 40 layers, hidden 5120, vocab 32000.
-LLAMA_2_13B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 5120,
-    "intermediate_size": 13824,
-    "num_hidden_layers": 40,
-    "num_attention_heads": 40,
-    "num_key_value_heads": 40,
-    "vocab_size": 32000,
-    "tie_word_embeddings": False,
-}
 
 
 def job_spec(

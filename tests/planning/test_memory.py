@@ -8,7 +8,7 @@ from finetune_plan import GIB, Hardware, Recipe, lookup, make_plan, shape_from_c
 from finetune_plan import memory as mem
 from finetune_plan.model_shape import ModelConfigError
 
-from .models import LLAMA_3_8B, LLAMA_33_70B
+from .models import LLAMA_2_13B, LLAMA_3_8B, LLAMA_33_70B
 
 SHAPE_70B = shape_from_config(LLAMA_33_70B)
 P40 = lookup("Tesla-P40")
@@ -317,16 +317,7 @@ def test_pinned_memory_is_counted_per_storage_as_the_allocator_rounds_it() -> No
     """PyTorch's pinned host allocator hands out powers of two: the storages one layer saves sum to
     `full_layer_activation_bytes`, and each is pinned as the next power of two. A 13B-shaped
     layer at 1024 x 4 tokens (hidden-wide storages of 80 MiB) pins 2.75 GiB for its 1.95 saved."""
-    shape = shape_from_config(
-        {
-            "hidden_size": 5120,
-            "intermediate_size": 13824,
-            "num_hidden_layers": 40,
-            "num_attention_heads": 40,
-            "num_key_value_heads": 40,
-            "vocab_size": 32000,
-        }
-    )
+    shape = shape_from_config(LLAMA_2_13B)
     recipe = Recipe(
         max_length=1024,
         batch_size=4,
