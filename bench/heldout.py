@@ -88,6 +88,8 @@ QWEN25_14B: Final[dict[str, Any]] = {
     "vocab_size": 152064,
     "rope_theta": 1000000.0,
 }
+QWEN25_7B: Final[dict[str, Any]] = {**QWEN25_14B, "hidden_size": 3584, "intermediate_size": 18944,
+                                    "num_attention_heads": 28, "num_key_value_heads": 4}  # fmt: skip
 ALL_LINEAR: Final = ("all-linear",)
 BYTE_TOKENIZER_FAMILIES: Final = frozenset({"qwen2", "phi3"})
 QKVO: Final = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -130,6 +132,9 @@ POINTS: Final = (
     Point("mistral7b-4096", "heldout", MISTRAL_7B, 8, 4096, 1, 16, ALL_LINEAR, 0.1, 12.0),
     Point("3b-batch2-r32", "heldout", LLAMA32_3B, 10, 2048, 2, 32, ("q_proj", "v_proj", "gate_proj"), 0.05, 10.0),
     Point("7b-mha-qv-r8", "heldout", LLAMA2_7B, 8, 2048, 1, 8, ("q_proj", "v_proj"), 0.0, 5.0),
+    # Added after the adapter and offload terms (2026-12-05), on shapes none of the above has.
+    Point("qwen7b-batch2-qkvo-r32", "heldout", QWEN25_7B, 8, 2048, 2, 32, QKVO, 0.1, 12.0),
+    Point("7b-mha-4096-o-down-r32", "heldout", LLAMA2_7B, 8, 4096, 1, 32, ("o_proj", "down_proj"), 0.1, 9.0),
 )
 
 
@@ -166,8 +171,9 @@ def ours_extra(point: Point, ckpt: bool | str, offload: bool | str, steps: int) 
     }
 
 
-def planned(point: Point, ckpt: bool | str, offload: bool | str, steps: int) -> Any:
-    """The trainer's own launch decision for the run, on one H200 capped as the run is."""
+def planned(point: Point, ckpt: bool | str, offload: bool | str, steps: int, gpu: str = "NVIDIA H200") -> Any:
+    """The trainer's own launch decision for the run, on one GPU of the record's product (the
+    trainer plans for the device it finds) capped as the run is."""
     from finetune_api.spec import FineTuneJobSpec
     from finetune_plan import choose
 
@@ -176,7 +182,7 @@ def planned(point: Point, ckpt: bool | str, offload: bool | str, steps: int) -> 
         point.model_config(),
         1,
         gpu_memory_bytes=int(point.cap_gib * GIB),
-        gpu_name="NVIDIA H200",
+        gpu_name=gpu,
         attention="memory_efficient",
     )
 
@@ -355,10 +361,46 @@ def readme_table() -> str:
     return table(combined([json.loads((RESULTS / name).read_text()) for name in README_RECORDS]))
 
 
+REPLANNED_HEADER: Final = (
+    "| point | run | kept / recomputed / offloaded | tok/s measured over planned: then / today | "
+    "peak over plan allocated: then / today |\n| --- | --- | --- | ---: | ---: |"
+)
+
+
+def replanned_table(records: list[dict[str, Any]] | None = None) -> str:
+    """The README's runs against today's plan for the same settings on the record's GPU: speed and
+    memory ratios as planned when they ran and as planned now. A run whose layers today's plan
+    lays out otherwise is shown as such, without ratios (it measured another layout)."""
+    record = combined(records or [json.loads((RESULTS / name).read_text()) for name in README_RECORDS])
+    by_name = {p.name: p for p in POINTS}
+    settings = {label: (ckpt, offload) for label, ckpt, offload in RUNS}
+    lines = [REPLANNED_HEADER]
+    for point in record["points"]:
+        for row in point["runs"]:
+            if row.get("sameAs") or not row.get("ran") or not row.get("tokPerS"):
+                continue
+            ckpt, offload = settings[row["run"]]
+            plan = planned(by_name[point["point"]], ckpt, offload, 5, point.get("gpu") or "NVIDIA H200").plan
+            s = plan.summary
+            layout = [s["kept_layers"], s["recomputed_layers"], s["offloaded_layers"]]
+            ran = " / ".join(str(n) for n in row["trainerLayers"])
+            if layout != row["trainerLayers"]:
+                lines.append(f"| {point['point']} | {row['run']} | {ran} | today: {' / '.join(map(str, layout))} | |")
+                continue
+            tok, peak = row["tokPerS"], row["measuredPeakGiB"]
+            speed_now = round(tok / s["tokens_per_second"], 3)
+            memory_now = round(peak / round(plan.layout.fullest.allocated / GIB, 2), 3)
+            lines.append(
+                f"| {point['point']} | {row['run']} | {ran} | {row['speedRatio']} / {speed_now} "
+                f"| {row['memoryRatio']} / {memory_now} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     for path in sorted(RESULTS.glob("*-heldout*.json")):
         print(f"{path.name}\n\n{table(json.loads(path.read_text()))}\n")
-    print(f"README ({', '.join(README_RECORDS)})\n\n{readme_table()}")
+    print(f"README ({', '.join(README_RECORDS)})\n\n{readme_table()}\n\nToday's plan\n\n{replanned_table()}")
 
 
 if __name__ == "__main__":

@@ -578,7 +578,7 @@ class Bench:
             rows: list[dict[str, Any]] = []
             seen: dict[tuple[Any, ...], dict[str, Any]] = {}
             for label, ckpt, offload in heldout.RUNS:
-                launch = heldout.planned(point, ckpt, offload, steps)
+                launch = heldout.planned(point, ckpt, offload, steps, record["gpu"] or "NVIDIA H200")
                 row = heldout.plan_row(label, launch)
                 layout = heldout.layout_of(launch)
                 if layout in seen:

@@ -12,7 +12,7 @@ from finetune_plan import calibration as cal
 from finetune_plan.gpu_products import GpuProduct
 from finetune_plan.placement import Placement
 from finetune_plan.plan import device_map_layout
-from finetune_plan.speed import estimate, flops_per_token, memory_traffic_bytes
+from finetune_plan.speed import adapter_seconds, estimate, flops_per_token, memory_traffic_bytes
 
 MEASUREMENTS = Path(__file__).with_name("measurements.json")
 # The plan may sit above a measured peak more than below it: a planner that never admits an OOM
@@ -91,7 +91,8 @@ def compare(run: dict[str, Any], record: dict[str, Any]) -> Comparison:
         # trainer's own work per step, which the plan counts for the pod (STEP_SECONDS).
         predicted_tokens_per_second=recipe.tokens / (speed.step_seconds - cal.STEP_SECONDS),
         peak_seconds=flops_per_token(shape, recipe) * recipe.tokens / (product.fp32_tflops * 1e12),
-        memory_seconds=memory_traffic_bytes(shape, recipe) / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION),
+        memory_seconds=memory_traffic_bytes(shape, recipe) / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
+        + adapter_seconds(shape, recipe, product),
         layer_passes=shape.layers * passes,
         hops=run["gpus"] - 1,
         tokens=recipe.tokens,

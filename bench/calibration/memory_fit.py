@@ -82,6 +82,17 @@ def _load(name: str) -> dict[str, Any]:
     return data
 
 
+def ran_as_planned(layout: Any, planned_gib: float) -> bool:
+    """Whether today's plan is the plan a run was given (the total it recorded), counting the plan
+    as it stood before the cuBLAS workspaces were planned (`memory.cublas_workspace_bytes`, a fixed
+    term that moves every total without moving a layer): a different total means another layout."""
+    from finetune_plan import calibration as cal
+
+    gpu = layout.fullest
+    before = gpu.total - gpu.workspaces * (1 + cal.ALLOCATOR_SLACK)
+    return planned_gib in {round(gpu.total / GIB, 2), round(before / GIB, 2)}
+
+
 def boundary_points(name: str) -> list[Point]:
     """A boundary record's rows that ran. In -before.json the batch was not passed to the trainer, so
     its batch-4 rows ran at batch 1 (its note); being roomy there, they ran the whole-sequence loss.
@@ -109,7 +120,7 @@ def boundary_points(name: str) -> list[Point]:
             measured_gib=None if row.get("oom") else float(row["measuredPeakGiB"]),
             attention=boundary.planned_attention(row.get("attention")),
         )
-        if ckpt == "auto" and round(launch(judged).layout.fullest.total / GIB, 2) != row["planGiB"]:
+        if ckpt == "auto" and not ran_as_planned(launch(judged).layout, row["planGiB"]):
             continue
         out.append(judged)
     return out
@@ -170,7 +181,10 @@ def _compare_point(name: str, record: Mapping[str, Any], ours: Mapping[str, Any]
         name=f"{width}-s{seq}-b1-{'ckpt' if ckpt else 'nockpt'}-{shape['layers']}l-{record['mode']}-{gpus}gpu",
         source=name,
         key=(width, seq, 1, ckpt),
-        spec=spec_for(seq=seq, steps=int(record["steps"]), ckpt=ckpt, gpus=gpus, parallelism=parallelism),
+        # These runs predate activation offload: every layer's input stayed on the GPU.
+        spec=spec_for(
+            seq=seq, steps=int(record["steps"]), ckpt=ckpt, gpus=gpus, parallelism=parallelism, offload=False
+        ),
         config=boundary.model_config(width, int(shape["layers"])),
         gpus=gpus,
         cap_gib=float(cap) if cap else None,
@@ -233,7 +247,7 @@ def recompute_points() -> list[Point]:
                 ckpt, offload = labels[row["run"]]
                 attention = boundary.planned_attention(row.get("attention"))
                 launch_now = recompute.planned(shape, ckpt, steps, GPU_GIB, offload, attention=attention)
-                if round(launch_now.plan.layout.fullest.total / GIB, 2) != row["planGiB"]:
+                if not ran_as_planned(launch_now.plan.layout, row["planGiB"]):
                     continue
                 out.append(
                     Point(

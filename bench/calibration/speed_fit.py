@@ -52,8 +52,12 @@ def runs() -> Iterator[Run]:
             for row in point["runs"]:
                 if row.get("tokPerS") and not row.get("sameAs"):
                     ckpt, offload = settings[row["run"]]
-                    launch = heldout.planned(points[point["point"]], ckpt, offload, record["steps"])
-                    yield Run(f"{point['point']}/{row['run']}", launch.plan, row["tokPerS"])
+                    launch = heldout.planned(points[point["point"]], ckpt, offload, record["steps"], record["gpu"])
+                    s = launch.plan.summary
+                    # A run laid out otherwise than today's plan lays it out (the plan changed since)
+                    # measured another layout: it cannot judge this one.
+                    if [s["kept_layers"], s["recomputed_layers"], s["offloaded_layers"]] == row["trainerLayers"]:
+                        yield Run(f"{point['point']}/{row['run']}", launch.plan, row["tokPerS"])
     for name in BOUNDARY_RECORDS:
         record = json.loads((RESULTS / name).read_text())
         for row in record["points"]:
@@ -85,7 +89,7 @@ def grid() -> Iterator[tuple[str, list[float], float, float]]:
 def columns(plan: Any) -> tuple[list[float], float]:
     """The fitted terms' multipliers (matmul seconds at the full peak, layer passes, steps per
     micro-batch, deviceMap hand-overs) and the fixed seconds (attention at its share,
-    dequantisation, offload stall)."""
+    dequantisation, offload stall, the adapters' traffic measured apart)."""
     from finetune_plan import calibration as cal
     from finetune_plan import speed
 
@@ -98,6 +102,7 @@ def columns(plan: Any) -> tuple[list[float], float]:
         fused / (peak * cal.FUSED_ATTENTION_UTILISATION)
         + speed.memory_traffic_bytes(shape, recipe) / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
         + speed.offload_stall_seconds(shape, recipe, product)
+        + speed.adapter_seconds(shape, recipe, product)
     )
     return [matmuls / peak, float(speed.layer_passes(shape, recipe)), 1.0 / recipe.gradient_accumulation, 0.0], fixed
 

@@ -87,11 +87,23 @@ MLP_GRADIENT_FLOATS: Final = 1.5
 # clip, the phase probe's reads, the batch built on the host): 0.05 s, which the 2026-11-30 grid,
 # timed by a harness of its own around forward, backward and optimizer, did not see, and which
 # cost short slices up to 12 % of their speed against the plan.
-COMPUTE_UTILISATION: Final = 0.838
+# A LoRA adapter's memory traffic per token, in floats per unit of its linear's input and output
+# widths, forward and backward, and per unit of input width under dropout: measured apart on the
+# trainer's own modules (PEFT's LoRA layer on bitsandbytes' NF4 linear, FP32, TF32 off) over six
+# Llama-shaped linears, ranks 8 and 64, dropout 0 and 0.1, 2048 and 4096 tokens, the matmuls'
+# FLOPs taken off (`bench.calibration.lora_cost`; bench/results/2026-12-05-h100-lora-cost.json:
+# median 9.4 % off each timing). `speed.adapter_seconds` says what they stand for.
+ADAPTER_FORWARD_IN_FLOATS: Final = 1.35
+ADAPTER_FORWARD_OUT_FLOATS: Final = 6.06
+ADAPTER_FORWARD_DROPOUT_FLOATS: Final = 2.63
+ADAPTER_BACKWARD_IN_FLOATS: Final = 4.72
+ADAPTER_BACKWARD_OUT_FLOATS: Final = 3.81
+ADAPTER_BACKWARD_DROPOUT_FLOATS: Final = 2.5
+COMPUTE_UTILISATION: Final = 0.843
 BANDWIDTH_UTILISATION: Final = 0.8
-LAYER_PASS_SECONDS: Final = 0.00242
-DEVICE_HOP_SECONDS: Final = 0.01084
-STEP_SECONDS: Final = 0.0532
+LAYER_PASS_SECONDS: Final = 0.00237
+DEVICE_HOP_SECONDS: Final = 0.01079
+STEP_SECONDS: Final = 0.0387
 
 # fsdp holds more than its counted parts: the three fsdp runs on two GPUs (70B-shaped, 2048 tokens,
 # checkpointing) measured 1.52, 0.30 and 0.95 GiB above their plans' allocated parts at 4, 32 and

@@ -31,6 +31,9 @@ class GpuProduct:
     # GPUs, rounded down. Conservative on purpose: a pod above the node's memory never schedules,
     # one below it only offloads fewer activations.
     host_memory_gib: float = 28.0
+    # One cuBLAS workspace as PyTorch sizes it by default (CUBLAS_WORKSPACE_CONFIG unset): 32 MiB on
+    # Hopper (sm90), two 4 MiB chunks and eight 16 KiB ones before it.
+    cublas_workspace_mib: float = 8.125
 
 
 DEFAULT_PRODUCT: Final = "Tesla-P40"
@@ -48,9 +51,9 @@ PRODUCTS: Final[tuple[tuple[str, GpuProduct], ...]] = (
     # A100-40GB: four in 256 GB: (238 - 8) / 4 GiB.
     (r"a100.*80gb", GpuProduct("NVIDIA-A100-80GB", 79.2, 19.5, 2039, 150, True, 24, host_memory_gib=112)),
     (r"a100", GpuProduct("NVIDIA-A100-40GB", 39.4, 19.5, 1555, 150, True, 24, host_memory_gib=56)),
-    (r"h100.*pcie", GpuProduct("NVIDIA-H100-PCIe", 79.2, 51.2, 2000, 64, True, 48, host_memory_gib=112)),
-    (r"h100", GpuProduct("NVIDIA-H100-80GB-HBM3", 79.2, 67.0, 3350, 225, True, 48, host_memory_gib=112)),
-    (r"h200", GpuProduct("NVIDIA-H200", 139.8, 67.0, 4800, 225, True, 48, host_memory_gib=112)),
+    (r"h100.*pcie", GpuProduct("NVIDIA-H100-PCIe", 79.2, 51.2, 2000, 64, True, 48, 112, 32)),
+    (r"h100", GpuProduct("NVIDIA-H100-80GB-HBM3", 79.2, 67.0, 3350, 225, True, 48, 112, 32)),
+    (r"h200", GpuProduct("NVIDIA-H200", 139.8, 67.0, 4800, 225, True, 48, 112, 32)),
 )
 
 

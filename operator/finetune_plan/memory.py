@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from . import calibration as cal
+from .gpu_products import GpuProduct
 from .model_shape import ATTENTION_MODULES, ModelShape
 
 GIB: Final = 2**30
@@ -381,6 +382,20 @@ def offload_host_bytes(shape: ModelShape, recipe: Recipe) -> float:
     return offloaded_layers(shape, recipe) * pinned_layer_bytes(shape, recipe)
 
 
+# Threads that run matmuls in a training step, each with its own cuBLAS handle and workspace: the
+# forward's (the trainer's thread) and the backward's (autograd's worker for the device).
+CUBLAS_HANDLES: Final = 2
+
+
+def cublas_workspace_bytes(product: GpuProduct) -> float:
+    """cuBLAS workspaces, which PyTorch takes from its caching allocator at a thread's first matmul
+    and keeps: in `allocated` from the first step on. Planned without them, every held-out point
+    on an H200 measured 0.057-0.059 GiB more resident than planned beside the adapters' gradients
+    (bench/results/2026-12-05-h200-heldout-*.json), 0.02-0.06 GiB above the plan's peak where the
+    adapters are small."""
+    return CUBLAS_HANDLES * product.cublas_workspace_mib * 2**20
+
+
 def logits_bytes(shape: ModelShape, recipe: Recipe) -> float:
     """Transient bytes of the loss: FP32 logits for the whole micro-batch, or for one chunk. The
     loss head chunks the micro-batch's positions flattened, rows one after the other
@@ -410,10 +425,12 @@ class GpuMemory:
     logits: float
     capacity: float
     notes: tuple[str, ...] = field(default=())
+    workspaces: float = 0.0  # cuBLAS's, from the first step on (`cublas_workspace_bytes`)
 
     @property
     def resident(self) -> float:
-        return self.quantised_weights + self.embeddings_head + self.norms + self.lora_optimizer + self.activations
+        held = self.quantised_weights + self.embeddings_head + self.norms + self.lora_optimizer + self.workspaces
+        return held + self.activations
 
     @property
     def allocated(self) -> float:

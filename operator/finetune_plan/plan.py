@@ -228,6 +228,7 @@ def gpu_dict(g: GpuMemory) -> dict[str, Any]:
         "embeddings_head_gib": gib(g.embeddings_head),
         "norms_gib": gib(g.norms),
         "lora_optimizer_gib": gib(g.lora_optimizer),
+        "workspaces_gib": gib(g.workspaces),
         "activations_gib": gib(g.activations),
         "temporaries_gib": gib(g.temporaries),
         "logits_gib": gib(g.logits),
@@ -272,6 +273,7 @@ def _device_map_gpu(
         temporaries=mem.layer_pass_temporaries(shape, recipe, layers, kept, offloaded),
         logits=mem.logits_bytes(shape, recipe) if gpu == loss_gpu else 0.0,
         capacity=hw.capacity,
+        workspaces=mem.cublas_workspace_bytes(hw.product),
     )
 
 
@@ -362,6 +364,7 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
         + unmeasured,
         logits=mem.logits_bytes(shape, recipe) + (0.0 if whole_in_root else head) + unmeasured,
         capacity=hw.capacity,
+        workspaces=mem.cublas_workspace_bytes(hw.product),
     )
     return Layout("fsdp", tuple(replace(gpu, index=i) for i in range(n)), recipe.loss_chunk_tokens)
 

@@ -48,11 +48,13 @@ def layer_passes(shape: ModelShape, recipe: Recipe) -> int:
 
 def flops_per_token(shape: ModelShape, recipe: Recipe) -> float:
     """Frozen weights need no weight gradient: 2 FLOPs per weight per pass; the adapters train
-    fully (6 per weight); attention as its kernel computes it (`attention_flops_per_token`); the
-    head forward and backward, and forward again where the loss runs in chunks (`head_passes`)."""
+    fully (2 per weight in each forward, recomputed ones too, 4 in the backward); attention as
+    its kernel computes it (`attention_flops_per_token`); the head forward and backward, and
+    forward again where the loss runs in chunks (`head_passes`)."""
     passes = layer_passes(shape, recipe)
     linear = 2 * shape.linear_params_per_layer * passes
-    lora = 6 * shape.layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets)
+    forwards = shape.layers + recomputed_layers(shape, recipe)
+    lora = (2 * forwards + 4 * shape.layers) * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets)
     head = 2 * head_passes(recipe) * shape.vocab * shape.hidden
     return float(linear + lora + head + attention_flops_per_token(shape, recipe))
 
@@ -100,6 +102,41 @@ def memory_traffic_bytes(shape: ModelShape, recipe: Recipe) -> float:
     return layer_passes(shape, recipe) * shape.linear_params_per_layer * per_param
 
 
+def adapter_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct, *, backward: bool = True) -> float:
+    """The adapters' own work per micro-batch beyond their matmuls' FLOPs: memory traffic. A LoRA
+    adapter's matmuls are skinny (r columns against thousands), so its cost is the tensors it
+    reads and writes: in the forward its input once (the A matmul) and its output width several
+    times (the B matmul's output, the scaling, the sum into the frozen linear's output and PEFT's
+    copy of that output for 4-bit linears); in the backward the input's gradient and the output's;
+    with dropout the dropped copy of the input and its mask, each way. Floats per token per width,
+    measured apart on PEFT's LoRA layer over bitsandbytes' NF4 linear (`bench.calibration.lora_cost`).
+    Without it, rank 16-64 on all seven linears at 3072-4096 tokens ran 8-13 % below the plan
+    (bench/results/2026-12-05-h200-heldout-heldout-*.json). `backward=False`: one forward of one
+    layer, for `layer_forward_seconds`."""
+    dims = shape.linear_dims()
+    adapted = [dims[t] for t in recipe.lora_targets if t in dims]
+    if not adapted:
+        return 0.0
+    drop = 1.0 if recipe.lora_dropout else 0.0
+    forward = sum(
+        cal.ADAPTER_FORWARD_IN_FLOATS * fan_in
+        + cal.ADAPTER_FORWARD_OUT_FLOATS * fan_out
+        + cal.ADAPTER_FORWARD_DROPOUT_FLOATS * drop * fan_in
+        for fan_in, fan_out in adapted
+    )
+    per_float = recipe.tokens * recipe.compute_bytes / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
+    if not backward:
+        return forward * per_float
+    back = sum(
+        cal.ADAPTER_BACKWARD_IN_FLOATS * fan_in
+        + cal.ADAPTER_BACKWARD_OUT_FLOATS * fan_out
+        + cal.ADAPTER_BACKWARD_DROPOUT_FLOATS * drop * fan_in
+        for fan_in, fan_out in adapted
+    )
+    forwards = shape.layers + recomputed_layers(shape, recipe)
+    return (forwards * forward + shape.layers * back) * per_float
+
+
 def layer_forward_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
     """One decoder layer's forward over one micro-batch: its matmuls, its dequantisation, its launches."""
     one = replace(recipe, gradient_checkpointing=False, offload=False)
@@ -111,13 +148,18 @@ def layer_forward_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct
     compute = flops * recipe.tokens / (peak * cal.COMPUTE_UTILISATION)
     compute += 0.0 if matrix else 2 * width * recipe.tokens / (peak * cal.FUSED_ATTENTION_UTILISATION)
     memory = memory_traffic_bytes(layer, one) / 2 / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
-    return compute + memory + cal.LAYER_PASS_SECONDS
+    return compute + memory + adapter_seconds(layer, one, product, backward=False) + cal.LAYER_PASS_SECONDS
 
 
 def offload_stall_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
     """What offloading adds to a micro-batch: each offloaded layer's activations cross the host
     link twice (out in the forward, back in the backward), hidden under the compute of the layer
-    they overlap with (the next forward; the backward, about twice a forward) where they are shorter."""
+    they overlap with (the next forward; the backward, about twice a forward) where they are shorter.
+    The backward fetches a layer back when it reaches the layer after it (`finetune_trainer.
+    activations.Offloader.reached`), so the first offloaded layer it reaches, behind the kept ones,
+    has nothing to hide its fetch: the backward waits for it whole. Planned without that wait,
+    every held-out run that offloaded measured 3-6 % below the same point's runs that did not
+    (bench/results/2026-12-05-h200-heldout-heldout-*.json)."""
     count = offloaded_layers(shape, recipe)
     moved = full_layer_activation_bytes(shape, recipe) / (product.host_link_gbps * 1e9)
     if inputs_offloaded(recipe):  # only a recomputing layer's input crosses
@@ -126,7 +168,7 @@ def offload_stall_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct
     if not count:
         return 0.0
     forward = layer_forward_seconds(shape, recipe, product)
-    return count * (max(0.0, moved - forward) + max(0.0, moved - 2 * forward))
+    return count * (max(0.0, moved - forward) + max(0.0, moved - 2 * forward)) + moved
 
 
 def compute_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
@@ -135,10 +177,12 @@ def compute_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> f
     memory = memory_traffic_bytes(shape, recipe) / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
     launches = layer_passes(shape, recipe) * cal.LAYER_PASS_SECONDS
     attention = attention_seconds(shape, recipe, product)
+    adapters = adapter_seconds(shape, recipe, product)
     # The optimizer's step and the trainer's own work once per step (the figures it reports, the
     # gradient clip, the step's bookkeeping), shared by the step's micro-batches.
     step = cal.STEP_SECONDS / recipe.gradient_accumulation
-    return compute + memory + launches + attention + step + offload_stall_seconds(shape, recipe, product)
+    stall = offload_stall_seconds(shape, recipe, product)
+    return compute + memory + adapters + launches + attention + step + stall
 
 
 def gather_bytes(shape: ModelShape, recipe: Recipe, gpus: int) -> float:

@@ -153,3 +153,8 @@ def test_the_host_memory_the_runs_measured_is_within_todays_plan() -> None:
 def test_the_readme_shows_the_records_table() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert heldout.readme_table() in readme
+
+
+def test_the_readme_shows_todays_plan_against_the_same_runs() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert heldout.replanned_table() in readme
