@@ -23,7 +23,7 @@ from finetune_api.modes import to_spec
 from finetune_api.problems import format_problems
 from finetune_api.quantities import to_bytes
 from finetune_api.spec import EFFECTIVE_BATCH_FACTORS, FineTuneJobSpec
-from finetune_plan import GIB, LaunchPlan, ModelConfigError, choose, known_model, lookup
+from finetune_plan import GIB, ActivationAsk, LaunchPlan, ModelConfigError, choose, known_model, lookup
 from finetune_plan.gpu_products import known_names
 from finetune_plan.grace import clock_steps, grace_of
 from finetune_plan.host import host_need
@@ -320,7 +320,7 @@ def longest_line(plan: Plan, spec: FineTuneJobSpec) -> str:
     """The longest maxLength each mode fits at the job's batch, the kernel's attention included,
     and with the recomputing layers' inputs in host memory where the plan would put them there
     (`training.activationOffload` not false, some layers recomputing)."""
-    inputs = spec.training.activation_offload is not False and plan.recipe.gradient_checkpointing
+    inputs = ActivationAsk.of(spec.training).may_offload and plan.recipe.gradient_checkpointing
     recipe = replace(plan.recipe, loss_chunk_tokens=0, offload=False, offload_inputs=inputs)
     found = longest_per_mode(plan.shape, recipe, plan.hardware, TRAINER_LOSS_CHUNKS)
     shown = ", ".join(f"{to_spec(mode)} {length if length else 'none'}" for mode, length in found.items())

@@ -12,15 +12,18 @@ from .memory import GIB, GpuMemory, Recipe
 from .model_shape import ModelConfigError, ModelShape, known_model, shape_from_config
 from .parallelism import TRAINER_LOSS_CHUNKS, LaunchPlan, choose, cpu_launch
 from .plan import Hardware, Layout, Plan, make_plan
+from .recompute import ActivationAsk, LayerLayout
 from .speed import Speed
 
 __all__ = [
     "GIB",
     "TRAINER_LOSS_CHUNKS",
+    "ActivationAsk",
     "GpuMemory",
     "GpuProduct",
     "Hardware",
     "LaunchPlan",
+    "LayerLayout",
     "Layout",
     "ModelConfigError",
     "ModelShape",

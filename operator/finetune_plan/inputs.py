@@ -13,6 +13,7 @@ from finetune_api.spec import FineTuneJobSpec
 
 from .gpu_products import DEFAULT_PRODUCT, GpuProduct, lookup
 from .memory import FP32, Attention, Recipe
+from .recompute import ActivationAsk
 
 
 def compute_bytes(precision: str, product: GpuProduct) -> int:
@@ -23,6 +24,7 @@ def compute_bytes(precision: str, product: GpuProduct) -> int:
 
 def recipe_from_spec(spec: FineTuneJobSpec, product: GpuProduct, attention: Attention = "materialised") -> Recipe:
     training = spec.training
+    asked = ActivationAsk.of(training)
     return Recipe(
         max_length=training.max_length,
         batch_size=training.batch_size,
@@ -31,8 +33,8 @@ def recipe_from_spec(spec: FineTuneJobSpec, product: GpuProduct, attention: Atte
         lora_targets=tuple(spec.lora.target_modules),
         lora_dropout=spec.lora.dropout > 0,
         # auto plans all-recompute first; `make_plan` then sizes the layers kept.
-        gradient_checkpointing=training.gradient_checkpointing is not False,
-        offload=training.activation_offload is True,
+        gradient_checkpointing=asked.recomputes,
+        offload=asked.offloads,
         quantization=spec.quantization.type,
         double_quant=spec.quantization.double_quant,
         optimizer=training.optimizer,

@@ -25,7 +25,7 @@ from .host_limit import HostLimit
 from .memory import GIB, GpuMemory, Recipe
 from .model_shape import ModelShape
 from .placement import QUANTISED_ACCOUNTING_BYTES, Placement, balance, max_memory
-from .recompute import Activations, Choice, candidates, describe, most_kept, roomy
+from .recompute import ActivationAsk, Activations, Choice, LayerLayout, candidates, describe, most_kept, roomy
 from .speed import Mode, Speed, estimate
 
 ModeChoice = Literal["auto", "device_map", "data_parallel", "fsdp"]
@@ -143,16 +143,20 @@ class Plan:
         }
 
     @property
+    def layers(self) -> LayerLayout:
+        """Which layers keep, recompute or offload their activations: what the trainer applies."""
+        return LayerLayout.of(self.shape, self.recipe)
+
+    @property
     def activation_summary(self) -> dict[str, Any]:
-        """Which layers keep, recompute or offload their activations (the trainer applies these)."""
-        act = self.activations
+        """The layers' layout in the summary's words (the trainer's log and status)."""
+        act, layers = self.activations, self.layers
         return {
             "gradient_checkpointing": self.recipe.gradient_checkpointing,
-            "kept_layers": mem.kept_layers(self.shape, self.recipe),
-            "recomputed_layers": mem.recomputed_layers(self.shape, self.recipe),
-            "offloaded_layers": mem.offloaded_layers(self.shape, self.recipe),
-            "inputs_offloaded": mem.inputs_offloaded(self.recipe)
-            and mem.recomputed_layers(self.shape, self.recipe) > 0,
+            "kept_layers": layers.kept,
+            "recomputed_layers": layers.recomputed,
+            "offloaded_layers": layers.offloaded,
+            "inputs_offloaded": layers.inputs_offloaded,
             "pinned_host_gib_per_process": round(self.pinned_host_gib_per_process, 2),
             "checkpointing": None if act is None else act.checkpointing,
             "offload": None if act is None else act.offload,
@@ -461,8 +465,7 @@ def _activations(
     layout: Layout,
     *,
     chunks: Sequence[int],
-    checkpointing: Choice,
-    offload: Choice,
+    ask: ActivationAsk,
     host_limit: HostLimit | None = None,
 ) -> tuple[Layout, Activations]:
     """The layers that keep, recompute or offload their activations, for a layout that fits.
@@ -471,16 +474,17 @@ def _activations(
     plain = replace(recipe, loss_chunk_tokens=layout.loss_chunk_tokens, kept_layers=0, offload=False)
     all_recompute = replace(plain, gradient_checkpointing=True)
     baseline = _rate(shape, all_recompute, hw, layout.mode)
-    if checkpointing is False:
+    if not ask.recomputes:
         return layout, Activations(plain, describe(shape, plain, 0.0), "off: no layer recomputes")
-    wanted = offload is True
-    inputs_why = f"the recomputing layers' inputs only (activationOffload: {str(offload).lower()}): what fits the GPUs"
-    if checkpointing is True:
+    wanted = ask.offloads
+    offload = str(ask.offload).lower()
+    inputs_why = f"the recomputing layers' inputs only (activationOffload: {offload}): what fits the GPUs"
+    if ask.recomputes_all:
         chosen = replace(all_recompute, offload=wanted)
         if wanted:
             layout = layout_for(layout.mode, shape, chosen, hw)
         pinned = mem.offload_host_bytes(shape, chosen)
-        why = "on (activationOffload: true)" if wanted else f"off (activationOffload: {str(offload).lower()})"
+        why = "on (activationOffload: true)" if wanted else f"off (activationOffload: {offload})"
         why = inputs_why if mem.inputs_offloaded(chosen) else why
         return layout, Activations(chosen, describe(shape, chosen, pinned), why, baseline)
     sized = _sized(shape, all_recompute, hw, layout.mode, chunks=[layout.loss_chunk_tokens, *chunks], offload=wanted)
@@ -492,7 +496,7 @@ def _activations(
     rate = _rate(shape, chosen, hw, layout.mode)
     if wanted:
         why = "on (activationOffload: true)"
-    elif offload == "auto" and (mem.recomputed_layers(shape, chosen) or chosen.loss_chunk_tokens):
+    elif ask.weighs_offload and (mem.recomputed_layers(shape, chosen) or chosen.loss_chunk_tokens):
         # Also where every layer keeps but only with the loss in chunks: each chunk's logits are
         # recomputed in the backward, and offloading some layers may leave room for a whole loss.
         layout, chosen, why = _offload_if_it_pays(
@@ -509,7 +513,7 @@ def _activations(
     else:
         why = (
             "off"
-            + ("" if offload == "auto" else " (activationOffload: false)")
+            + ("" if ask.weighs_offload else " (activationOffload: false)")
             + (": no layer recomputes" if not mem.recomputed_layers(shape, chosen) else "")
         )
     if mem.inputs_offloaded(chosen) and mem.recomputed_layers(shape, chosen):
@@ -593,7 +597,7 @@ def _host_allows(shape: ModelShape, recipe: Recipe, layout: Layout, hw: Hardware
 
 
 def _host_refusal(
-    shape: ModelShape, recipe: Recipe, layout: Layout, hw: Hardware, host_limit: HostLimit | None, *, offload: Choice
+    shape: ModelShape, recipe: Recipe, layout: Layout, hw: Hardware, host_limit: HostLimit | None, *, ask: ActivationAsk
 ) -> str | None:
     """The one-line verdict when the plan's pod needs more host memory than a node offers (a
     limit the spec sets is `host.shortfall`'s), naming the fields that would change it."""
@@ -602,7 +606,7 @@ def _host_refusal(
     need = pod_bytes(shape, recipe, layout.mode, hw.gpus)
     pinned = mem.offload_host_bytes(shape, recipe)
     fixes = [host_limit.raise_it]
-    if pinned and offload is True:
+    if pinned and ask.offloads:
         fixes.insert(0, "set training.activationOffload: auto (it offloads what fits)")
     elif pinned:
         fixes.append("lower training.maxLength (fewer bytes pinned per layer)")
@@ -715,13 +719,16 @@ def make_plan(
         if loss_chunks is not None
         else ([recipe.loss_chunk_tokens] if recipe.loss_chunk_tokens else [0, LOSS_CHUNK_TOKENS])
     )
-    if checkpointing is not None:
+    # `checkpointing` None: the recipe's layers as they are, nothing sized.
+    ask = ActivationAsk("auto" if checkpointing is None else checkpointing, offload)
+    sizing = checkpointing is not None
+    if sizing:
         # The mode is planned all-recompute (auto) or as asked; the kept layers are sized after.
-        recipe = replace(recipe, gradient_checkpointing=checkpointing is not False, kept_layers=0, offload=False)
+        recipe = replace(recipe, gradient_checkpointing=ask.recomputes, kept_layers=0, offload=False)
     modes = _modes(mode, hardware, allowed_modes)
     layout, per_mode = _best_layout(shape, recipe, hardware, modes, chunks)
     inputs_refused = None
-    if not layout.fits and checkpointing is not None and offload is not False and recipe.gradient_checkpointing:
+    if not layout.fits and sizing and ask.may_offload and recipe.gradient_checkpointing:
         # What a recomputing layer keeps, its input, can wait in host memory instead: the GPUs then
         # hold two such inputs, not one per layer (80 of a 70B at 2048 tokens: 5.1 GiB per GPU).
         inputs = replace(recipe, offload_inputs=True)
@@ -744,16 +751,9 @@ def make_plan(
         )
         alternatives = (layout, *alternatives)
     activations = None
-    if layout.fits and checkpointing is not None:
+    if layout.fits and sizing:
         layout, activations = _activations(
-            shape,
-            recipe,
-            hardware,
-            layout,
-            chunks=chunks,
-            checkpointing=checkpointing,
-            offload=offload,
-            host_limit=host_limit,
+            shape, recipe, hardware, layout, chunks=chunks, ask=ask, host_limit=host_limit
         )
         chosen = activations.recipe
     else:
@@ -788,7 +788,7 @@ def make_plan(
         message += f" (also: {other_text})"
     if activations is not None:
         message += f"; {activations.checkpointing}; activation offload {activations.offload}"
-    host_refusal = _host_refusal(shape, chosen, layout, hardware, host_limit, offload=offload) if layout.fits else None
+    host_refusal = _host_refusal(shape, chosen, layout, hardware, host_limit, ask=ask) if layout.fits else None
     if host_refusal is not None:
         suggestions = [host_refusal]
         message = f"{host_refusal} (the GPUs: {message})"

@@ -31,12 +31,78 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from finetune_api.spec import TrainingSpec
+
 from . import calibration as cal
 from . import memory as mem
 from .memory import GIB, Recipe
 from .model_shape import ModelShape
 
 Choice = bool | Literal["auto"]
+
+
+@dataclass(frozen=True)
+class ActivationAsk:
+    """`training.gradientCheckpointing` and `training.activationOffload` as a spec says them: the
+    one place `auto`, true and false are read (the planner's recipe, its sizing, the memory
+    savers of a retry, the trainer's choice where no plan sizes the layers)."""
+
+    checkpointing: Choice = "auto"
+    offload: Choice = "auto"
+
+    @classmethod
+    def of(cls, training: TrainingSpec) -> ActivationAsk:
+        """From a spec's `training` block."""
+        return cls(training.gradient_checkpointing, training.activation_offload)
+
+    @property
+    def recomputes(self) -> bool:
+        """Whether any layer may recompute: `auto` is planned all-recompute first, then sized."""
+        return self.checkpointing is not False
+
+    @property
+    def recomputes_all(self) -> bool:
+        """Every layer recomputes, none kept (`true`)."""
+        return self.checkpointing is True
+
+    @property
+    def sizes_kept(self) -> bool:
+        """`auto`: the plan keeps as many layers' activations as the memory holds."""
+        return self.checkpointing == "auto"
+
+    @property
+    def offloads(self) -> bool:
+        """Every layer not kept offloads (`true`)."""
+        return self.offload is True
+
+    @property
+    def may_offload(self) -> bool:
+        """Offload may be chosen (`auto`) or is asked (`true`)."""
+        return self.offload is not False
+
+    @property
+    def weighs_offload(self) -> bool:
+        """`auto`: offload where the speed model says it pays and the host holds it."""
+        return self.offload == "auto"
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """Which decoder layers keep, recompute or offload their activations: the plan's decision as
+    the trainer applies it (`finetune_trainer.activations`). The last `kept` layers keep theirs;
+    the `offloaded` just before them wait in pinned host memory; the first `recomputed` run their
+    forward again in the backward, their inputs in host memory where `inputs_offloaded`."""
+
+    kept: int
+    recomputed: int
+    offloaded: int
+    inputs_offloaded: bool = False
+
+    @classmethod
+    def of(cls, shape: ModelShape, recipe: Recipe) -> LayerLayout:
+        recomputed = mem.recomputed_layers(shape, recipe)
+        inputs = mem.inputs_offloaded(recipe) and recomputed > 0
+        return cls(mem.kept_layers(shape, recipe), recomputed, mem.offloaded_layers(shape, recipe), inputs)
 
 
 @dataclass(frozen=True)

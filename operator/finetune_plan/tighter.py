@@ -26,6 +26,7 @@ from typing import Final
 from finetune_api.spec import FineTuneJobSpec
 
 from .plan import LOSS_CHUNK_TOKENS
+from .recompute import ActivationAsk
 
 # Below this a smaller loss chunk saves less than the chunking's own bookkeeping.
 MIN_LOSS_CHUNK_TOKENS: Final = 64
@@ -62,7 +63,7 @@ def savers_of(spec: FineTuneJobSpec, loss_chunk_tokens: int) -> Savers:
     return Savers(
         loss_chunk_tokens=loss_chunk_tokens,
         # auto keeps some layers' activations: the notch checkpoints them all.
-        gradient_checkpointing=training.gradient_checkpointing is True,
+        gradient_checkpointing=ActivationAsk.of(training).recomputes_all,
         batch_size=training.batch_size,
         gradient_accumulation=training.gradient_accumulation,
         eval_batch_size=training.batch_size,

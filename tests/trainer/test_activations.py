@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from finetune_plan import LayerLayout
 from finetune_trainer.activations import Offloader, stays
 from tests.support.training import ADAPTER_TOLERANCE, max_difference
 
@@ -246,7 +247,7 @@ def test_where_the_host_holds_only_some_layers_those_before_the_kept_offload_and
         vocab_size=100,
     )
     ids = torch.randint(0, 100, (2, 64), generator=torch.Generator().manual_seed(0))
-    layout = activations.chosen(_spec(), {"kept_layers": 1, "offloaded_layers": 2, "recomputed_layers": 1}, 4)
+    layout = activations.chosen(_spec(), LayerLayout(kept=1, recomputed=1, offloaded=2), 4)
     assert layout == activations.LayerActivations(1, True, False, 2) and layout.recomputed(4) == 1
 
     def run(layout: activations.LayerActivations | None) -> tuple[list[torch.Tensor], dict[str, int]]:

@@ -14,7 +14,7 @@ from finetune_trainer.failures import TrainerFailure
 from finetune_trainer.preflight import MemoryPlan
 
 GIB = 2**30
-PLAN = MemoryPlan(None, "planner", {"whole_load_host_gib_per_process": 10.0})
+PLAN = MemoryPlan(None, "planner", {}, whole_load_host_gib_per_process=10.0)
 
 
 @pytest.fixture

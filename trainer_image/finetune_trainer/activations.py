@@ -20,7 +20,6 @@ tensor comes back bit for bit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -28,6 +27,7 @@ import torch
 from torch import nn
 
 from finetune_api.spec import FineTuneJobSpec
+from finetune_plan import ActivationAsk, LayerLayout
 
 from . import test_hooks
 
@@ -60,21 +60,20 @@ class LayerActivations:
         return self.offloaded_from(layers)
 
 
-def chosen(spec: FineTuneJobSpec, summary: Mapping[str, Any], layers: int) -> LayerActivations:
+def chosen(spec: FineTuneJobSpec, planned: LayerLayout | None, layers: int) -> LayerActivations:
     """The plan's choice (GPU runs), or on the CPU, which no plan sizes, the spec's: true
     recomputes every layer, false none, auto none either (no GPU memory to fill) unless a test
     names how many to keep (`test_hooks.KEEP_LAYERS`) or has the inputs offloaded
     (`test_hooks.OFFLOAD_INPUTS`)."""
-    if "kept_layers" in summary:
-        offloaded = int(summary.get("offloaded_layers") or 0)
-        inputs = bool(summary.get("inputs_offloaded"))
-        return LayerActivations(int(summary["kept_layers"]), offloaded > 0, inputs, offloaded or None)
-    asked = spec.training.gradient_checkpointing
-    if asked is False:
+    if planned is not None:
+        offloaded = planned.offloaded
+        return LayerActivations(planned.kept, offloaded > 0, planned.inputs_offloaded, offloaded or None)
+    asked = ActivationAsk.of(spec.training)
+    if not asked.recomputes:
         return LayerActivations(layers, False)
-    offload = spec.training.activation_offload is True
+    offload = asked.offloads
     inputs = test_hooks.offload_inputs()
-    if asked is True:
+    if asked.recomputes_all:
         return LayerActivations(0, offload, inputs)
     kept = test_hooks.keep_layers()
     return LayerActivations(layers if kept is None else min(kept, layers), offload, inputs)

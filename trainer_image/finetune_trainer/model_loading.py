@@ -193,7 +193,7 @@ def _whole_load_fits(plan: MemoryPlan, why: str) -> None:
     """The pod was sized for streaming (`finetune_plan`'s host figure): a whole load on each of
     its processes that the pod's memory cannot hold is refused here, in one line, rather than
     killed by the kernel partway through."""
-    per_process = plan.summary.get("whole_load_host_gib_per_process")
+    per_process = plan.whole_load_host_gib_per_process
     limit = pod_memory_limit()
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if per_process is None or limit is None or limit >= processes * per_process * 2**30:
@@ -254,7 +254,7 @@ def _prepare(model: Any, config: TrainerConfig, precision: ResolvedPrecision, pl
     if precision == "fp32":
         cast_to_fp32(model)
     layers = len(activations.decoder_layers(model))
-    layout = activations.chosen(spec, plan.summary, layers)
+    layout = activations.chosen(spec, plan.layers, layers)
     checkpointing = layout.recomputed(layers) > 0
     if spec.quantization.type != "none":
         model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]

@@ -7,6 +7,7 @@ has already refused a job that cannot fit, before any weight is loaded.
 from dataclasses import dataclass
 from typing import Any
 
+from finetune_plan import LayerLayout
 from finetune_plan.parallelism import LaunchPlan
 
 from .hardware import Hardware
@@ -14,10 +15,16 @@ from .hardware import Hardware
 
 @dataclass(frozen=True)
 class MemoryPlan:
+    """The plan as model loading applies it, typed; `summary` is the plan's record for the log and
+    the run's summary only (nothing reads a decision from it)."""
+
     max_memory: dict[int | str, int] | None  # bytes per GPU index for device_map="auto"; None on CPU
     source: str  # "planner" or "cpu"
     summary: dict[str, Any]
     device_map: dict[str, int] | None = None  # the planner's layer placement (deviceMap mode)
+    layers: LayerLayout | None = None  # which layers keep, recompute or offload; None: no plan sized them
+    # fsdp: one process's host memory were the checkpoint loaded whole (`Plan.whole_load_host_gib_per_process`).
+    whole_load_host_gib_per_process: float | None = None
 
 
 def memory_plan(launch: LaunchPlan, hardware: Hardware) -> MemoryPlan:
@@ -25,4 +32,11 @@ def memory_plan(launch: LaunchPlan, hardware: Hardware) -> MemoryPlan:
     if not hardware.on_gpu or plan is None:
         return MemoryPlan(None, "cpu", {})
     budget: dict[int | str, int] = {int(k): int(v) for k, v in (plan.max_memory or {}).items()}
-    return MemoryPlan(budget or None, "planner", dict(plan.summary), plan.device_map)
+    return MemoryPlan(
+        budget or None,
+        "planner",
+        dict(plan.summary),
+        plan.device_map,
+        layers=plan.layers,
+        whole_load_host_gib_per_process=plan.whole_load_host_gib_per_process,
+    )

@@ -647,7 +647,8 @@ class Recipe:
             "seconds": round(time.time() - self.started, 1),
         }
         write_summary(self.output, summary)
-        emit("done", **{k: summary[k] for k in ("finalStep", "finalLoss", "evalLoss", "adapterPath", "precisionGuard")})
+        ending = ("finalStep", "finalLoss", "evalLoss", "adapterPath", "precisionGuard")
+        emit("done", **{k: v for k, v in summary.items() if k in ending})
         return summary
 
     # --- cleanup -------------------------------------------------------------------------------
