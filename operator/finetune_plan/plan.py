@@ -688,6 +688,102 @@ def _gib(value: float) -> str:
     return f"{value / GIB:.1f} GiB"
 
 
+def _inputs_in_host(
+    shape: ModelShape,
+    recipe: Recipe,
+    hardware: Hardware,
+    found: tuple[Layout, list[Layout]],
+    *,
+    modes: list[Mode],
+    chunks: Sequence[int],
+    host_limit: HostLimit | None,
+) -> tuple[Recipe, Layout, list[Layout], str | None]:
+    """What a recomputing layer keeps, its input, can wait in host memory instead: the GPUs then
+    hold two such inputs, not one per layer (80 of a 70B at 2048 tokens: 5.1 GiB per GPU). The
+    recipe and layouts with the inputs in host memory where that fits the GPUs and the host, else
+    `found` as it was, with the one-line refusal where only the host's memory stood in the way."""
+    inputs = replace(recipe, offload_inputs=True)
+    held = _best_layout(shape, inputs, hardware, modes, chunks)
+    if held[0].fits and _host_allows(shape, inputs, held[0], hardware, host_limit):
+        return inputs, held[0], held[1], None
+    if held[0].fits and host_limit is not None:
+        need = pod_bytes(shape, inputs, held[0].mode, hardware.gpus)
+        refused = (
+            f"the recomputing layers' inputs in host memory would fit the GPUs, but take the pod to "
+            f"{_gib(need)}, above {host_limit.describe()}: {host_limit.raise_it}, or lower training.maxLength"
+        )
+        return recipe, found[0], found[1], refused
+    return recipe, found[0], found[1], None
+
+
+def _alternatives(
+    shape: ModelShape,
+    recipe: Recipe,
+    hardware: Hardware,
+    layout: Layout,
+    per_mode: list[Layout],
+    *,
+    mode: ModeChoice,
+    modes: list[Mode],
+    chunks: Sequence[int],
+) -> tuple[Layout, ...]:
+    """The layouts `ftjob plan` sets beside the chosen one: every mode `auto` weighed, or the asked
+    mode and the modes it did not weigh."""
+    if mode == "auto" and hardware.gpus > 1:
+        return tuple(per_mode)
+    others = (
+        tuple(_best_layout(shape, recipe, hardware, [m], chunks)[0] for m in ALL_MODES if m not in modes)
+        if hardware.gpus > 1
+        else ()
+    )
+    return (layout, *others)
+
+
+def _verdict(layout: Layout, alternatives: Sequence[Layout], hardware: Hardware, suggestions: list[str]) -> str:
+    """The plan's one line on the GPUs: fits (peak, headroom) or not (shortfall, what to change),
+    and what the other modes would need."""
+    fullest = layout.fullest
+    where = f"{hardware.gpus} x {hardware.product.name}"
+    word = to_spec(layout.mode)
+    if layout.fits:
+        chunk = f", loss in chunks of {layout.loss_chunk_tokens} tokens" if layout.loss_chunk_tokens else ""
+        message = (
+            f"fits on {where} in {word} mode{chunk}: peak {_gib(fullest.total)} on GPU {fullest.index} "
+            f"of {hardware.memory_gib:.1f} GiB ({_gib(fullest.headroom)} headroom)"
+        )
+    else:
+        message = (
+            f"does not fit on {where}: the closest is {word} mode, which needs {_gib(fullest.total)} on "
+            f"GPU {fullest.index}, {_gib(layout.shortfall)} more than its {hardware.memory_gib:.1f} GiB; "
+            + "; ".join(suggestions)
+        )
+    other_text = "; ".join(
+        f"{to_spec(a.mode)} needs {_gib(a.fullest.total)} on GPU {a.fullest.index}"
+        + ("" if a.fits else " (does not fit)")
+        for a in alternatives
+        if a.mode != layout.mode
+    )
+    return message + (f" (also: {other_text})" if other_text else "")
+
+
+def _loading_budget(shape: ModelShape, recipe: Recipe, layout: Layout) -> dict[int, int] | None:
+    """accelerate's max_memory per GPU for the placement (None without one)."""
+    if layout.placement is None:
+        return None
+    accounting = shape.linear_params_per_layer * (
+        QUANTISED_ACCOUNTING_BYTES if recipe.quantization != "none" else recipe.compute_bytes
+    )
+    return max_memory(layout.placement, accounting, mem.embedding_bytes(shape, recipe), mem.head_bytes(shape))
+
+
+def _chunks_to_try(recipe: Recipe, loss_chunks: Sequence[int] | None) -> list[int]:
+    """The loss chunk sizes to try in order: as given, else the recipe's, else the whole sequence
+    then chunks of LOSS_CHUNK_TOKENS."""
+    if loss_chunks is not None:
+        return list(loss_chunks)
+    return [recipe.loss_chunk_tokens] if recipe.loss_chunk_tokens else [0, LOSS_CHUNK_TOKENS]
+
+
 def make_plan(
     shape: ModelShape,
     recipe: Recipe,
@@ -714,11 +810,7 @@ def make_plan(
     """
     if hardware.gpus < 1:
         raise ValueError("the planner needs at least one GPU")
-    chunks = (
-        list(loss_chunks)
-        if loss_chunks is not None
-        else ([recipe.loss_chunk_tokens] if recipe.loss_chunk_tokens else [0, LOSS_CHUNK_TOKENS])
-    )
+    chunks = _chunks_to_try(recipe, loss_chunks)
     # `checkpointing` None: the recipe's layers as they are, nothing sized.
     ask = ActivationAsk("auto" if checkpointing is None else checkpointing, offload)
     sizing = checkpointing is not None
@@ -729,27 +821,10 @@ def make_plan(
     layout, per_mode = _best_layout(shape, recipe, hardware, modes, chunks)
     inputs_refused = None
     if not layout.fits and sizing and ask.may_offload and recipe.gradient_checkpointing:
-        # What a recomputing layer keeps, its input, can wait in host memory instead: the GPUs then
-        # hold two such inputs, not one per layer (80 of a 70B at 2048 tokens: 5.1 GiB per GPU).
-        inputs = replace(recipe, offload_inputs=True)
-        held = _best_layout(shape, inputs, hardware, modes, chunks)
-        if held[0].fits and _host_allows(shape, inputs, held[0], hardware, host_limit):
-            recipe, (layout, per_mode) = inputs, held
-        elif held[0].fits and host_limit is not None:
-            need = pod_bytes(shape, inputs, held[0].mode, hardware.gpus)
-            inputs_refused = (
-                f"the recomputing layers' inputs in host memory would fit the GPUs, but take the pod to "
-                f"{_gib(need)}, above {host_limit.describe()}: {host_limit.raise_it}, or lower training.maxLength"
-            )
-    if mode == "auto" and hardware.gpus > 1:
-        alternatives = tuple(per_mode)
-    else:
-        alternatives = (
-            tuple(_best_layout(shape, recipe, hardware, [m], chunks)[0] for m in ALL_MODES if m not in modes)
-            if hardware.gpus > 1
-            else ()
+        recipe, layout, per_mode, inputs_refused = _inputs_in_host(
+            shape, recipe, hardware, (layout, per_mode), modes=modes, chunks=chunks, host_limit=host_limit
         )
-        alternatives = (layout, *alternatives)
+    alternatives = _alternatives(shape, recipe, hardware, layout, per_mode, mode=mode, modes=modes, chunks=chunks)
     activations = None
     if layout.fits and sizing:
         layout, activations = _activations(
@@ -759,33 +834,12 @@ def make_plan(
     else:
         chosen = replace(recipe, loss_chunk_tokens=layout.loss_chunk_tokens)
     speed = estimate(shape, chosen, hardware.product, gpus=hardware.gpus, mode=layout.mode, epoch_tokens=epoch_tokens)
-    fullest = layout.fullest
-    where = f"{hardware.gpus} x {hardware.product.name}"
-    word = to_spec(layout.mode)
-    others = [a for a in alternatives if a.mode != layout.mode]
-    other_text = "; ".join(
-        f"{to_spec(a.mode)} needs {_gib(a.fullest.total)} on GPU {a.fullest.index}"
-        + ("" if a.fits else " (does not fit)")
-        for a in others
-    )
     suggestions: list[str] = []
-    if layout.fits:
-        chunk = f", loss in chunks of {layout.loss_chunk_tokens} tokens" if layout.loss_chunk_tokens else ""
-        message = (
-            f"fits on {where} in {word} mode{chunk}: peak {_gib(fullest.total)} on GPU {fullest.index} "
-            f"of {hardware.memory_gib:.1f} GiB ({_gib(fullest.headroom)} headroom)"
-        )
-    else:
+    if not layout.fits:
         suggestions = _suggestions(shape, recipe, hardware, choice=mode, allowed=allowed_modes, chunks=chunks)
         if inputs_refused is not None:
             suggestions.insert(0, inputs_refused)
-        message = (
-            f"does not fit on {where}: the closest is {word} mode, which needs {_gib(fullest.total)} on "
-            f"GPU {fullest.index}, {_gib(layout.shortfall)} more than its {hardware.memory_gib:.1f} GiB; "
-            + "; ".join(suggestions)
-        )
-    if other_text:
-        message += f" (also: {other_text})"
+    message = _verdict(layout, alternatives, hardware, suggestions)
     if activations is not None:
         message += f"; {activations.checkpointing}; activation offload {activations.offload}"
     host_refusal = _host_refusal(shape, chosen, layout, hardware, host_limit, ask=ask) if layout.fits else None
@@ -793,12 +847,6 @@ def make_plan(
         suggestions = [host_refusal]
         message = f"{host_refusal} (the GPUs: {message})"
     device_map = layout.placement.device_map() if layout.placement is not None and hardware.gpus > 1 else None
-    budget = None
-    if layout.placement is not None:
-        accounting = shape.linear_params_per_layer * (
-            QUANTISED_ACCOUNTING_BYTES if recipe.quantization != "none" else recipe.compute_bytes
-        )
-        budget = max_memory(layout.placement, accounting, mem.embedding_bytes(shape, recipe), mem.head_bytes(shape))
     return Plan(
         fits=layout.fits and host_refusal is None,
         mode=layout.mode,
@@ -811,7 +859,7 @@ def make_plan(
         alternatives=alternatives,
         suggestions=tuple(suggestions),
         device_map=device_map,
-        max_memory=budget,
+        max_memory=_loading_budget(shape, recipe, layout),
         activations=activations,
         host_limit=host_limit,
         host_refusal=host_refusal,
