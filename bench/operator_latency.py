@@ -52,6 +52,26 @@ def spec() -> dict[str, Any]:
     )
 
 
+def watch_jobs(api: Any, namespace: str, seen: dict[str, float], stop: threading.Event) -> None:
+    """When each Job first appears (monotonic seconds), until `stop`."""
+    batch = client.BatchV1Api(api)
+    w = watch.Watch()
+    while not stop.is_set():
+        for event in w.stream(batch.list_namespaced_job, namespace, label_selector=LABEL_JOB, timeout_seconds=5):
+            seen.setdefault(event["object"].metadata.name, time.monotonic())
+
+
+def phases_of(api: Any, namespace: str) -> dict[str, int]:
+    """FineTuneJobs per status phase."""
+    phases: dict[str, int] = {}
+    for item in client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "finetune.dev", "v1alpha1", namespace, "finetunejobs"
+    )["items"]:
+        phase = (item.get("status") or {}).get("phase") or "None"
+        phases[phase] = phases.get(phase, 0) + 1
+    return phases
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.operator_latency")
     parser.add_argument("--jobs", type=int, default=200)
@@ -77,16 +97,7 @@ def main() -> int:
 
     seen: dict[str, float] = {}
     stop = threading.Event()
-
-    def watch_jobs() -> None:
-        batch = client.BatchV1Api(api)
-        w = watch.Watch()
-        while not stop.is_set():
-            for event in w.stream(batch.list_namespaced_job, namespace, label_selector=LABEL_JOB, timeout_seconds=5):
-                name = event["object"].metadata.name
-                seen.setdefault(name, time.monotonic())
-
-    watcher = threading.Thread(target=watch_jobs, daemon=True)
+    watcher = threading.Thread(target=watch_jobs, args=(api, namespace, seen, stop), daemon=True)
     watcher.start()
     time.sleep(1)
 
@@ -111,12 +122,7 @@ def main() -> int:
     }
 
     latencies = [seen[n] - created[n] for n in created]
-    phases: dict[str, int] = {}
-    for item in client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "finetune.dev", "v1alpha1", namespace, "finetunejobs"
-    )["items"]:
-        phase = (item.get("status") or {}).get("phase") or "None"
-        phases[phase] = phases.get(phase, 0) + 1
+    phases = phases_of(api, namespace)
     result = {
         "jobs": args.jobs,
         "create_calls_seconds": round(create_seconds, 2),

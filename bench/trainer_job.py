@@ -272,7 +272,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
         result["reason"], result["message"] = parse_termination_message(log.read_text())
         result["message"] = result["message"][:400]
-    summary_path = Path(spec["work"]) / "output" / "summary.json"
+    result.update(summary_figures(Path(spec["work"]) / "output" / "summary.json"))
+    return result
+
+
+def summary_figures(summary_path: Path) -> dict[str, Any]:
+    """What the bench keeps of the trainer's summary.json (nothing when the run wrote none)."""
+    result: dict[str, Any] = {}
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
         guard = summary.get("precisionGuard") or {}
