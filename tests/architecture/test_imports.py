@@ -3,7 +3,9 @@
 Floors, bottom up: `finetune_api` (the API and the contract); `finetune_plan` (the planner);
 then the three parts that stand on them, `finetune_operator`, `finetune_cli` and
 `finetune_trainer`, which do not import each other (the CLI reaches the trainer only through
-`finetune_cli.trainer_seam`, by name). Every import counts, also one inside a function or under
+`finetune_cli.trainer_seam`, by name). Beside the product: `bench` (on the planner, the API and
+the trainer, never on `tests`), `hack` (the local cluster's and the demo's tools, on nothing of
+the project) and `tests`, on all of them. Every import counts, also one inside a function or under
 `if TYPE_CHECKING:`: a lazy import or one made for the type checker is still an arrow.
 """
 
@@ -20,6 +22,9 @@ ROOTS = {
     "finetune_operator": REPO / "operator" / "finetune_operator",
     "finetune_cli": REPO / "operator" / "finetune_cli",
     "finetune_trainer": REPO / "trainer_image" / "finetune_trainer",
+    "bench": REPO / "bench",
+    "hack": REPO / "hack",
+    "tests": REPO / "tests",
 }
 # What each package may import of the project's packages (itself always).
 ALLOWED: dict[str, set[str]] = {
@@ -28,6 +33,19 @@ ALLOWED: dict[str, set[str]] = {
     "finetune_operator": {"finetune_api", "finetune_plan"},
     "finetune_cli": {"finetune_api", "finetune_plan"},
     "finetune_trainer": {"finetune_api", "finetune_plan"},
+    # The bench times the product through its own entry points; it runs no test's code.
+    "bench": {"finetune_api", "finetune_plan", "finetune_trainer"},
+    # The local cluster and the demo's tools: nothing of the product.
+    "hack": set(),
+    "tests": {
+        "finetune_api",
+        "finetune_plan",
+        "finetune_operator",
+        "finetune_cli",
+        "finetune_trainer",
+        "bench",
+        "hack",
+    },
 }
 
 
