@@ -17,6 +17,7 @@ from finetune_api import contract
 from finetune_api.constants import GROUP, KIND, LABEL_JOB, PLURAL, VERSION
 
 from .metrics import Metrics
+from .runtime.leader import Conflict
 
 logger = logging.getLogger(__name__)
 COMPONENT = "finetune-operator"
@@ -74,6 +75,7 @@ class Kube:
         self.rbac = client.RbacAuthorizationV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.networking = client.NetworkingV1Api(api)
+        self.coordination = client.CoordinationV1Api(api)
         self._create: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
             "ServiceAccount": (self.core.create_namespaced_service_account, self.core.read_namespaced_service_account),
             "PersistentVolumeClaim": (
@@ -225,3 +227,40 @@ class Kube:
             logger.warning(
                 "could not post event %s on %s/%s: HTTP %s", reason, meta["namespace"], meta["name"], exc.status
             )
+
+    # --- the leader-election Lease (runtime/leader.py): short timeouts, a slow answer is a failed try
+
+    LEASE_TIMEOUT_S = 5.0
+
+    def get_lease(self, namespace: str, name: str) -> Body | None:
+        try:
+            response = self._call(
+                "get",
+                "Lease",
+                self.coordination.read_namespaced_lease,
+                name,
+                namespace,
+                _preload_content=False,
+                _request_timeout=self.LEASE_TIMEOUT_S,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return self._plain(response)
+
+    def create_lease(self, namespace: str, body: Body) -> Body:
+        return self._lease_write("create", self.coordination.create_namespaced_lease, namespace, body)
+
+    def replace_lease(self, namespace: str, name: str, body: Body) -> Body:
+        return self._lease_write("update", self.coordination.replace_namespaced_lease, name, namespace, body)
+
+    def _lease_write(self, verb: str, fn: Callable[..., Any], *args: Any) -> Body:
+        try:
+            response = fn(*args, _preload_content=False, _request_timeout=self.LEASE_TIMEOUT_S)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(f"Lease {verb}: {_api_message(exc)}") from exc
+            self.metrics.api_errors.labels(verb=verb, kind="Lease", code=str(exc.status)).inc()
+            raise
+        return self._plain(response)

@@ -49,19 +49,25 @@ class Metrics:
         self.events_posted = Counter(
             "finetune_events_total", "Events posted on FineTuneJobs, by reason.", ["reason"], registry=r
         )
+        self.leader = Gauge(
+            "finetune_leader",
+            "1 while this replica holds the leader Lease and reconciles (always, without leader "
+            "election); 0 on a standby, which watches and writes nothing.",
+            registry=r,
+        )
         self.phases = PhaseBook(self.jobs)
 
     def watch(self, queue_depth: Callable[[], int], writes_parked: Callable[[], int]) -> None:
         self.queue_depth.set_function(queue_depth)
         self.writes_parked.set_function(writes_parked)
 
-    def watch_jobs(self, cache: JobSource) -> None:
-        """Per-job series, read from `cache` on each scrape."""
-        self.registry.register(JobCollector(cache))
+    def watch_jobs(self, cache: JobSource, serving: Callable[[], bool] = lambda: True) -> None:
+        """Per-job series, read from `cache` on each scrape while `serving()` (the leader only)."""
+        self.registry.register(JobCollector(cache, serving))
 
-    def serve(self, port: int) -> None:
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
         if port:
-            start_http_server(port, registry=self.registry)
+            start_http_server(port, addr=address, registry=self.registry)
 
 
 class PhaseBook:

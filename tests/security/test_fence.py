@@ -43,6 +43,7 @@ from tests.support.harness import (
     FENCE_HUB_ENV,
     OPERATOR_SA,
     SYSTEM_NAMESPACE,
+    TEST_LEASE,
     TRAINER_NETWORK,
     Jobs,
     OperatorProcess,
@@ -62,6 +63,7 @@ WIDENED_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "clusterroles"], "verbs": ["bind", "escalate"]},
     {"apiGroups": [""], "resources": ["services", "configmaps", "pods"], "verbs": ["create"]},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["delete"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
 ]
 
 
@@ -710,6 +712,22 @@ def test_any_other_write_is_refused_naming_the_rule(fenced: Fenced) -> None:
     pod_spec = {**_pod(fenced.job()), "serviceAccountName": "default"}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod_spec}
     _assert_rule(fenced.refusal(fenced.core.create_namespaced_pod, pod), "operator-kinds")
+
+
+def _lease(name: str) -> dict[str, Any]:
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name}, "spec": {}}
+
+
+def test_a_lease_only_in_the_operators_own_namespace(fenced: Fenced) -> None:
+    """Its leader-election Lease is the one write it makes in its own namespace (RBAC grants it
+    there, files/operator-leader-rbac.yaml); a Lease anywhere else, say in a tenant's namespace
+    where RBAC was widened, is refused by the fence."""
+    coordination = client.CoordinationV1Api(fenced.core.api_client)
+    own = Fenced(fenced.core.api_client, SYSTEM_NAMESPACE, fenced.owner)
+    assert own.refusal(coordination.create_namespaced_lease, _lease(TEST_LEASE)) is None
+    message = fenced.refusal(coordination.create_namespaced_lease, _lease(TEST_LEASE))
+    _assert_rule(message, "operator-leases")
+    assert f"not in {fenced.namespace}" in str(message)
 
 
 def test_the_operator_cannot_delete_even_with_rbac_to(kube: client.ApiClient, fenced: Fenced) -> None:

@@ -30,12 +30,15 @@ from finetune_operator.settings import SYSTEM_NAMESPACES
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO / "charts" / "finetune-operator" / "files" / "operator-rbac.yaml"
+LEADER_RBAC_FILE = REPO / "charts" / "finetune-operator" / "files" / "operator-leader-rbac.yaml"
 TRAINER_POLICY_FILE = REPO / "charts" / "finetune-operator" / "files" / "trainer-status-policy.yaml"
 FENCE_POLICY_FILE = REPO / "charts" / "finetune-operator" / "files" / "operator-fence-policy.yaml"
 SYSTEM_NAMESPACE = "finetune-system"
 OPERATOR_SA = "finetune-operator"
 OPERATOR_USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{OPERATOR_SA}"
 OPERATOR_ROLE = "finetune-operator-tests"
+# The Lease the tests' operators elect their leader on (FINETUNE_LEASE_NAME), in SYSTEM_NAMESPACE.
+TEST_LEASE = "finetune-operator-tests"
 # The tests' `trainer.hubEnv`: the fence they install admits HF_ENDPOINT at this value only.
 FENCE_HUB_ENV = {"HF_ENDPOINT": "https://hub.fence.example"}
 # The tests' `trainer.networkPolicy`, as the chart's helper finetune-operator.trainerNetwork
@@ -78,6 +81,16 @@ T = TypeVar("T")
 def operator_rules() -> list[dict[str, Any]]:
     rules = yaml.safe_load(RBAC_FILE.read_text())
     assert isinstance(rules, list)
+    return rules
+
+
+def leader_rules(lease: str = TEST_LEASE) -> list[dict[str, Any]]:
+    """The Role's rules on the leader-election Lease, named as the chart names it."""
+    rules = yaml.safe_load(LEADER_RBAC_FILE.read_text())
+    assert isinstance(rules, list)
+    for rule in rules:
+        if "resourceNames" in rule:
+            rule["resourceNames"] = [lease]
     return rules
 
 
@@ -130,6 +143,7 @@ def operator_fence_policies(
         "allowedImages": list(allowed_images),
         "hubEnv": dict(hub_env),
         "excludedNamespaces": [*SYSTEM_NAMESPACES, SYSTEM_NAMESPACE],
+        "operatorNamespace": SYSTEM_NAMESPACE,
     }
     objects: list[dict[str, Any]] = []
     for policy in policies:
@@ -230,8 +244,31 @@ def operator_identity(api: client.ApiClient, admin_kubeconfig: Path, folder: Pat
             "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": SYSTEM_NAMESPACE}],
         },
     )
+    leader_role(api, SYSTEM_NAMESPACE, OPERATOR_SA)
     token = service_account_token(core, SYSTEM_NAMESPACE, OPERATOR_SA)
     return kubeconfig_for_token(admin_kubeconfig, token, folder / "operator.kubeconfig", SYSTEM_NAMESPACE)
+
+
+def leader_role(api: client.ApiClient, namespace: str, account: str, lease: str = TEST_LEASE) -> None:
+    """The chart's leader-election Role and RoleBinding for `account`, in its own namespace."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    name = f"{account}-leader-election"
+    role = {"metadata": {"name": name}, "rules": leader_rules(lease)}
+    try:
+        rbac.create_namespaced_role(namespace, role)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        rbac.replace_namespaced_role(name, namespace, role)
+    _create(
+        rbac.create_namespaced_role_binding,
+        namespace,
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+    )
 
 
 def free_ports(count: int) -> list[int]:
