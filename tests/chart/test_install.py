@@ -178,6 +178,13 @@ def release(kubectl: Kube, namespaces: tuple[str, str]) -> Iterator[dict[str, An
         # The local control plane publishes no EndpointSlice for `kubernetes`: without its address
         # the chart refuses to render.
         "trainer.networkPolicy.apiServerCIDRs={127.0.0.1/32}",
+        # Installed as releases before leader election were (one replica, Recreate), so that
+        # test_upgrade_from_one_replica_to_two_keeps_every_running_job upgrades from that shape.
+        "replicaCount=1",
+        "leaderElection.enabled=false",
+        # Pods of the node agent share the machine's network: each replica listens on its own address.
+        "extraEnv[0].name=FINETUNE_LISTEN_ADDRESS",
+        "extraEnv[0].valueFrom.fieldRef.fieldPath=status.podIP",
     ]
     args = ["install", _release_name(), str(CHART), "--namespace", operator_ns, "--wait", "--timeout", "5m"]
     for item in sets:
@@ -372,6 +379,102 @@ def test_crd_upgrade_path_is_server_side_apply_then_helm_upgrade(kubectl: Kube, 
         kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
     live = kubectl.get("crd", crd["metadata"]["name"])
     assert column["name"] not in [c["name"] for c in live["spec"]["versions"][0]["additionalPrinterColumns"]]
+
+
+# A job on a KWOK GPU node whose pod runs until the test lets it end (KWOK ends a pod
+# `kwok.finetune.dev/run-ms` after it starts); Hub sources, so no input check runs first.
+STEADY = "steady"
+STEADY_SPEC: dict[str, Any] = {
+    "model": {"source": {"hub": {"id": "org/model"}}},
+    "dataset": {"source": {"hub": {"id": "org/data"}}, "format": "alpaca"},
+    "output": {"storage": {"size": "1Gi"}},
+    "resources": {"gpus": 1, "gpuProduct": "Tesla-P40"},
+    "training": {"maxSteps": 2},
+}
+STEADY_RUN_MS = 90_000
+
+
+def _steady_pod(kubectl: Kube, job_ns: str) -> dict[str, Any] | None:
+    pods = kubectl.get("pods", "-n", job_ns, "-l", f"finetune.dev/job={STEADY}")["items"]
+    return pods[0] if len(pods) == 1 else None
+
+
+def test_upgrade_from_one_replica_to_two_keeps_every_running_job(kubectl: Kube, release: dict[str, Any]) -> None:
+    """`helm upgrade` from the one-replica shape (Recreate, no election) to two replicas with a
+    leader: the job running through it keeps its Job and its pod (nothing made again, nothing
+    restarted), and one of the new replicas, the Lease's holder, carries it to Succeeded."""
+    operator_ns, job_ns = release["operator_ns"], release["job_ns"]
+    job = {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": STEADY}}
+    kubectl.apply([{**job, "spec": STEADY_SPEC}], "-n", job_ns)
+    pod = kubectl.wait_for(
+        "pods", lambda p: len(p["items"]) == 1, 120, "-n", job_ns, "-l", f"finetune.dev/job={STEADY}"
+    )
+    name = pod["items"][0]["metadata"]["name"]
+    # Set at once: KWOK reads it when the pod starts running.
+    kubectl.run("annotate", "pod", name, "-n", job_ns, f"kwok.finetune.dev/run-ms={STEADY_RUN_MS}", "--overwrite")
+    running = kubectl.wait_for(f"finetunejob/{STEADY}", lambda j: _phase(j) == "Running", 120, "-n", job_ns)
+    job_before = kubectl.get(f"job/{STEADY}", "-n", job_ns)["metadata"]["uid"]
+    pod_before = _steady_pod(kubectl, job_ns)
+    assert pod_before is not None and pod_before["status"]["phase"] == "Running", pod_before
+    # The finished tiny job's Job, when its test ran before this one: kept as it was too.
+    tiny = kubectl.run("get", "job/tiny", "-n", job_ns, "-o", "jsonpath={.metadata.uid}", check=False).stdout
+
+    started = time.monotonic()
+    helm(
+        "upgrade",
+        _release_name(),
+        str(CHART),
+        "--namespace",
+        operator_ns,
+        "--reuse-values",
+        "--set",
+        "replicaCount=2",
+        "--set",
+        "leaderElection.enabled=true",
+        "--wait",
+        "--timeout",
+        "5m",
+        kubeconfig=kubectl.kubeconfig,
+        timeout=400,
+    )
+    upgraded_s = time.monotonic() - started
+    # Two replicas, one of them holding the Lease.
+    pods = kubectl.wait_for(
+        "pods",
+        lambda p: len([x for x in p["items"] if not x["metadata"].get("deletionTimestamp")]) == 2,
+        120,
+        "-n",
+        operator_ns,
+        "-l",
+        "app.kubernetes.io/component=operator",
+    )
+    names = {p["metadata"]["name"] for p in pods["items"] if not p["metadata"].get("deletionTimestamp")}
+    lease = kubectl.wait_for(
+        f"lease/{_deployment_name()}",
+        lambda lease: (lease["spec"].get("holderIdentity") or "").split("_")[0] in names,
+        60,
+        "-n",
+        operator_ns,
+    )
+    # The running job went through untouched, and the leader finishes it.
+    pod_after = _steady_pod(kubectl, job_ns)
+    assert pod_after is not None and pod_after["metadata"]["uid"] == pod_before["metadata"]["uid"]
+    assert kubectl.get(f"job/{STEADY}", "-n", job_ns)["metadata"]["uid"] == job_before
+    if tiny:
+        assert kubectl.get("job/tiny", "-n", job_ns)["metadata"]["uid"] == tiny
+    done = kubectl.wait_for(
+        f"finetunejob/{STEADY}",
+        lambda j: _phase(j) in ("Succeeded", "Failed"),
+        STEADY_RUN_MS / 1000 + 120,
+        "-n",
+        job_ns,
+    )
+    assert _phase(done) == "Succeeded", json.dumps(done.get("status"), indent=1)
+    assert (done["status"].get("restarts") or 0) == 0 and running["status"].get("startTime") == done["status"].get(
+        "startTime"
+    )
+    assert len(kubectl.get("jobs", "-n", job_ns, "-l", f"finetune.dev/job={STEADY}")["items"]) == 1
+    print(json.dumps({"upgrade_s": round(upgraded_s, 1), "leader": lease["spec"]["holderIdentity"]}))
 
 
 def test_uninstall_removes_everything_but_the_crd_and_the_outputs(kubectl: Kube, release: dict[str, Any]) -> None:
