@@ -10,7 +10,7 @@ again after a missed event, a crash or a restart converges to the same place.
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -331,6 +331,12 @@ def decide(seen: Observed) -> Actions:
         # "JobCreated" has said it: one Event per job is enough.
         if not (seen.unannounced and t.reason == "Pending" and not current.get("phase"))
     )
+    if announcement is not None and events:
+        # One write, one Event: the phase the job has reached (its first status write may come
+        # after it ran, or even finished: reconcile.py coalesces writes) says the Job was made too.
+        said = replace(events[0], message=f"{announcement.message}; {events[0].message}")
+        events = (said, *events[1:])
+        announcement = None
     return Actions(
         status_patch=status_patch(current, outcome.status),
         announcement=announcement,

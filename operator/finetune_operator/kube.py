@@ -100,6 +100,7 @@ class Kube:
         return result
 
     def _call(self, verb: str, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self.metrics.api_requests.labels(verb=verb, kind=kind).inc()
         try:
             return fn(*args, **kwargs)
         except ApiException as exc:
@@ -115,6 +116,7 @@ class Kube:
         kind = body["kind"]
         namespace = body["metadata"]["namespace"]
         create, read = self._create[kind]
+        self.metrics.api_requests.labels(verb="create", kind=kind).inc()
         try:
             return self._plain(create(namespace, body, _preload_content=False)), True
         except ApiException as exc:
@@ -256,6 +258,7 @@ class Kube:
         return self._lease_write("update", self.coordination.replace_namespaced_lease, name, namespace, body)
 
     def _lease_write(self, verb: str, fn: Callable[..., Any], *args: Any) -> Body:
+        self.metrics.api_requests.labels(verb=verb, kind="Lease").inc()
         try:
             response = fn(*args, _preload_content=False, _request_timeout=self.LEASE_TIMEOUT_S)
         except ApiException as exc:

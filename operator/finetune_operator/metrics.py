@@ -32,6 +32,13 @@ class Metrics:
             ["verb", "kind", "code"],
             registry=r,
         )
+        self.api_requests = Counter(
+            "finetune_api_requests_total",
+            "Kubernetes API requests the operator made outside its watches (each stream's list and "
+            "watch are not counted), by verb and kind: what its jobs cost the API server.",
+            ["verb", "kind"],
+            registry=r,
+        )
         self.queue_depth = Gauge("finetune_workqueue_depth", "Jobs waiting for a reconcile worker.", registry=r)
         self.writes_parked = Gauge(
             "finetune_status_writes_parked",

@@ -60,6 +60,10 @@ class Reconciler:
         # the creating pass writes nothing but the Job, the next one says so.
         self._guard = threading.Lock()
         self._unannounced: set[Key] = set()
+        # When this process last wrote each job's status (or created its Job), and the jobs whose
+        # next write waits in the queue for the coalescing window to close (`_held`).
+        self._written: dict[Key, float] = {}
+        self._holding: set[Key] = set()
 
     def work(self, key: Hashable) -> None:
         """The work queue's work: reconcile, and on a failed API call have the queue retry."""
@@ -96,6 +100,8 @@ class Reconciler:
         key = (namespace, name)
         with self._guard:
             self._unannounced.discard(key)
+            self._written.pop(key, None)
+            self._holding.discard(key)
         self.queue.forget(key)
         self.pacer.forget(key)
         self.cache.forget(namespace, name)
@@ -182,6 +188,7 @@ class Reconciler:
                     self.pacer.created()
                     with self._guard:
                         self._unannounced.add((namespace, name))
+                        self._written[(namespace, name)] = time.monotonic()
                     self.enqueue(namespace, name, UPDATE)
                     return actions.phase
                 seen = dataclasses.replace(seen, job=job, pods=self._list_pods(namespace, name))
@@ -217,6 +224,8 @@ class Reconciler:
     def _write(self, body: Body, actions: Actions) -> str | None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         before = (body.get("status") or {}).get("phase")
+        if actions.writes and self._held((namespace, name), actions.phase):
+            return str(before) if before else None  # the queue hands the job back when the window closes
         if actions.writes and not self.pacer.may_write((namespace, name)):
             return str(before) if before else None  # parked: the pacer hands the job back in its turn
         if actions.announcement is not None:
@@ -234,12 +243,32 @@ class Reconciler:
                     return None
                 raise
             self.cache.put_finetunejob(updated)
+            with self._guard:
+                self._written[(namespace, name)] = time.monotonic()
             for event in actions.events:
                 self.kube.post_event(body, event.type, event.reason, event.message)
             if actions.phase != before:
                 logger.info("%s/%s: phase %s -> %s", namespace, name, before, actions.phase)
         self.metrics.phases.set(namespace, name, actions.phase)
         return actions.phase
+
+    def _held(self, key: Key, phase: str | None) -> bool:
+        """Whether this write waits: a status short of the end, within the coalescing window of
+        the job's previous write. Every change inside the window lands in one write at its end
+        (a job that starts and finishes inside it gets one); Succeeded and Failed go at once."""
+        window = self.settings.status_coalesce_seconds
+        if window <= 0 or phase in contract.TERMINAL_PHASES:
+            return False
+        with self._guard:
+            wait = self._written.get(key, float("-inf")) + window - time.monotonic()
+            if wait <= 0:
+                self._holding.discard(key)
+                return False
+            if key in self._holding:
+                return True  # its wake-up is queued already
+            self._holding.add(key)
+        self.queue.add_after(key, wait)
+        return True
 
     def _create_children(self, namespace: str, name: str, children: tuple[Body, ...]) -> tuple[Body, bool]:
         """The Job, after the identity it runs as, its NetworkPolicy and claim; (Job, created now)."""

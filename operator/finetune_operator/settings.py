@@ -46,6 +46,7 @@ ENV_LISTEN_ADDRESS = "FINETUNE_LISTEN_ADDRESS"
 ENV_LOG_LEVEL = "FINETUNE_LOG_LEVEL"
 ENV_LOG_FORMAT = "FINETUNE_LOG_FORMAT"
 ENV_RESYNC_SECONDS = "FINETUNE_RESYNC_SECONDS"
+ENV_STATUS_COALESCE = "FINETUNE_STATUS_COALESCE_SECONDS"
 ENV_ALLOWED_IMAGES = "FINETUNE_ALLOWED_IMAGES"
 ENV_TMP_SIZE = "FINETUNE_TMP_SIZE"
 ENV_EPHEMERAL_STORAGE_REQUEST = "FINETUNE_EPHEMERAL_STORAGE_REQUEST"
@@ -153,6 +154,10 @@ class Settings:
     log_level: str = "INFO"
     log_format: str = "json"
     resync_seconds: float = 30.0
+    # A job's status changes short of Succeeded or Failed are written at most once in this many
+    # seconds after its previous write (or its Job's creation), the newest state at the end of
+    # the wait; a terminal phase is written at once. 0: every change at once.
+    status_coalesce_seconds: float = 5.0
     # Several replicas, one leader: only the holder of the Lease reconciles and writes.
     leader_election: bool = False
     lease_name: str = "finetune-operator"
@@ -410,6 +415,13 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             raise SettingsError(f"{ENV_RESYNC_SECONDS}: expected seconds, got {v!r}") from None
         if updates["resync_seconds"] <= 0:
             raise SettingsError(f"{ENV_RESYNC_SECONDS}: must be positive")
+    if v := env.get(ENV_STATUS_COALESCE):
+        try:
+            updates["status_coalesce_seconds"] = float(v)
+        except ValueError:
+            raise SettingsError(f"{ENV_STATUS_COALESCE}: expected seconds, got {v!r}") from None
+        if not 0 <= updates["status_coalesce_seconds"] <= 300:
+            raise SettingsError(f"{ENV_STATUS_COALESCE}: expected 0 to 300 seconds")
     updates.update(_leader_election(env))
     if v := env.get(ENV_CRASH_AFTER):
         updates["crash_after"] = v

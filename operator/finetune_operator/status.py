@@ -234,7 +234,13 @@ def _condition(kind: ConditionType, ok: bool | None, reason: str, message: str, 
 def _scheduling(pods: Sequence[Mapping[str, Any]]) -> tuple[bool, str, str] | None:
     active = [p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
     if not active:
-        return None
+        # Ended pods were placed too: a status first written after its pod ended (writes are
+        # coalesced) says Scheduled as one written while it ran did.
+        placed = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
+        if not placed:
+            return None
+        pod = max(placed, key=_created)
+        return True, "Scheduled", f"pod {pod['metadata']['name']} is on node {pod['spec']['nodeName']}"
     pod = max(active, key=_created)
     cond = _pod_condition(pod, "PodScheduled")
     node = (pod.get("spec") or {}).get("nodeName")

@@ -199,6 +199,7 @@ def test_rendered_env_is_what_the_operator_reads() -> None:
     assert parsed.metrics_port == values["metrics"]["port"]
     assert parsed.health_port == values["health"]["port"]
     assert parsed.trainer_uid == values["trainer"]["uid"]
+    assert parsed.status_coalesce_seconds == values["statusCoalesceSeconds"]
 
     custom = settings.from_env(env_of(one(render([ALL_ON_VALUES]), "Deployment")))
     assert custom.namespaces == ("team-a", "team-b")

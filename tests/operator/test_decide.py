@@ -84,6 +84,53 @@ def test_job_created_is_said_once_and_replaces_the_pending_event() -> None:
     assert unmarked.announcement is None and [e.reason for e in unmarked.events] == ["Pending"]
 
 
+def test_a_first_write_after_the_job_finished_says_it_all_in_one_event() -> None:
+    """Writes are coalesced (reconcile.py): the first may find the job already Succeeded. One
+    status patch, one Event, whose message also says the Job was made (no JobCreated beside it)."""
+    job = batch_job()
+    job["status"] = {"conditions": [bodies.cond("Complete", "Completed")], "completionTime": NOW, "startTime": NOW}
+    done = bodies.pod("tiny-0", "Succeeded", exit_code=0, node="n")
+    done["metadata"]["ownerReferences"] = [{"uid": "job-uid"}]
+    actions = decide(seen(finetunejob(), job=job, pods=[done], unannounced=True))
+    assert actions.status_patch is not None and actions.status_patch["phase"] == "Succeeded"
+    assert actions.announcement is None and actions.announced
+    (event,) = actions.events
+    assert event.reason == "Succeeded"
+    assert event.message == "created Job tiny; phase None -> Succeeded"
+
+
+def _merged(status: dict[str, Any], patch: dict[str, Any] | None) -> dict[str, Any]:
+    out = {**status, **(patch or {})}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _shown(status: dict[str, Any]) -> dict[str, Any]:
+    """What a user reads, less the times a write stamps (the moment it was written)."""
+    conditions = [(c["type"], c["status"], c["reason"], c["message"]) for c in status["conditions"]]
+    return {**{k: v for k, v in status.items() if k != "conditions"}, "conditions": conditions}
+
+
+def test_one_coalesced_write_ends_where_a_write_per_step_ends() -> None:
+    """The same status for the user whether the operator wrote Pending, Running and Succeeded as
+    they came, or only once, after the job finished."""
+    running_pod = bodies.pod("tiny-0", "Running", node="n", scheduled=(True, "Scheduled", ""))
+    done_pod = bodies.pod("tiny-0", "Succeeded", exit_code=0, node="n", scheduled=(True, "Scheduled", ""))
+    for pod in (running_pod, done_pod):
+        pod["metadata"]["ownerReferences"] = [{"uid": "job-uid"}]
+    started = batch_job()
+    started["status"] = {"startTime": NOW, "active": 1}
+    finished = batch_job()
+    finished["status"] = {"conditions": [bodies.cond("Complete", "Completed")], "completionTime": NOW, "startTime": NOW}
+
+    stepwise: dict[str, Any] = {}
+    for job, pods, mark in ((started, [], True), (started, [running_pod], False), (finished, [done_pod], False)):
+        actions = decide(seen(finetunejob(status=stepwise or None), job=job, pods=pods, unannounced=mark))
+        stepwise = _merged(stepwise, actions.status_patch)
+    once = decide(seen(finetunejob(), job=finished, pods=[done_pod], unannounced=True)).status_patch
+    assert once is not None and stepwise["phase"] == "Succeeded"
+    assert _shown(once) == _shown(stepwise)
+
+
 def test_suspend_and_resume_patch_the_job_before_any_status() -> None:
     actions = decide(seen(finetunejob(status=PENDING, suspend=True), job=batch_job()))
     assert actions.job_patch == {"suspend": True} and actions.status_patch is None

@@ -22,6 +22,7 @@ from tests.support.harness import (
     free_port,
     healthz_ok,
     kubeconfig_for_token,
+    leader_role,
     operator_rules,
     service_account_token,
     stop_process_group,
@@ -75,7 +76,31 @@ def identity(
 
 
 def our_identity(api: client.ApiClient, admin_kubeconfig: Path, folder: Path, name: str = "ours") -> Path:
-    return identity(api, admin_kubeconfig, folder, name, operator_rules())
+    """Our operator's account, with the chart's rules and its leader-election Role on the Lease
+    `lease_of(name)` (leader_env)."""
+    path = identity(api, admin_kubeconfig, folder, name, operator_rules())
+    leader_role(api, IDENTITY_NAMESPACE, name, lease_of(name))
+    return path
+
+
+def lease_of(account: str) -> str:
+    return f"reliability-{account}"
+
+
+def forget_lease(api: client.ApiClient, account: str) -> None:
+    """Remove the account's Lease, so that a run never waits out one a killed run left held."""
+    with contextlib.suppress(ApiException):
+        client.CoordinationV1Api(api).delete_namespaced_lease(lease_of(account), IDENTITY_NAMESPACE)
+
+
+def leader_env(account: str) -> dict[str, str]:
+    """Run our operator as the chart does, electing itself leader (alone) on its account's Lease:
+    the Lease's renewals count among its requests."""
+    return {
+        "FINETUNE_LEADER_ELECTION": "true",
+        "FINETUNE_LEASE_NAMESPACE": IDENTITY_NAMESPACE,
+        "FINETUNE_LEASE_NAME": lease_of(account),
+    }
 
 
 def floor_identity(api: client.ApiClient, admin_kubeconfig: Path, folder: Path) -> Path:
