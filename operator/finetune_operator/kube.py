@@ -17,7 +17,6 @@ from finetune_api import contract
 from finetune_api.constants import GROUP, KIND, LABEL_JOB, PLURAL, VERSION
 
 from .metrics import Metrics
-from .runtime.leader import Conflict
 
 logger = logging.getLogger(__name__)
 COMPONENT = "finetune-operator"
@@ -49,6 +48,11 @@ def _webhook_denied(exc: ApiException) -> bool:
     """A validating webhook refused the object itself (e.g. Kueue's on a Job's queue labels):
     403 like a missing permission, but no retry can change the answer, only the spec."""
     return exc.status == 403 and "admission webhook" in _api_message(exc) and "denied the request" in _api_message(exc)
+
+
+class Conflict(Exception):
+    """The object changed since it was read (HTTP 409), or someone else created it first: the
+    leader-election Lease's writes (runtime/leader.py) are conditional on what was read."""
 
 
 class ChildRejected(Exception):

@@ -86,6 +86,14 @@ def _finished_jobs(batch: client.BatchV1Api, namespace: str) -> int:
     return done
 
 
+def _succeeded(kube: client.ApiClient, namespace: str) -> int:
+    """FineTuneJobs of the namespace whose status says Succeeded (one list, not a get per job)."""
+    listed = client.CustomObjectsApi(kube).list_namespaced_custom_object(
+        "finetune.dev", "v1alpha1", namespace, "finetunejobs"
+    )["items"]
+    return sum(1 for o in listed if (o.get("status") or {}).get("phase") == "Succeeded")
+
+
 def run_load(
     kube: client.ApiClient,
     namespace: str,
@@ -117,7 +125,7 @@ def run_load(
         )
         if label == "ours":
             wait_for(
-                lambda: all(custom.status(n).get("phase") == "Succeeded" for n in submitted),
+                lambda: _succeeded(kube, namespace) >= jobs,
                 timeout,
                 "every FineTuneJob Succeeded",
                 interval=2,
@@ -290,3 +298,90 @@ def test_load_500_jobs_on_50_nodes(cluster: Cluster, kube: client.ApiClient, tmp
     result = compare(cluster, kube, tmp_path, jobs=500, nodes=50, rounds=3)
     check_accounted(result, 500)
     check_targets(result, p99_limit=2.0)
+
+
+# --- the fleet: 5,000 jobs on 200 nodes, then a restart that resyncs all of them --------------
+
+
+def _metric_sum(text: str, name: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((f"{name} ", f"{name}{{"))
+    )
+
+
+def resync_after_restart(
+    kube: client.ApiClient, config: Path, namespace: str, log: Path, jobs: int, timeout: float
+) -> dict[str, Any]:
+    """A fresh operator over `jobs` finished FineTuneJobs: how long until it leads, has listed
+    everything and reconciled every job once (its phase gauge counts them all, its queue is
+    empty), what that cost in requests, memory and CPU. Nothing should be written: every status
+    is already true."""
+    flow = count_requests_of(kube, "ours")
+    before = dispatched(kube, flow)
+    operator = OperatorProcess(
+        config, namespace, log, env=NO_INPUT_CHECK | leader_env("ours") | {"FINETUNE_LOG_LEVEL": "INFO"}
+    )
+    started = time.monotonic()
+    with running(operator):
+        ready = time.monotonic() - started
+
+        def settled() -> bool:
+            text = operator.metrics()
+            return _metric_sum(text, "finetune_jobs") >= jobs and _metric_sum(text, "finetune_workqueue_depth") == 0
+
+        wait_for(settled, timeout, f"{jobs} jobs reconciled after the restart", 0.5)
+        resynced = time.monotonic() - started
+        assert operator.proc is not None
+        pid = operator.proc.pid
+        own = own_requests(operator)
+        figures = {
+            "jobs": jobs,
+            "process_ready_s": round(ready, 1),
+            "all_reconciled_s": round(resynced, 1),
+            "peak_rss_mib": round(peak_rss_mib(pid), 1),
+            "cpu_s": round(cpu_seconds(pid), 1),
+            "requests": dispatched(kube, flow) - before,
+            "own_requests_by_kind": own,
+            "status_writes": own.get("patch FineTuneJob/status", 0),
+        }
+    return figures
+
+
+def fleet(cluster: Cluster, kube: client.ApiClient, tmp_path: Path, jobs: int, nodes: int) -> dict[str, Any]:
+    core = client.CoreV1Api(kube)
+    stamp = time.strftime("%H%M%S")
+    added = add_gpu_nodes(core, f"fleet-{stamp}", nodes)
+    namespace = ""
+    try:
+        config = our_identity(kube, cluster.kubeconfig, tmp_path)
+        forget_lease(kube, "ours")
+        namespace = _namespace(core, f"fleet-{stamp}")
+        operator = OperatorProcess(
+            config,
+            namespace,
+            tmp_path / "fleet.log",
+            env=NO_INPUT_CHECK | leader_env("ours") | {"FINETUNE_LOG_LEVEL": "INFO", "FINETUNE_RESYNC_SECONDS": "30"},
+        )
+        run = run_load(kube, namespace, operator, "ours", jobs, timeout=600 + jobs * 0.5)
+        resync = resync_after_restart(kube, config, namespace, tmp_path / "fleet-restart.log", jobs, 600)
+    finally:
+        if namespace:
+            core.delete_namespace(namespace, propagation_policy="Background")
+        remove_nodes(core, added)
+    result = {"jobs": jobs, "nodes": nodes, "run": asdict(run), "restart": resync}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"fleet-{jobs}.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return result
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(7200)
+def test_fleet_5000_jobs_on_200_nodes(cluster: Cluster, kube: client.ApiClient, tmp_path: Path) -> None:
+    result = fleet(cluster, kube, tmp_path, jobs=5000, nodes=200)
+    run, restart = result["run"], result["restart"]
+    assert run["jobs_created"] == 5000 and run["jobs_finished"] == 5000, run
+    assert run["duplicates"] == 0, run
+    # The restart's resync is bounded: every job reconciled within 5 minutes, and none rewritten.
+    assert restart["all_reconciled_s"] < 300, restart
+    assert restart["status_writes"] == 0, restart

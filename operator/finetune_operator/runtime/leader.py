@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..kube import Conflict
+
 logger = logging.getLogger(__name__)
 
 Body = dict[str, Any]
@@ -49,10 +51,6 @@ class LeaseTimings:
         if self.retry_period_s * 1.2 >= self.renew_deadline_s:
             return "the retry period (x1.2) must be shorter than the renew deadline"
         return None
-
-
-class Conflict(Exception):
-    """The Lease changed since it was read (HTTP 409), or was created by someone else first."""
 
 
 class LeaseApi(Protocol):
