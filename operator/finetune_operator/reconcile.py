@@ -6,6 +6,7 @@ which order against the API server, is here. A failed API call is the queue's to
 """
 
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -24,6 +25,7 @@ from .identity import TrainerIdentities
 from .kube import Body, ChildRejected, Kube, describe_error
 from .metrics import Metrics
 from .runtime.cache import WatchCache
+from .runtime.coalesce import StatusCoalescer
 from .runtime.pacing import WritePacer
 from .runtime.workqueue import NEW, UPDATE, WorkQueue
 from .settings import Settings
@@ -60,10 +62,8 @@ class Reconciler:
         # the creating pass writes nothing but the Job, the next one says so.
         self._guard = threading.Lock()
         self._unannounced: set[Key] = set()
-        # When this process last wrote each job's status (or created its Job), and the jobs whose
-        # next write waits in the queue for the coalescing window to close (`_held`).
-        self._written: dict[Key, float] = {}
-        self._holding: set[Key] = set()
+        # Status changes short of the end wait until they have stood (runtime/coalesce.py).
+        self.coalescer = StatusCoalescer(settings.status_coalesce_seconds)
 
     def work(self, key: Hashable) -> None:
         """The work queue's work: reconcile, and on a failed API call have the queue retry."""
@@ -100,10 +100,9 @@ class Reconciler:
         key = (namespace, name)
         with self._guard:
             self._unannounced.discard(key)
-            self._written.pop(key, None)
-            self._holding.discard(key)
         self.queue.forget(key)
         self.pacer.forget(key)
+        self.coalescer.drop(key)
         self.cache.forget(namespace, name)
         self.metrics.phases.set(namespace, name, None)
 
@@ -188,7 +187,6 @@ class Reconciler:
                     self.pacer.created()
                     with self._guard:
                         self._unannounced.add((namespace, name))
-                        self._written[(namespace, name)] = time.monotonic()
                     self.enqueue(namespace, name, UPDATE)
                     return actions.phase
                 seen = dataclasses.replace(seen, job=job, pods=self._list_pods(namespace, name))
@@ -224,7 +222,9 @@ class Reconciler:
     def _write(self, body: Body, actions: Actions) -> str | None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         before = (body.get("status") or {}).get("phase")
-        if actions.writes and self._held((namespace, name), actions.phase):
+        if not actions.writes:
+            self.coalescer.drop((namespace, name))
+        elif self._held((namespace, name), actions):
             return str(before) if before else None  # the queue hands the job back when the window closes
         if actions.writes and not self.pacer.may_write((namespace, name)):
             return str(before) if before else None  # parked: the pacer hands the job back in its turn
@@ -243,8 +243,6 @@ class Reconciler:
                     return None
                 raise
             self.cache.put_finetunejob(updated)
-            with self._guard:
-                self._written[(namespace, name)] = time.monotonic()
             for event in actions.events:
                 self.kube.post_event(body, event.type, event.reason, event.message)
             if actions.phase != before:
@@ -252,23 +250,16 @@ class Reconciler:
         self.metrics.phases.set(namespace, name, actions.phase)
         return actions.phase
 
-    def _held(self, key: Key, phase: str | None) -> bool:
-        """Whether this write waits: a status short of the end, within the coalescing window of
-        the job's previous write. Every change inside the window lands in one write at its end
-        (a job that starts and finishes inside it gets one); Succeeded and Failed go at once."""
-        window = self.settings.status_coalesce_seconds
-        if window <= 0 or phase in contract.TERMINAL_PHASES:
+    def _held(self, key: Key, actions: Actions) -> bool:
+        """Whether this write waits (runtime/coalesce.py): a status short of the end, until what
+        the user would read has stood for the window. Succeeded and Failed go at once."""
+        if actions.phase in contract.TERMINAL_PHASES:
+            self.coalescer.drop(key)
             return False
-        with self._guard:
-            wait = self._written.get(key, float("-inf")) + window - time.monotonic()
-            if wait <= 0:
-                self._holding.discard(key)
-                return False
-            if key in self._holding:
-                return True  # its wake-up is queued already
-            self._holding.add(key)
-        self.queue.add_after(key, wait)
-        return True
+        hold, wake_in = self.coalescer.hold(key, _shown(actions))
+        if wake_in is not None:
+            self.queue.add_after(key, wake_in)
+        return hold
 
     def _create_children(self, namespace: str, name: str, children: tuple[Body, ...]) -> tuple[Body, bool]:
         """The Job, after the identity it runs as, its NetworkPolicy and claim; (Job, created now)."""
@@ -290,3 +281,18 @@ class Reconciler:
             logger.info("%s: created %s %s", where, kind, child["metadata"]["name"])
             maybe_crash(self.settings, kind)
         return obj, created
+
+
+def _shown(actions: Actions) -> str:
+    """What a write would show the user, less the moment it is made (a condition's
+    lastTransitionTime is the pass's own clock until it is written)."""
+
+    def strip(value: object) -> object:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "lastTransitionTime"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    said = [(e.type, e.reason, e.message) for e in actions.events]
+    return json.dumps([strip(actions.status_patch), said, actions.announced], sort_keys=True, default=str)

@@ -154,9 +154,9 @@ class Settings:
     log_level: str = "INFO"
     log_format: str = "json"
     resync_seconds: float = 30.0
-    # A job's status changes short of Succeeded or Failed are written at most once in this many
-    # seconds after its previous write (or its Job's creation), the newest state at the end of
-    # the wait; a terminal phase is written at once. 0: every change at once.
+    # A job's status changes short of Succeeded or Failed wait until what the user would read has
+    # stood unchanged this many seconds (at most four times that), then the newest state is
+    # written once (runtime/coalesce.py); a terminal phase is written at once. 0: every change at once.
     status_coalesce_seconds: float = 5.0
     # Several replicas, one leader: only the holder of the Lease reconciles and writes.
     leader_election: bool = False

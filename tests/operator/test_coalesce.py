@@ -1,0 +1,54 @@
+"""Status writes held until what they show has stood (runtime/coalesce.py), on a clock of the test's."""
+
+from finetune_operator.runtime.coalesce import StatusCoalescer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_change_waits_until_it_has_stood_for_the_window() -> None:
+    clock = Clock()
+    held = StatusCoalescer(5.0, clock=clock)
+    assert held.hold("j", "Pending") == (True, 5.0)  # a wake-up for when it will have stood
+    clock.now += 3
+    assert held.hold("j", "Pending") == (True, None)  # the wake-up is queued already
+    clock.now += 2
+    assert held.hold("j", "Pending") == (False, None)  # stood 5 s: write it
+    assert held.held() == 0
+
+
+def test_a_state_that_moves_on_is_never_written_and_the_wait_starts_again() -> None:
+    clock = Clock()
+    held = StatusCoalescer(5.0, clock=clock)
+    held.hold("j", "Pending")
+    clock.now += 4
+    assert held.hold("j", "Running") == (True, None)  # the queued wake-up (at 105) comes first
+    clock.now += 1
+    assert held.hold("j", "Running") == (True, 4.0)  # not stood yet: a new wake-up at 109
+    clock.now += 4
+    assert held.hold("j", "Running") == (False, None)
+
+
+def test_a_state_that_never_settles_is_written_after_four_windows() -> None:
+    clock = Clock()
+    held = StatusCoalescer(5.0, clock=clock)
+    for step in range(25):
+        verdict, _ = held.hold("j", f"message {step}")
+        if not verdict:
+            break
+        clock.now += 1
+    assert clock.now - 100.0 == 20.0
+
+
+def test_dropped_and_off() -> None:
+    clock = Clock()
+    held = StatusCoalescer(5.0, clock=clock)
+    held.hold("j", "Pending")
+    held.drop("j")
+    assert held.held() == 0
+    assert StatusCoalescer(0.0, clock=clock).hold("j", "Pending") == (False, None)
