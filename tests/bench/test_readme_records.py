@@ -216,6 +216,26 @@ def test_the_one_round_load_run_is_its_record() -> None:
     )
 
 
+def test_the_leader_chaos_soak_is_its_record() -> None:
+    data = record("2026-12-04-leader-chaos-500x20.json")
+    assert data["kills"] == 20 and data["takeovers_over_limit"] == 0
+    assert data["jobs_created"] == data["jobs"] == 500 and data["duplicate_jobs"] == data["stuck"] == 0
+    assert_stated(f"every takeover within {data['takeover_max_s']} s of the kill (median {data['takeover_median_s']} s")
+    assert_stated(f"every job terminal {data['seconds_to_all_terminal']} s after the start")
+
+
+def test_the_fleet_load_soak_is_its_record() -> None:
+    data = record("2026-12-04-load-500-coalesced-since-last-write.json")
+    per_job = [r["ours"]["requests_per_job"] for r in data["rounds"]]
+    assert_stated(f"{min(per_job)}-{max(per_job)} API requests per job")
+    patches = [r["ours"]["requests_per_job_by_kind"]["patch FineTuneJob/status"] for r in data["rounds"]]
+    events = [r["ours"]["requests_per_job_by_kind"]["create Event"] for r in data["rounds"]]
+    assert_stated(f"{min(patches)}-{max(patches)} status patches, {min(events)}-{max(events)} Events")
+    floor_p99 = statistics.median(r["floor"]["p99_s"] for r in data["rounds"])
+    ours_p99 = statistics.median(r["ours"]["p99_s"] for r in data["rounds"])
+    assert_stated(f"{data['p99_to_floor_median']}x the floor's median round ({ours_p99} s against {floor_p99} s)")
+
+
 @pytest.mark.parametrize("day", ["2026-11-30", "2026-12-01"])
 def test_operator_chaos_mix_and_outcome(day: str) -> None:
     data = record(f"{day}-operator-chaos-50x20.json")
