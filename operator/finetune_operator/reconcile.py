@@ -215,16 +215,16 @@ class Reconciler:
                 seen = dataclasses.replace(seen, job=job)
                 continue
             assert seen.body is not None
-            return self._write(seen.body, actions)
+            return self._write(seen.body, actions, running=seen.job is not None)
         logger.error("%s/%s: no decision settled after %d tries", namespace, name, MAX_DECISIONS)
         return None
 
-    def _write(self, body: Body, actions: Actions) -> str | None:
+    def _write(self, body: Body, actions: Actions, *, running: bool) -> str | None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         before = (body.get("status") or {}).get("phase")
         if not actions.writes:
             self.coalescer.drop((namespace, name))
-        elif self._held((namespace, name), actions):
+        elif running and self._held((namespace, name), actions):
             return str(before) if before else None  # the queue hands the job back when the window closes
         if actions.writes and not self.pacer.may_write((namespace, name)):
             return str(before) if before else None  # parked: the pacer hands the job back in its turn
@@ -251,8 +251,9 @@ class Reconciler:
         return actions.phase
 
     def _held(self, key: Key, actions: Actions) -> bool:
-        """Whether this write waits (runtime/coalesce.py): a status short of the end, until what
-        the user would read has stood for the window. Succeeded and Failed go at once."""
+        """Whether this write waits (runtime/coalesce.py): a status short of the end of a job
+        whose Job exists, until what the user would read has stood for the window. Succeeded and
+        Failed go at once, and so does whatever comes before the Job (the input check, a refusal)."""
         if actions.phase in contract.TERMINAL_PHASES:
             self.coalescer.drop(key)
             return False

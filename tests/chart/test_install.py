@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
 from tests.fixtures.cluster import Cluster
+from tests.reliability.cluster_kit import PodAnnotator
 from tests.support.harness import free_ports
 from tests.support.helm import ALL_ON_VALUES, CHART, REPO, helm, render
 
@@ -399,20 +401,18 @@ def _steady_pod(kubectl: Kube, job_ns: str) -> dict[str, Any] | None:
     return pods[0] if len(pods) == 1 else None
 
 
-def test_upgrade_from_one_replica_to_two_keeps_every_running_job(kubectl: Kube, release: dict[str, Any]) -> None:
+def test_upgrade_from_one_replica_to_two_keeps_every_running_job(
+    kubectl: Kube, kube: client.ApiClient, release: dict[str, Any]
+) -> None:
     """`helm upgrade` from the one-replica shape (Recreate, no election) to two replicas with a
     leader: the job running through it keeps its Job and its pod (nothing made again, nothing
     restarted), and one of the new replicas, the Lease's holder, carries it to Succeeded."""
     operator_ns, job_ns = release["operator_ns"], release["job_ns"]
     job = {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": STEADY}}
-    kubectl.apply([{**job, "spec": STEADY_SPEC}], "-n", job_ns)
-    pod = kubectl.wait_for(
-        "pods", lambda p: len(p["items"]) == 1, 120, "-n", job_ns, "-l", f"finetune.dev/job={STEADY}"
-    )
-    name = pod["items"][0]["metadata"]["name"]
-    # Set at once: KWOK reads it when the pod starts running.
-    kubectl.run("annotate", "pod", name, "-n", job_ns, f"kwok.finetune.dev/run-ms={STEADY_RUN_MS}", "--overwrite")
-    running = kubectl.wait_for(f"finetunejob/{STEADY}", lambda j: _phase(j) == "Running", 120, "-n", job_ns)
+    # Set the moment the pod appears: KWOK reads it when the pod starts running.
+    with PodAnnotator(kube, job_ns, {STEADY}, {"kwok.finetune.dev/run-ms": f"{STEADY_RUN_MS}ms"}):
+        kubectl.apply([{**job, "spec": STEADY_SPEC}], "-n", job_ns)
+        running = kubectl.wait_for(f"finetunejob/{STEADY}", lambda j: _phase(j) == "Running", 120, "-n", job_ns)
     job_before = kubectl.get(f"job/{STEADY}", "-n", job_ns)["metadata"]["uid"]
     pod_before = _steady_pod(kubectl, job_ns)
     assert pod_before is not None and pod_before["status"]["phase"] == "Running", pod_before

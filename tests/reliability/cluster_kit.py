@@ -439,6 +439,15 @@ class PodFailer:
                 time.sleep(0.3)
 
 
+class PodAnnotator(PodFailer):
+    """Sets other annotations on the pods of chosen jobs the moment they appear, e.g. KWOK's
+    `kwok.finetune.dev/run-ms` to keep a pod running (read when the pod starts)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, jobs: set[str], annotations: dict[str, str]) -> None:
+        super().__init__(api, namespace, jobs, 0, "")
+        self.annotations = dict(annotations)
+
+
 def children_of(api: client.ApiClient, namespace: str) -> dict[str, dict[str, int]]:
     """Per job name: how many of each child kind carry its label (kinds a job never owns are
     listed too, so a stray one shows up as a duplicate)."""
