@@ -8,7 +8,6 @@ which order against the API server, is here. A failed API call is the queue's to
 import dataclasses
 import json
 import logging
-import threading
 import time
 from collections.abc import Hashable
 from typing import cast
@@ -20,7 +19,7 @@ from finetune_api import contract
 
 from . import workloads
 from .crash_hook import maybe_crash
-from .decide import Actions, Observed, decide
+from .decide import Actions, Observed, decide, namespace_children
 from .identity import TrainerIdentities
 from .kube import Body, ChildRejected, Kube, describe_error
 from .metrics import Metrics
@@ -57,11 +56,9 @@ class Reconciler:
         self.queue = queue
         self.pacer = pacer
         self.metrics = metrics
-        self.identities = TrainerIdentities(self._create_identity)
-        # Jobs whose Job this process created and whose JobCreated Event is not written yet:
-        # the creating pass writes nothing but the Job, the next one says so.
-        self._guard = threading.Lock()
-        self._unannounced: set[Key] = set()
+        self.identities = TrainerIdentities(
+            self._create_identity, children=lambda namespace: namespace_children(namespace, settings)
+        )
         # Status changes short of the end wait until they have stood (runtime/coalesce.py).
         self.coalescer = StatusCoalescer(settings.status_coalesce_seconds)
 
@@ -98,8 +95,6 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         key = (namespace, name)
-        with self._guard:
-            self._unannounced.discard(key)
         self.queue.forget(key)
         self.pacer.forget(key)
         self.coalescer.drop(key)
@@ -133,8 +128,6 @@ class Reconciler:
             if job is not None or check is not None:
                 pods = self._list_pods(namespace, name)
         found = self.cache.workloads(namespace, name) if job is not None else []
-        with self._guard:
-            unannounced = (namespace, name) in self._unannounced
         return Observed(
             namespace=namespace,
             name=name,
@@ -146,7 +139,6 @@ class Reconciler:
             pods=pods,
             workloads=found,
             preemptors=self._preemptors(found),
-            unannounced=unannounced,
         )
 
     def _preemptors(self, found: list[Body]) -> dict[str, str]:
@@ -185,8 +177,6 @@ class Reconciler:
                 self.cache.put_job(job)
                 if created:
                     self.pacer.created()
-                    with self._guard:
-                        self._unannounced.add((namespace, name))
                     self.enqueue(namespace, name, UPDATE)
                     return actions.phase
                 seen = dataclasses.replace(seen, job=job, pods=self._list_pods(namespace, name))
@@ -228,12 +218,6 @@ class Reconciler:
             return str(before) if before else None  # the queue hands the job back when the window closes
         if actions.writes and not self.pacer.may_write((namespace, name)):
             return str(before) if before else None  # parked: the pacer hands the job back in its turn
-        if actions.announcement is not None:
-            said = actions.announcement
-            self.kube.post_event(body, said.type, said.reason, said.message)
-        if actions.announced:
-            with self._guard:
-                self._unannounced.discard((namespace, name))
         if actions.status_patch is not None:
             try:
                 updated = self.kube.patch_status(namespace, name, actions.status_patch)
@@ -263,7 +247,8 @@ class Reconciler:
         return hold
 
     def _create_children(self, namespace: str, name: str, children: tuple[Body, ...]) -> tuple[Body, bool]:
-        """The Job, after the identity it runs as, its NetworkPolicy and claim; (Job, created now)."""
+        """The Job, after what the namespace's jobs share (the identity it runs as, the trainers'
+        NetworkPolicies), its own NetworkPolicy and claim; (Job, created now)."""
         self.identities.ensure(namespace)
         *before, job_child = children
         where = f"{namespace}/{name}"
@@ -272,7 +257,7 @@ class Reconciler:
         return self._create_one(where, job_child)
 
     def _create_identity(self, child: Body) -> None:
-        self._create_one(f"{child['metadata']['namespace']} (trainer identity)", child)
+        self._create_one(f"{child['metadata']['namespace']} (shared by its jobs)", child)
 
     def _create_one(self, where: str, child: Body) -> tuple[Body, bool]:
         obj, created = self.kube.create_or_get(child)
@@ -296,4 +281,4 @@ def _shown(actions: Actions) -> str:
         return value
 
     said = [(e.type, e.reason, e.message) for e in actions.events]
-    return json.dumps([strip(actions.status_patch), said, actions.announced], sort_keys=True, default=str)
+    return json.dumps([strip(actions.status_patch), said], sort_keys=True, default=str)

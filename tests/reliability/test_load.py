@@ -158,13 +158,7 @@ def run_load(
 
 def own_requests(operator: OperatorProcess) -> dict[str, float]:
     """The operator's finetune_api_requests_total, as {"verb kind": count}."""
-    counts: dict[str, float] = {}
-    for line in operator.metrics().splitlines():
-        if line.startswith("finetune_api_requests_total{"):
-            labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(","))
-            key = f"{labels['verb'].strip(chr(34))} {labels['kind'].strip(chr(34))}"
-            counts[key] = counts.get(key, 0) + float(line.rsplit(" ", 1)[1])
-    return counts
+    return operator.requests()
 
 
 RATIOS = {  # ratio to the floor -> the figure it divides

@@ -360,6 +360,17 @@ class OperatorProcess:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
             return str(resp.read().decode())
 
+    def requests(self) -> dict[str, float]:
+        """What the operator asked the API server so far, by its own count
+        (finetune_api_requests_total), as {"verb kind": count}; its watches are not in it."""
+        counts: dict[str, float] = {}
+        for line in self.metrics().splitlines():
+            if line.startswith("finetune_api_requests_total{"):
+                labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(","))
+                key = f"{labels['verb'].strip(chr(34))} {labels['kind'].strip(chr(34))}"
+                counts[key] = counts.get(key, 0) + float(line.rsplit(" ", 1)[1])
+        return counts
+
     def wait_exit(self, timeout: float) -> int:
         assert self.proc is not None
         return self.proc.wait(timeout)
@@ -444,6 +455,12 @@ class Jobs:
     def events(self, name: str) -> list[dict[str, Any]]:
         found = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}")
         return [self.api.sanitize_for_serialization(e) for e in found.items]
+
+    def operator_events(self, name: str, settle_s: float = 2.0) -> list[dict[str, Any]]:
+        """The Events on the FineTuneJob itself (its Job, of the same name, has the Job
+        controller's), after `settle_s`: the operator posts a write's Events after its status."""
+        time.sleep(settle_s)
+        return [e for e in self.events(name) if e["involvedObject"]["kind"] == "FineTuneJob"]
 
     def events_with(self, name: str, *reasons: str, timeout: float = 30) -> list[dict[str, Any]]:
         """The job's Events once every one of `reasons` is among them. kopf posts Events from a
