@@ -38,6 +38,7 @@ from .status import (
     Observation,
     Transition,
     compute,
+    hand_over,
     needs_patch,
     status_patch,
 )
@@ -83,6 +84,7 @@ class Actions:
     events: tuple[Transition, ...] = ()  # after the status patch: Warnings only (status.transitions)
     phase: str | None = None
     list_nodes: bool = False  # list the nodes and decide again (guardrails.unschedulable_message)
+    hand_over: bool = False  # the status written would be a hand-over (status.hand_over): it may wait longer
 
     @property
     def writes(self) -> bool:
@@ -335,4 +337,5 @@ def decide(seen: Observed) -> Actions:
         status_patch=status_patch(current, outcome.status),
         events=tuple(outcome.transitions),
         phase=outcome.phase,
+        hand_over=hand_over(outcome.status),
     )

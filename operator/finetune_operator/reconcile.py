@@ -236,12 +236,13 @@ class Reconciler:
 
     def _held(self, key: Key, actions: Actions) -> bool:
         """Whether this write waits (runtime/coalesce.py): a status short of the end of a job
-        whose Job exists, until what the user would read has stood for the window. Succeeded and
-        Failed go at once, and so does whatever comes before the Job (the input check, a refusal)."""
+        whose Job exists, until what the user would read has stood for the window (a hand-over,
+        the trainer's exit before the Job's verdict, for the longest wait). Succeeded and Failed
+        go at once, and so does whatever comes before the Job (the input check, a refusal)."""
         if actions.phase in contract.TERMINAL_PHASES:
             self.coalescer.drop(key)
             return False
-        hold, wake_in = self.coalescer.hold(key, _shown(actions))
+        hold, wake_in = self.coalescer.hold(key, _shown(actions), patient=actions.hand_over)
         if wake_in is not None:
             self.queue.add_after(key, wake_in)
         return hold

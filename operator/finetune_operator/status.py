@@ -61,6 +61,8 @@ NO_WORKLOAD_MESSAGE = "waiting for Kueue to make the job's Workload (is Kueue ma
 CHECKING_INPUTS = "CheckingInputs"
 # The trainer's exit after its first OOM: the Job retries it with a tighter plan.
 RETRIED_OOM = ExitReason.OutOfMemoryRetry.name
+# The trainer exited 0 and the Job controller has yet to mark the Job Complete.
+TRAINER_FINISHED = "TrainerFinished"
 
 
 @dataclass(frozen=True)
@@ -454,7 +456,7 @@ def compute(obs: Observation) -> Outcome:
             conds["Running"] = _condition("Running", True, "TrainerRunning", "the trainer is running", obs)
         elif finishing:
             text = "the trainer finished; the Job is completing"
-            conds["Running"] = _condition("Running", True, "TrainerFinished", text, obs)
+            conds["Running"] = _condition("Running", True, TRAINER_FINISHED, text, obs)
         elif gathering is not None and message is None:
             conds["Running"] = _condition("Running", False, "WaitingForNodes", gathering, obs)
         else:
@@ -519,6 +521,15 @@ def transitions(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Tra
         if failed is not None:
             out.append(Transition("Warning", str(failed["reason"]), str(failed["message"]) or "the job failed"))
     return out
+
+
+def hand_over(status: Mapping[str, Any]) -> bool:
+    """Whether what comes next is already decided elsewhere and near: the trainer has exited 0
+    and the Job controller's verdict follows (seconds, more under load). The phase the user reads,
+    Running, already says where the job is; runtime/coalesce.py lets such a state wait longer."""
+    return status.get("phase") == "Running" and any(
+        c.get("type") == "Running" and c.get("reason") == TRAINER_FINISHED for c in status.get("conditions") or []
+    )
 
 
 def needs_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:

@@ -52,3 +52,21 @@ def test_dropped_and_off() -> None:
     held.drop("j")
     assert held.held() == 0
     assert StatusCoalescer(0.0, clock=clock).hold("j", "Pending") == (False, None)
+
+
+def test_a_hand_over_waits_the_whole_four_windows_unless_it_moves_on() -> None:
+    """The trainer's exit before the Job's verdict: nearly always over before it is written."""
+    clock = Clock()
+    held = StatusCoalescer(5.0, clock=clock)
+    assert held.hold("j", "Running", patient=True) == (True, 20.0)
+    clock.now += 19
+    assert held.hold("j", "Running", patient=True) == (True, None)
+    clock.now += 1
+    assert held.hold("j", "Running", patient=True) == (False, None)  # bounded all the same
+    held.hold("k", "Finishing", patient=True)
+    clock.now += 3
+    # What follows a hand-over is an ordinary state again: its own window, with a wake-up of its
+    # own (the hand-over's would come 12 s late).
+    assert held.hold("k", "Running", patient=False) == (True, 5.0)
+    clock.now += 5
+    assert held.hold("k", "Running", patient=False) == (False, None)

@@ -1,6 +1,6 @@
 """The status logic: phase, conditions and Events from what the cluster shows."""
 
-from finetune_operator.status import Observation, compute, needs_patch, status_patch, transitions
+from finetune_operator.status import Observation, compute, hand_over, needs_patch, status_patch, transitions
 from tests.support.bodies import NOW, cond, job, pod
 
 
@@ -126,6 +126,10 @@ def test_a_finished_pod_keeps_the_job_running_until_the_job_completes():
     assert out.phase == "Running"
     assert conditions(out)["Running"]["reason"] == "TrainerFinished"
     assert [t.reason for t in out.transitions] == []
+    # The Job controller's verdict is all that is left: a hand-over, which may wait to be written.
+    assert hand_over(out.status)
+    running_pod = observe(current=running, job=job(), pods=[pod("a", "Running", node="n")])
+    assert not hand_over(running_pod.status)
 
 
 def test_suspend_and_queue():

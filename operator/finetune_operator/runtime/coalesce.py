@@ -1,12 +1,15 @@
 """A job's status writes, coalesced: a change short of the end waits until it has stood.
 
 Under a burst the states a job passes through in seconds (Pending, Running, the moment between
-its trainer's exit and its Job's verdict) would each cost a status write and an Event. A change
-that is not Succeeded or Failed is held until what the user would read has stood unchanged for
-`window_s`, and at most `max_factor` times that since the first change not yet written; then the
-newest state is written, once. Succeeded and Failed are never held (the reconciler asks only for
-the others). Level-based like the rest: nothing here is needed for correctness; a restarted
-operator starts with nothing held and writes the first change it finds after its window.
+its trainer's exit and its Job's verdict) would each cost a status write. A change that is not
+Succeeded or Failed is held until what the user would read has stood unchanged for `window_s`,
+and at most `max_factor` times that since the first change not yet written; then the newest
+state is written, once. A state the reconciler calls a hand-over (`patient`: what comes next is
+already decided by the Job controller, and the phase the user reads already says where the job
+is) waits the whole `max_factor` windows: it is nearly always over first. Succeeded and Failed
+are never held (the reconciler asks only for the others). Level-based like the rest: nothing
+here is needed for correctness; a restarted operator starts with nothing held and writes the
+first change it finds after its window.
 
 Pure bookkeeping with a clock: the reconciler schedules the wake-up this hands back.
 """
@@ -39,8 +42,9 @@ class StatusCoalescer:
         self._lock = threading.Lock()
         self._unwritten: dict[Hashable, _Unwritten] = {}
 
-    def hold(self, key: Hashable, shown: str) -> tuple[bool, float | None]:
-        """(hold the write, seconds until a wake-up must be queued or None when one is queued)."""
+    def hold(self, key: Hashable, shown: str, patient: bool = False) -> tuple[bool, float | None]:
+        """(hold the write, seconds until a wake-up must be queued or None when one is queued).
+        `patient`: `shown` is a hand-over, to stand `max_s` rather than `window_s`."""
         if self.window_s <= 0:
             return False, None
         with self._lock:
@@ -50,12 +54,14 @@ class StatusCoalescer:
                 unwritten = self._unwritten[key] = _Unwritten(shown, now, now)
             elif unwritten.shown != shown:
                 unwritten.shown, unwritten.settled = shown, now
-            # Never earlier than before: `settled` only moves forward, so a queued wake-up is never late.
-            due = min(unwritten.settled + self.window_s, unwritten.first + self.max_s)
+            window = self.max_s if patient else self.window_s
+            due = min(unwritten.settled + window, unwritten.first + self.max_s)
             if now >= due:
                 del self._unwritten[key]
                 return False, None
-            if unwritten.wake > now:
+            # A queued wake-up that comes no later than due will do. (Due moves earlier only when
+            # a hand-over moves on to an ordinary state: then an earlier wake-up is queued too.)
+            if now < unwritten.wake <= due:
                 return True, None
             unwritten.wake = due
             return True, due - now
