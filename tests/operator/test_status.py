@@ -132,6 +132,20 @@ def test_a_finished_pod_keeps_the_job_running_until_the_job_completes():
     assert not hand_over(running_pod.status)
 
 
+def test_a_job_waiting_for_its_first_pod_is_a_hand_over_and_a_refused_pod_is_not():
+    """Its Job made, no pod yet (or none the scheduler has looked at): the Job controller and the
+    scheduler have the next step. A pod the scheduler refused is the user's news."""
+    assert hand_over(observe(job=job(), pods=[]).status)
+    assert hand_over(observe(job=job(), pods=[pod("p", "Pending")]).status)
+    text = "0/6 nodes are available: 6 Insufficient nvidia.com/gpu."
+    refused = observe(job=job(), pods=[pod("p", "Pending", scheduled=(False, "Unschedulable", text))])
+    assert not hand_over(refused.status)
+    retry = observe(
+        current={"phase": "Pending", "restarts": 0}, job=job(failed=1), pods=[pod("a", "Failed", exit_code=1)]
+    )
+    assert retry.status["restarts"] == 1 and not hand_over(retry.status)
+
+
 def test_suspend_and_queue():
     out = observe(job=job(suspend=True), suspend_requested=True)
     assert out.phase == "Suspended"

@@ -4,9 +4,9 @@ Under a burst the states a job passes through in seconds (Pending, Running, the 
 its trainer's exit and its Job's verdict) would each cost a status write. A change that is not
 Succeeded or Failed is held until what the user would read has stood unchanged for `window_s`,
 and at most `max_factor` times that since the first change not yet written; then the newest
-state is written, once. A state the reconciler calls a hand-over (`patient`: what comes next is
-already decided by the Job controller, and the phase the user reads already says where the job
-is) waits the whole `max_factor` windows: it is nearly always over first. Succeeded and Failed
+state is written, once. A state the reconciler calls a hand-over (`patient`: the job waits on
+the Job controller alone, for a step already decided, status.hand_over) waits the whole
+`max_factor` windows: on a quiet control plane it is over long before. Succeeded and Failed
 are never held (the reconciler asks only for the others). Level-based like the rest: nothing
 here is needed for correctness; a restarted operator starts with nothing held and writes the
 first change it finds after its window.
