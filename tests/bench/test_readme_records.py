@@ -236,6 +236,23 @@ def test_the_fleet_load_soak_is_its_record() -> None:
     assert_stated(f"{data['p99_to_floor_median']}x the floor's median round ({ours_p99} s against {floor_p99} s)")
 
 
+def test_the_load_soak_after_the_cuts_is_its_record() -> None:
+    data = record("2026-12-05-load-500-namespace-policies-trouble-events.json")
+    rounds = [r["ours"] for r in data["rounds"]]
+    per_job = [r["requests_per_job"] for r in rounds]
+    assert max(per_job) <= 4.0 and all(r["jobs_finished"] == 500 and r["duplicates"] == 0 for r in rounds)
+    assert_stated(f"{min(per_job)}-{max(per_job)} API requests per job")
+    kinds = [r["requests_per_job_by_kind"] for r in rounds]
+    patches = [k["patch FineTuneJob/status"] for k in kinds]
+    lease = [k["update Lease"] for k in kinds]
+    assert_stated(f"{min(patches)}-{max(patches)} status patches, {min(lease)}-{max(lease)} Lease")
+    assert all(k.get("create Event", 0) == 0 and k.get("create NetworkPolicy", 0) == 0 for k in kinds)
+    floor_p99 = statistics.median(r["floor"]["p99_s"] for r in data["rounds"])
+    ours_p99 = statistics.median(r["p99_s"] for r in rounds)
+    assert_stated(f"{data['p99_to_floor_median']}x the floor's median round ({ours_p99} s against {floor_p99} s)")
+    assert_stated(f"the p50 ratios' median, {data['latency_p50_ratio']}x")
+
+
 @pytest.mark.parametrize("day", ["2026-11-30", "2026-12-01"])
 def test_operator_chaos_mix_and_outcome(day: str) -> None:
     data = record(f"{day}-operator-chaos-50x20.json")
