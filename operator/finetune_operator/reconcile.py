@@ -238,8 +238,9 @@ class Reconciler:
         """Whether this write waits (runtime/coalesce.py): a status short of the end of a job
         whose Job exists, until what the user would read has stood for the window (a hand-over,
         the trainer's exit before the Job's verdict, for the longest wait). Succeeded and Failed
-        go at once, and so does whatever comes before the Job (the input check, a refusal)."""
-        if actions.phase in contract.TERMINAL_PHASES:
+        go at once, and so does whatever comes before the Job (the input check, a refusal).
+        So does a change that posts an Event (`written_at_once`)."""
+        if written_at_once(actions):
             self.coalescer.drop(key)
             return False
         hold, wake_in = self.coalescer.hold(key, _shown(actions), patient=actions.hand_over)
@@ -268,6 +269,15 @@ class Reconciler:
             logger.info("%s: created %s %s", where, kind, child["metadata"]["name"])
             maybe_crash(self.settings, kind)
         return obj, created
+
+
+def written_at_once(actions: Actions) -> bool:
+    """Whether a status change is written without waiting for it to stand: the end of a job,
+    and a change that posts an Event (a restart, the GPU-memory retry, a preemption): trouble,
+    rare, and its count may rest on a fact that passes. Kueue's Preempted condition is True only
+    until the Workload is admitted again; a preemption held past that was never counted nor said
+    (a gang preempted for 2 s ended Succeeded with no preemption in its status)."""
+    return actions.phase in contract.TERMINAL_PHASES or bool(actions.events)
 
 
 def _shown(actions: Actions) -> str:

@@ -1,6 +1,9 @@
 """Status writes held until what they show has stood (runtime/coalesce.py), on a clock of the test's."""
 
+from finetune_operator.decide import Actions
+from finetune_operator.reconcile import written_at_once
 from finetune_operator.runtime.coalesce import StatusCoalescer
+from finetune_operator.status import transitions
 
 
 class Clock:
@@ -70,3 +73,16 @@ def test_a_hand_over_waits_the_whole_four_windows_unless_it_moves_on() -> None:
     assert held.hold("k", "Running", patient=False) == (True, 5.0)
     clock.now += 5
     assert held.hold("k", "Running", patient=False) == (False, None)
+
+
+def test_trouble_and_the_end_are_written_at_once_the_rest_may_wait() -> None:
+    """A preemption's count rests on Kueue's Preempted condition, True only until the Workload
+    is admitted again: held, it would be lost (the status reconciled after readmission counts
+    none). So a change that posts an Event goes at once, like Succeeded and Failed."""
+    queued = {"phase": "Queued", "queue": {"preemptions": 0}}
+    preempted = {"phase": "Queued", "queue": {"preemptions": 1, "lastPreemption": {"message": "by a higher priority"}}}
+    said = tuple(transitions(queued, preempted))
+    assert [(t.type, t.reason) for t in said] == [("Warning", "Preempted")]
+    assert written_at_once(Actions(status_patch={"queue": preempted["queue"]}, events=said, phase="Queued"))
+    assert written_at_once(Actions(status_patch={"phase": "Succeeded"}, phase="Succeeded"))
+    assert not written_at_once(Actions(status_patch={"phase": "Running"}, phase="Running"))
