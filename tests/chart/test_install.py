@@ -286,16 +286,24 @@ def test_tiny_job_succeeds_in_a_restricted_namespace(kubectl: Kube, release: dic
     # The chart's operator did the work (not some other operator that happens to watch too).
     log = kubectl.run("logs", "-n", release["operator_ns"], f"deployment/{_deployment_name()}").stdout
     assert f"{job_ns}/tiny" in log, log[-3000:]
-    # ...with the chart's defaults on: its pod is the one its own NetworkPolicy (made by the
-    # operator, owned by the job) selects, and its Job and policy got through the operator fence
-    # (the status patches above went through too).
+    # ...with the chart's defaults on: its pod is one the namespace's trainer policy (made by the
+    # operator, no job's) selects, and not one the Hub jobs' policy (HTTPS) selects; a one-node
+    # job has no policy of its own. Its Job and the policies got through the operator fence (the
+    # status patches above went through too).
     pod_labels = pods[0]["metadata"]["labels"]
-    policy = kubectl.get("networkpolicy", "tiny-network", "-n", job_ns)
-    assert all(pod_labels.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
-    assert policy["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
-    assert all(rule["ports"] != [{"port": 443, "protocol": "TCP"}] for rule in policy["spec"]["egress"]), (
-        "a job without a Hub source got HTTPS egress"
+
+    def selects(policy: dict[str, Any]) -> bool:
+        return all(pod_labels.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
+
+    policy = kubectl.get("networkpolicy", "finetune-trainers", "-n", job_ns)
+    assert selects(policy) and not policy["metadata"].get("ownerReferences"), policy["metadata"]
+    assert all(rule.get("ports") != [{"port": 443, "protocol": "TCP"}] for rule in policy["spec"]["egress"]), (
+        "every trainer got HTTPS egress"
     )
+    hub = kubectl.get("networkpolicy", "finetune-trainers-hub", "-n", job_ns)
+    assert not selects(hub), "a job without a Hub source got HTTPS egress"
+    names = {p["metadata"]["name"] for p in kubectl.get("networkpolicy", "-n", job_ns)["items"]}
+    assert "tiny-network" not in names, names
 
 
 def test_default_policies_name_this_release_and_the_real_api_server(kubectl: Kube, release: dict[str, Any]) -> None:
@@ -305,7 +313,7 @@ def test_default_policies_name_this_release_and_the_real_api_server(kubectl: Kub
     install names the address (apiServerCIDRs); without it the chart would refuse to render."""
     operator_ns, job_ns = release["operator_ns"], release["job_ns"]
     selector = f"app.kubernetes.io/instance={_release_name()}"
-    # The chart places no trainer policy: the operator makes one per job, wherever the job is.
+    # The chart places no trainer policy: the operator makes them, in whatever namespace a job runs.
     assert not kubectl.get("networkpolicy", "-n", job_ns, "-l", selector)["items"]
     env = {e["name"]: e.get("value") for e in _ready_operator_pod(kubectl, operator_ns)["spec"]["containers"][0]["env"]}
     api = json.loads(env["FINETUNE_TRAINER_NETWORK"])["egress"][0]

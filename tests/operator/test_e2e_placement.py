@@ -229,7 +229,10 @@ def test_the_hub_token_stays_in_its_secret(
     batch = client.BatchV1Api(kube)
     job = kube.sanitize_for_serialization(batch.read_namespaced_job("hub", namespace))
     configmaps = [kube.sanitize_for_serialization(c) for c in core.list_namespaced_config_map(namespace).items]
-    jobs.events_with("hub", "Succeeded")  # every Event of the run is posted before they are searched
+    # Every Event of the run is posted before they are searched: the Job controller's Completed
+    # is its last, and the operator posts none for a job that succeeds (Events for trouble only).
+    jobs.events_with("hub", "Completed")
+    assert jobs.operator_events("hub") == []
     events = [kube.sanitize_for_serialization(e) for e in core.list_namespaced_event(namespace).items]
     places = {
         "pod spec and annotations": pod,
