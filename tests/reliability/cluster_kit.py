@@ -16,6 +16,7 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from finetune_api.constants import GROUP, PLURAL, VERSION
 from hack.cluster.nodes import TESLA_P40, gpu_node
 from tests.support.harness import (
     OperatorProcess,
@@ -242,6 +243,8 @@ class JobWatch:
         self.namespace = namespace
         self.seen: dict[str, float] = {}
         self.created_twice: list[str] = []
+        # Jobs whose Complete or Failed condition was seen: a count that costs no list of them all.
+        self.finished: set[str] = set()
         self._uids: dict[str, str] = {}
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -286,12 +289,87 @@ class JobWatch:
 
     def _saw(self, job: Any) -> None:
         name, uid = job.metadata.name, job.metadata.uid
+        conditions = job.status.conditions if job.status else None
+        if any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions or []):
+            self.finished.add(name)
         if name not in self.seen:
             self.seen[name] = time.monotonic()
             self._uids[name] = uid
         elif self._uids[name] != uid:
             self.created_twice.append(name)
             self._uids[name] = uid
+
+
+class PhaseWatch:
+    """The latest status phase of each FineTuneJob in a namespace, from a watch: at thousands of
+    jobs a list every few seconds would cost the API server (and this process) more than the
+    operator under test."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.namespace = namespace
+        self.phases: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "PhaseWatch":
+        self._thread.start()
+        self._ready.wait(30)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def count(self, *phases: str) -> int:
+        return sum(1 for phase in list(self.phases.values()) if phase in phases)
+
+    def _list(self) -> str:
+        listing = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)
+        for item in listing["items"]:
+            self._saw(item)
+        version: str = listing["metadata"]["resourceVersion"]
+        return version
+
+    def _run(self) -> None:
+        version = ""
+        while not self._stop.is_set():
+            stream = watch.Watch()
+            try:
+                if not version:
+                    version = self._list()
+                self._ready.set()
+                for event in stream.stream(
+                    self.custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    resource_version=version,
+                    timeout_seconds=5,
+                ):
+                    item = event["object"]
+                    if event["type"] == "ERROR":
+                        version = ""
+                        break
+                    version = item["metadata"]["resourceVersion"]
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._saw(item)
+                    if self._stop.is_set():
+                        break
+            except ApiException as exc:
+                if exc.status == 410:
+                    version = ""
+                else:
+                    time.sleep(0.5)
+            except Exception:
+                time.sleep(0.5)
+
+    def _saw(self, item: dict[str, Any]) -> None:
+        phase = (item.get("status") or {}).get("phase")
+        if phase:
+            self.phases[item["metadata"]["name"]] = phase
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -8,6 +8,7 @@ Measured: CR-to-Job latency p50/p99 (from the create call to the Job's first sig
 peak RSS, API requests per job; every job must be placed and finish.
 """
 
+import concurrent.futures
 import json
 import os
 import statistics
@@ -19,6 +20,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from finetune_api.constants import GROUP, PLURAL, VERSION
+from finetune_api.contract import TERMINAL_PHASES
 from tests.fixtures.cluster import Cluster
 from tests.support.harness import NO_INPUT_CHECK, Jobs, OperatorProcess, wait_for
 
@@ -26,6 +29,7 @@ from .cluster_kit import (
     LOAD_SPEC,
     FloorOperator,
     JobWatch,
+    PhaseWatch,
     add_gpu_nodes,
     count_requests_of,
     cpu_seconds,
@@ -341,11 +345,147 @@ def resync_after_restart(
     return figures
 
 
+# The test's own creates, this many at a time. One at a time, 5,000 creates took the shared
+# 2-core machine about 20 minutes: Jobs were being created that whole time, so the operator paced
+# its status writes (runtime/pacing.py) for all of it, and the soak measured the test's submitter
+# more than the operator. A fleet's users submit side by side.
+SUBMITTERS = 8
+PROGRESS_S = 30.0
+
+
+@dataclass
+class FleetFigures:
+    jobs: int
+    submitted: int
+    jobs_created: int  # Jobs seen on the watch, one per FineTuneJob
+    jobs_finished: int  # Jobs Complete or Failed, from one list at the end
+    duplicates: int
+    terminal: int  # FineTuneJobs whose status phase is Succeeded or Failed, from one list at the end
+    succeeded: int
+    completed: bool  # every job terminal within the timeout
+    submit_s: float
+    all_created_s: float | None  # from the first create to the last Job's first sight
+    all_terminal_s: float | None  # ... to the last FineTuneJob's terminal phase
+    p50_s: float  # CR-to-Job, for the record: the 500-job load judges it against the floor
+    p99_s: float
+    peak_rss_mib: float
+    cpu_s: float
+    requests: int
+    requests_per_job: float
+    requests_per_job_by_kind: dict[str, float] = field(default_factory=dict)
+    # Every PROGRESS_S: seconds since the first create, FineTuneJobs submitted, Jobs seen, Jobs
+    # finished, FineTuneJobs terminal, the operator's CPU seconds and RSS (MiB) so far.
+    progress: list[dict[str, float]] = field(default_factory=list)
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_fleet(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess, jobs: int, timeout: float
+) -> FleetFigures:
+    """Submit `jobs` FineTuneJobs, SUBMITTERS at a time, and wait until every one is terminal;
+    progress comes from watches (a list of thousands every few seconds would load the API
+    server more than the operator does), the end counts from one list each."""
+    batch = client.BatchV1Api(kube)
+    flow = count_requests_of(kube, "ours")
+    custom = Jobs(kube, namespace)
+    names = [f"fleet-{index:04d}" for index in range(jobs)]
+    submitted: dict[str, float] = {}
+    failures: list[str] = []
+
+    def submit(name: str) -> None:
+        submitted[name] = time.monotonic()
+        try:
+            custom.create(name, LOAD_SPEC)
+        except Exception as exc:  # counted and reported: a lost submission is a finding, not a crash
+            failures.append(f"{name}: {exc}")
+
+    with running(operator), JobWatch(kube, namespace) as seen, PhaseWatch(kube, namespace) as phases:
+        assert operator.proc is not None
+        pid = operator.proc.pid
+        before = dispatched(kube, flow)
+        started = time.monotonic()
+        pool = concurrent.futures.ThreadPoolExecutor(SUBMITTERS)
+        submissions = [pool.submit(submit, name) for name in names]
+        pool.shutdown(wait=False)
+        submit_s: float | None = None
+        all_created: float | None = None
+        all_terminal: float | None = None
+        progress: list[dict[str, float]] = []
+        next_sample = started
+        while time.monotonic() - started < timeout:
+            now = time.monotonic()
+            if submit_s is None and all(f.done() for f in submissions):
+                submit_s = now - started
+            if all_created is None and len(seen.seen) >= jobs:
+                all_created = now - started
+            terminal = phases.count(*TERMINAL_PHASES)
+            if now >= next_sample or terminal >= jobs:
+                progress.append(
+                    {
+                        "s": round(now - started, 1),
+                        "submitted": len(submitted),
+                        "jobs_seen": len(seen.seen),
+                        "jobs_finished": len(seen.finished),
+                        "terminal": terminal,
+                        "cpu_s": round(cpu_seconds(pid), 1),
+                        "rss_mib": round(_rss_mib(pid), 1),
+                    }
+                )
+                print(f"fleet: {progress[-1]}", flush=True)
+                next_sample += PROGRESS_S
+            if terminal >= jobs:
+                all_terminal = now - started
+                break
+            time.sleep(2)
+        for future in submissions:
+            future.cancel()
+        requests = dispatched(kube, flow) - before
+        by_kind = own_requests(operator)
+        rss = peak_rss_mib(pid)
+        cpu = cpu_seconds(pid)
+        listed = client.CustomObjectsApi(kube).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        final = [(o.get("status") or {}).get("phase") for o in listed["items"]]
+        latencies = [seen.seen[n] - t for n, t in list(submitted.items()) if n in seen.seen]
+        figures = FleetFigures(
+            jobs=jobs,
+            submitted=len(submitted) - len(failures),
+            jobs_created=len(seen.seen),
+            jobs_finished=_finished_jobs(batch, namespace),
+            duplicates=len(seen.created_twice),
+            terminal=sum(1 for phase in final if phase in TERMINAL_PHASES),
+            succeeded=sum(1 for phase in final if phase == "Succeeded"),
+            completed=all_terminal is not None,
+            submit_s=round(submit_s if submit_s is not None else time.monotonic() - started, 1),
+            all_created_s=None if all_created is None else round(all_created, 1),
+            all_terminal_s=None if all_terminal is None else round(all_terminal, 1),
+            p50_s=round(percentile(latencies, 0.50), 3),
+            p99_s=round(percentile(latencies, 0.99), 3),
+            peak_rss_mib=round(rss, 1),
+            cpu_s=round(cpu, 1),
+            requests=requests,
+            requests_per_job=round(requests / jobs, 2),
+            requests_per_job_by_kind={k: round(v / jobs, 2) for k, v in sorted(by_kind.items())},
+            progress=progress,
+        )
+    assert not failures, failures[:5]
+    return figures
+
+
 def fleet(cluster: Cluster, kube: client.ApiClient, tmp_path: Path, jobs: int, nodes: int) -> dict[str, Any]:
+    """`jobs` submitted at once and run to the end by ours (leader election, the chart's
+    settings), then a fresh operator's resync of them all; the JSON is written whether or not
+    the run finished, so a run out of time still leaves its figures."""
     core = client.CoreV1Api(kube)
     stamp = time.strftime("%H%M%S")
     added = add_gpu_nodes(core, f"fleet-{stamp}", nodes)
     namespace = ""
+    result: dict[str, Any] = {"jobs": jobs, "nodes": nodes, "submitters": SUBMITTERS}
     try:
         config = our_identity(kube, cluster.kubeconfig, tmp_path)
         forget_lease(kube, "ours")
@@ -356,26 +496,34 @@ def fleet(cluster: Cluster, kube: client.ApiClient, tmp_path: Path, jobs: int, n
             tmp_path / "fleet.log",
             env=NO_INPUT_CHECK | leader_env("ours") | {"FINETUNE_LOG_LEVEL": "INFO", "FINETUNE_RESYNC_SECONDS": "30"},
         )
-        run = run_load(kube, namespace, operator, "ours", jobs, timeout=600 + jobs * 0.5)
-        resync = resync_after_restart(kube, config, namespace, tmp_path / "fleet-restart.log", jobs, 600)
+        run = run_fleet(kube, namespace, operator, jobs, timeout=FLEET_TIMEOUT_S)
+        result["run"] = asdict(run)
+        if run.completed:
+            result["restart"] = resync_after_restart(kube, config, namespace, tmp_path / "fleet-restart.log", jobs, 600)
     finally:
         if namespace:
             core.delete_namespace(namespace, propagation_policy="Background")
         remove_nodes(core, added)
-    result = {"jobs": jobs, "nodes": nodes, "run": asdict(run), "restart": resync}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"fleet-{jobs}.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / f"fleet-{jobs}.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result, indent=1))
     return result
+
+
+# How long the run may take before it counts as unfinished: on the shared 2-core machine the
+# control plane's own Job controller and scheduler, not the operator, set the pace.
+FLEET_TIMEOUT_S = float(os.environ.get("FINETUNE_FLEET_TIMEOUT_S", "3000"))
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(7200)
 def test_fleet_5000_jobs_on_200_nodes(cluster: Cluster, kube: client.ApiClient, tmp_path: Path) -> None:
     result = fleet(cluster, kube, tmp_path, jobs=5000, nodes=200)
-    run, restart = result["run"], result["restart"]
-    assert run["jobs_created"] == 5000 and run["jobs_finished"] == 5000, run
+    run = result["run"]
+    assert run["completed"], {k: v for k, v in run.items() if k != "progress"}
+    assert run["jobs_created"] == 5000 and run["jobs_finished"] == 5000 and run["terminal"] == 5000, run
     assert run["duplicates"] == 0, run
+    restart = result["restart"]
     # The restart's resync is bounded: every job reconciled within 5 minutes, and none rewritten.
     assert restart["all_reconciled_s"] < 300, restart
     assert restart["status_writes"] == 0, restart
