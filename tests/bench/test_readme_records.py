@@ -253,6 +253,18 @@ def test_the_load_soak_after_the_cuts_is_its_record() -> None:
     assert_stated(f"the p50 ratios' median, {data['latency_p50_ratio']}x")
 
 
+def test_the_fleet_soak_is_its_record() -> None:
+    data = record("2026-12-05-fleet-5000.json")
+    run = data["run"]
+    assert run["completed"] and run["jobs_created"] == run["jobs_finished"] == run["terminal"] == 5000
+    assert run["duplicates"] == 0 and "restart" not in data
+    assert_stated(f"all 5,000 submitted in {run['submit_s']} s")
+    assert_stated(f"all {run['succeeded']:,} Succeeded {run['all_terminal_s']} s after the first create")
+    assert_stated(f"{run['peak_rss_mib']} MiB peak RSS and {run['cpu_s']} s of CPU")
+    patches = run["requests_per_job_by_kind"]["patch FineTuneJob/status"]
+    assert_stated(f"{run['requests_per_job']} API requests per job ({patches} status patches)")
+
+
 @pytest.mark.parametrize("day", ["2026-11-30", "2026-12-01"])
 def test_operator_chaos_mix_and_outcome(day: str) -> None:
     data = record(f"{day}-operator-chaos-50x20.json")
