@@ -35,6 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trainer-image", help="trainer image for jobs that name none")
     parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0 = off)")
     parser.add_argument("--health-port", type=int, help="liveness port, serves /healthz (0 = off)")
+    parser.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run as one of several replicas: reconcile only while holding the Lease (FINETUNE_LEADER_ELECTION)",
+    )
+    parser.add_argument("--lease-name", help="the Lease's name (FINETUNE_LEASE_NAME)")
+    parser.add_argument(
+        "--lease-namespace", help="the Lease's namespace (FINETUNE_LEASE_NAMESPACE, else POD_NAMESPACE)"
+    )
     parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS)
     parser.add_argument("--log-format", choices=LOG_FORMATS)
     return parser
@@ -46,7 +56,17 @@ def settings_from(args: argparse.Namespace, base: Settings) -> Settings:
         updates["namespaces"] = ()
     elif args.namespaces:
         updates["namespaces"] = tuple(args.namespaces)
-    for flag in ("trainer_image", "metrics_port", "health_port", "log_level", "log_format"):
+    if args.leader_elect is not None:
+        updates["leader_election"] = args.leader_elect
+    for flag in (
+        "trainer_image",
+        "metrics_port",
+        "health_port",
+        "log_level",
+        "log_format",
+        "lease_name",
+        "lease_namespace",
+    ):
         value = getattr(args, flag)
         if value is not None:
             updates[flag] = value
@@ -75,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for chatty in ("kopf.objects", "aiohttp.access"):
             logging.getLogger(chatty).setLevel(logging.WARNING)
     limit_malloc_arenas()
-    liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
+    liveness = f"http://{settings.listen_address}:{settings.health_port}/healthz" if settings.health_port else None
     kopf.run(
         clusterwide=settings.clusterwide,
         namespaces=settings.namespaces,

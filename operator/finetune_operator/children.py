@@ -4,6 +4,7 @@ Names are derived from the job's name only, so a reconcile that runs twice (an o
 restart mid-way) finds the children the first run made instead of making new ones.
 """
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,21 @@ KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 # Set on the pod template of jobs that download from the Hugging Face Hub, and only those: their
 # pods are the ones whose own NetworkPolicy (builders/network.py) allows HTTPS egress.
 HUB_EGRESS_LABEL = f"{GROUP}/hub-egress"
+# Set on the pod template of the jobs whose pods' names another job's could have: every job of
+# several nodes ("<job>-<index>-xxxxx") and every job of one node whose name ends in "-<index>"
+# ("<name>-xxxxx" is then the pod of index <index> of the job named without it). The trainer-
+# status policy (charts/finetune-operator/files/trainer-status-policy.yaml) takes only these
+# pods as parameters: the API server evaluates that policy once per parameter on every status
+# write, the operator's too, so the namespace's every trainer pod (finished ones included)
+# made each write cost about 2 s at 5,000 jobs.
+NAME_CHECK_LABEL = f"{GROUP}/name-check"
+# An index as the trainer-status policy reads it from a pod's name (no leading zero, below 100).
+_INDEX_SUFFIX = re.compile(r".*-(0|[1-9][0-9]?)")
+
+
+def name_checked(name: str, several_nodes: bool) -> bool:
+    """Whether a job's pods carry NAME_CHECK_LABEL: their names alone may not tell whose they are."""
+    return several_nodes or _INDEX_SUFFIX.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)

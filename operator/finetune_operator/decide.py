@@ -23,7 +23,7 @@ from finetune_plan.pod import memory_refusal, pod_plan
 
 from . import guardrails, preflight, workloads
 from .builders import job as job_builder
-from .builders import multinode, network, serving
+from .builders import multinode, network, rbac, serving
 from .builders import preflight as preflight_builder
 from .builders import pvc as pvc_builder
 from .children import Owner
@@ -38,6 +38,7 @@ from .status import (
     Observation,
     Transition,
     compute,
+    hand_over,
     needs_patch,
     status_patch,
 )
@@ -60,8 +61,6 @@ class Observed:
     workloads: Sequence[Body] = ()  # Kueue's Workloads of Jobs of that name
     # The "namespace/name" of our FineTuneJob behind each Job UID a Workload names as preemptor.
     preemptors: Mapping[str, str] = field(default_factory=dict)
-    # This process created the Job and has not said so in an Event yet.
-    unannounced: bool = False
     # The API server refused a child just now, saying this.
     rejected: str | None = None
     # Nodes by their value of the GPU product label, listed when a pending timeout needs it
@@ -77,20 +76,21 @@ class Actions:
     forget: bool = False  # the FineTuneJob is gone
     create: tuple[Body, ...] = ()  # children in creation order, the Job last
     # The pre-flight Job to create before the GPU Job's children, after the job's NetworkPolicy
-    # (its pod is the job's pod as far as the policy goes: no pod of a job runs unfenced).
+    # if it has one (its pod is the job's pod as far as the policies go: no pod of a job runs
+    # unfenced; the namespace's policies come before either, identity.py).
     preflight: tuple[Body, ...] = ()
     job_patch: Body | None = None  # fields of the live Job to change
     status_patch: Body | None = None  # a merge patch of the operator's status fields
-    announcement: Transition | None = None  # JobCreated, before the status patch
-    events: tuple[Transition, ...] = ()  # after the status patch
-    announced: bool = False  # the JobCreated question is settled: clear the mark
+    events: tuple[Transition, ...] = ()  # after the status patch: Warnings only (status.transitions)
     phase: str | None = None
     list_nodes: bool = False  # list the nodes and decide again (guardrails.unschedulable_message)
+    hand_over: bool = False  # the status written would be a hand-over (status.hand_over): it may wait longer
 
     @property
     def writes(self) -> bool:
-        """Whether carrying these out writes status or Events (paced during a burst)."""
-        return self.status_patch is not None or self.announced
+        """Whether carrying these out writes status and Events (paced during a burst); Events
+        come only with a status change."""
+        return self.status_patch is not None
 
 
 def _inputs(
@@ -133,7 +133,8 @@ def image_refusal(spec: FineTuneJobSpec, settings: Settings) -> str | None:
 def desired_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> list[Body]:
     """A job's own children in creation order: the Job last, so it never exists without its claim
     (and, for several nodes, without the headless Service its pods find each other through), and
-    its NetworkPolicy first, so that no trainer pod of it ever runs unfenced.
+    its NetworkPolicy (several nodes only) first, so that no trainer pod of it ever runs unfenced;
+    the namespace's policies are made before any of them (`namespace_children`).
 
     The trainer's config rides in the Job's pod template and its identity is the namespace's
     (identity.py): a job whose output claim the user brings costs one create, its Job.
@@ -149,9 +150,19 @@ def desired_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) ->
 
 
 def network_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> list[Body]:
-    """The job's NetworkPolicy, or none where the platform switched per-job policies off."""
+    """The job's own NetworkPolicy: only a job of several nodes has one (its peers' ports), and
+    none where the platform switched trainer policies off. The rest of what a trainer may reach
+    is the namespace's (`namespace_children`)."""
     rules = settings.trainer_network
-    return [network.network_policy(owner, spec, rules)] if rules is not None else []
+    policy = network.job_policy(owner, spec, rules) if rules is not None else None
+    return [policy] if policy is not None else []
+
+
+def namespace_children(namespace: str, settings: Settings) -> list[Body]:
+    """What every job of a namespace shares, made before its first Job: the trainer identity
+    (builders/rbac.py) and, where the platform turned them on, the trainers' NetworkPolicies."""
+    rules = settings.trainer_network
+    return [*rbac.identity(namespace), *(network.namespace_policies(namespace, rules) if rules is not None else [])]
 
 
 def output_status(owner: Owner, spec: FineTuneJobSpec) -> dict[str, Any]:
@@ -286,8 +297,8 @@ def decide(seen: Observed) -> Actions:
             elif check is not None and check.state == "checking":
                 checking = check.message
             elif current.get("phase") not in TERMINAL_PHASES:
-                # The pass that creates a Job writes nothing else: its status and Event follow in
-                # the next pass, paced while Jobs are being created (runtime/pacing.py).
+                # The pass that creates a Job writes nothing else: its status follows in the next
+                # pass, paced while Jobs are being created (runtime/pacing.py).
                 children = tuple(desired_children(owner, spec, seen.settings))
                 return Actions(create=children, phase=current.get("phase"))
         if job is not None:
@@ -320,21 +331,11 @@ def decide(seen: Observed) -> Actions:
             checking=checking,
         )
     )
-    announcement = None
-    if seen.unannounced and job is not None:
-        announcement = Transition("Normal", "JobCreated", f"created Job {job['metadata']['name']}")
     if not needs_patch(current, outcome.status):
-        return Actions(announcement=announcement, announced=seen.unannounced, phase=outcome.phase)
-    events = tuple(
-        t
-        for t in outcome.transitions
-        # "JobCreated" has said it: one Event per job is enough.
-        if not (seen.unannounced and t.reason == "Pending" and not current.get("phase"))
-    )
+        return Actions(phase=outcome.phase)
     return Actions(
         status_patch=status_patch(current, outcome.status),
-        announcement=announcement,
-        events=events,
-        announced=seen.unannounced,
+        events=tuple(outcome.transitions),
         phase=outcome.phase,
+        hand_over=hand_over(outcome.status),
     )

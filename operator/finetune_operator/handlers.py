@@ -10,12 +10,22 @@ No change-detection handlers, timers or finalizers: those need kopf's per-object
 finalizer would block deleting a job while the operator is down. Deletion is the garbage
 collector's work (owner references on every child).
 
+With leader election on (the chart's replicas), every replica lists and watches, so its cache is
+warm, but only the holder of the Lease starts the work queue, the pacer, the resync and the
+trainer identities: a standby makes no write at all, and its queue only gathers keys. It starts
+them on taking the Lease (every cached job is queued then), and a leader that loses the Lease
+exits at once: no write of a former leader can land after its successor's.
+
 The `Operator` lives in kopf's memo, made at start-up: importing this module builds nothing.
 """
 
 import asyncio
 import gc
 import logging
+import os
+import socket
+import sys
+import uuid
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -28,6 +38,7 @@ from .metrics import Metrics
 from .reconcile import Reconciler
 from .runtime import streams
 from .runtime.cache import WatchCache
+from .runtime.leader import LeaderElector
 from .runtime.pacing import WritePacer
 from .runtime.resync import resync_forever
 from .runtime.streams import OnEvent, OnRelist, Source, Stream
@@ -41,6 +52,10 @@ logger = logging.getLogger(__name__)
 KeepListed = Callable[[list[Body], str | None, str], list[tuple[str, str]]]
 # Reconciles wait on the API server, not the CPU: enough threads to keep many jobs moving.
 WORKERS = 16
+# The exit of a leader that could not renew its Lease in time (client-go's controllers exit too).
+LOST_LEASE_EXIT_CODE = 3
+# How long a leader stopped cleanly lets its reconciles under way finish before it gives the Lease up.
+DRAIN_S = 5.0
 
 
 class Operator:
@@ -57,17 +72,58 @@ class Operator:
         )
         self.streams = [*self._streams(kube, settings.namespaces)]
         self.tasks: list[asyncio.Task[None]] = []
+        self.elector = self._elector(kube, settings)
+        self._loop: asyncio.AbstractEventLoop | None = None
         metrics.watch(self.queue.depth, self.pacer.parked)
-        metrics.watch_jobs(self.cache)
+        # A standby's job series would double every job's (and fire every alert twice).
+        metrics.watch_jobs(self.cache, self.leading)
+        metrics.leader.set(0)
 
     def _work(self, key: Hashable) -> None:
         self.reconciler.work(key)
 
+    def _elector(self, kube: Kube, settings: Settings) -> LeaderElector | None:
+        if not settings.leader_election or not settings.lease_namespace:
+            return None
+        # Unique per process, as client-go makes it: a restarted pod is a new candidate.
+        identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        return LeaderElector(
+            kube,
+            namespace=settings.lease_namespace,
+            name=settings.lease_name,
+            identity=identity,
+            timings=settings.lease_timings,
+            on_started_leading=self._lead,
+            on_stopped_leading=self._lost,
+        )
+
+    def leading(self) -> bool:
+        return self.elector is None or self.elector.leading()
+
     def start(self) -> None:
-        self.queue.start()
-        self.pacer.start()
+        """Watch at once; reconcile and write at once too, or once this replica holds the Lease."""
+        self._loop = asyncio.get_running_loop()
         for stream in self.streams:
             stream.start()
+        if self.elector is None:
+            self._lead()
+        else:
+            logger.info("standby: waiting for the Lease %s/%s", self.elector.namespace, self.elector.name)
+            self.elector.start()
+
+    def _lead(self) -> None:
+        self.metrics.leader.set(1)
+        self.queue.start()
+        self.pacer.start()
+        # What the watches brought while this replica waited, every job in the cache, goes round once.
+        for namespace, name in self.cache.finetunejob_keys():
+            body = self.cache.finetunejob(namespace, name)
+            urgent = body is not None and self.reconciler.needs_job(namespace, name, body)
+            self.reconciler.enqueue(namespace, name, NEW if urgent else UPDATE)
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._start_tasks)
+
+    def _start_tasks(self) -> None:
         resync = resync_forever(
             self.settings.resync_seconds, self.pacer.creating, self.cache.finetunejob_keys, self.queue.add
         )
@@ -77,11 +133,23 @@ class Operator:
             # way of the first job (cluster-wide, a namespace's first job still makes it).
             self.tasks.append(asyncio.create_task(asyncio.to_thread(self._prepare_identities)))
 
+    def _lost(self) -> None:
+        """Another replica may hold the Lease by now: not one more write from this process."""
+        self.metrics.leader.set(0)
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(LOST_LEASE_EXIT_CODE)
+
     def stop(self) -> None:
         for task in self.tasks:
             task.cancel()
         for stream in self.streams:
             stream.stop()
+        if self.elector is not None:
+            # Writes end before the Lease is given up, so the successor never overlaps them.
+            self.queue.stop(DRAIN_S)
+            self.elector.stop(release=True)
+            self.metrics.leader.set(0)
 
     def _prepare_identities(self) -> None:
         for namespace in self.settings.namespaces:
@@ -160,7 +228,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.connect_timeout = streams.CONNECT_TIMEOUT_S
     settings.watching.inactivity_timeout = streams.INACTIVITY_TIMEOUT_S
     settings.networking.request_timeout = streams.REQUEST_TIMEOUT_S
-    # One replica (Deployment strategy Recreate); peering objects would need extra CRDs and RBAC.
+    # kopf's peering is not leader election (and would need extra CRDs and RBAC): which replica
+    # writes is the Lease's to say (runtime/leader.py), and kopf's handlers only fill the cache.
     settings.peering.standalone = True
     # The resources we serve are fixed; watching CRDs for new ones would need cluster-wide RBAC.
     settings.scanning.disabled = True
@@ -178,7 +247,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     ours: Settings = memo.get("settings") or from_env()
     configure(settings)
     metrics = Metrics()
-    metrics.serve(ours.metrics_port)
+    metrics.serve(ours.metrics_port, ours.listen_address)
     operator = Operator(Kube(await asyncio.to_thread(load_config), metrics), ours, metrics)
     memo["operator"] = operator
     operator.start()

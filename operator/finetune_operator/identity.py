@@ -1,4 +1,6 @@
-"""The trainer identity of each namespace (builders/rbac.py), made on the namespace's first job.
+"""What the jobs of a namespace share, made on the namespace's first job: the trainer identity
+(builders/rbac.py) and the trainers' NetworkPolicies (builders/network.py), as
+`decide.namespace_children` lists them.
 
 Checked again at most every REFRESH_S per namespace, so an identity someone deleted comes back
 without every new job paying for the check. Creating is idempotent (create, or get on 409), so
@@ -19,11 +21,13 @@ from .kube import Body
 REFRESH_S = 300.0
 
 CreateOne = Callable[[Body], object]
+Children = Callable[[str], list[Body]]
 
 
 class TrainerIdentities:
-    def __init__(self, create: CreateOne, refresh_s: float = REFRESH_S) -> None:
+    def __init__(self, create: CreateOne, refresh_s: float = REFRESH_S, children: Children = rbac.identity) -> None:
         self._create = create
+        self._children = children
         self._refresh_s = refresh_s
         self._guard = threading.Lock()
         self._checked: dict[str, float] = {}
@@ -35,7 +39,8 @@ class TrainerIdentities:
         return checked is not None and time.monotonic() - checked < self._refresh_s
 
     def ensure(self, namespace: str) -> None:
-        """The namespace's ServiceAccount, Role and RoleBinding exist (raises on API errors)."""
+        """The namespace's ServiceAccount, Role and RoleBinding (and trainer NetworkPolicies)
+        exist (raises on API errors)."""
         if self._fresh(namespace):
             return
         with self._guard:
@@ -44,7 +49,7 @@ class TrainerIdentities:
             # Whoever held the lock before may have made it meanwhile; if it failed, try again.
             if self._fresh(namespace):
                 return
-            for child in rbac.identity(namespace):
+            for child in self._children(namespace):
                 self._create(child)
             with self._guard:
                 self._checked[namespace] = time.monotonic()

@@ -174,10 +174,13 @@ class JobSource(Protocol):
 class JobCollector(Collector):
     """Reads the watch cache on each scrape."""
 
-    def __init__(self, cache: JobSource) -> None:
+    def __init__(self, cache: JobSource, serving: Callable[[], bool] = lambda: True) -> None:
         self._cache = cache
+        self._serving = serving
 
     def _jobs(self) -> Iterator[tuple[Body, Sequence[Body]]]:
+        if not self._serving():
+            return  # a standby: the leader serves each job's series, once
         for namespace, name in self._cache.finetunejob_keys():
             body = self._cache.finetunejob(namespace, name)
             if body is not None:

@@ -50,6 +50,11 @@ def _webhook_denied(exc: ApiException) -> bool:
     return exc.status == 403 and "admission webhook" in _api_message(exc) and "denied the request" in _api_message(exc)
 
 
+class Conflict(Exception):
+    """The object changed since it was read (HTTP 409), or someone else created it first: the
+    leader-election Lease's writes (runtime/leader.py) are conditional on what was read."""
+
+
 class ChildRejected(Exception):
     """The API server refused a child object as invalid (4xx other than conflicts)."""
 
@@ -74,6 +79,7 @@ class Kube:
         self.rbac = client.RbacAuthorizationV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.networking = client.NetworkingV1Api(api)
+        self.coordination = client.CoordinationV1Api(api)
         self._create: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
             "ServiceAccount": (self.core.create_namespaced_service_account, self.core.read_namespaced_service_account),
             "PersistentVolumeClaim": (
@@ -98,6 +104,7 @@ class Kube:
         return result
 
     def _call(self, verb: str, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self.metrics.api_requests.labels(verb=verb, kind=kind).inc()
         try:
             return fn(*args, **kwargs)
         except ApiException as exc:
@@ -113,6 +120,7 @@ class Kube:
         kind = body["kind"]
         namespace = body["metadata"]["namespace"]
         create, read = self._create[kind]
+        self.metrics.api_requests.labels(verb="create", kind=kind).inc()
         try:
             return self._plain(create(namespace, body, _preload_content=False)), True
         except ApiException as exc:
@@ -225,3 +233,41 @@ class Kube:
             logger.warning(
                 "could not post event %s on %s/%s: HTTP %s", reason, meta["namespace"], meta["name"], exc.status
             )
+
+    # --- the leader-election Lease (runtime/leader.py): short timeouts, a slow answer is a failed try
+
+    LEASE_TIMEOUT_S = 5.0
+
+    def get_lease(self, namespace: str, name: str) -> Body | None:
+        try:
+            response = self._call(
+                "get",
+                "Lease",
+                self.coordination.read_namespaced_lease,
+                name,
+                namespace,
+                _preload_content=False,
+                _request_timeout=self.LEASE_TIMEOUT_S,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return self._plain(response)
+
+    def create_lease(self, namespace: str, body: Body) -> Body:
+        return self._lease_write("create", self.coordination.create_namespaced_lease, namespace, body)
+
+    def replace_lease(self, namespace: str, name: str, body: Body) -> Body:
+        return self._lease_write("update", self.coordination.replace_namespaced_lease, name, namespace, body)
+
+    def _lease_write(self, verb: str, fn: Callable[..., Any], *args: Any) -> Body:
+        self.metrics.api_requests.labels(verb=verb, kind="Lease").inc()
+        try:
+            response = fn(*args, _preload_content=False, _request_timeout=self.LEASE_TIMEOUT_S)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(f"Lease {verb}: {_api_message(exc)}") from exc
+            self.metrics.api_errors.labels(verb=verb, kind="Lease", code=str(exc.status)).inc()
+            raise
+        return self._plain(response)

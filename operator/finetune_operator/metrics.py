@@ -32,6 +32,13 @@ class Metrics:
             ["verb", "kind", "code"],
             registry=r,
         )
+        self.api_requests = Counter(
+            "finetune_api_requests_total",
+            "Kubernetes API requests the operator made outside its watches (each stream's list and "
+            "watch are not counted), by verb and kind: what its jobs cost the API server.",
+            ["verb", "kind"],
+            registry=r,
+        )
         self.queue_depth = Gauge("finetune_workqueue_depth", "Jobs waiting for a reconcile worker.", registry=r)
         self.writes_parked = Gauge(
             "finetune_status_writes_parked",
@@ -49,19 +56,25 @@ class Metrics:
         self.events_posted = Counter(
             "finetune_events_total", "Events posted on FineTuneJobs, by reason.", ["reason"], registry=r
         )
+        self.leader = Gauge(
+            "finetune_leader",
+            "1 while this replica holds the leader Lease and reconciles (always, without leader "
+            "election); 0 on a standby, which watches and writes nothing.",
+            registry=r,
+        )
         self.phases = PhaseBook(self.jobs)
 
     def watch(self, queue_depth: Callable[[], int], writes_parked: Callable[[], int]) -> None:
         self.queue_depth.set_function(queue_depth)
         self.writes_parked.set_function(writes_parked)
 
-    def watch_jobs(self, cache: JobSource) -> None:
-        """Per-job series, read from `cache` on each scrape."""
-        self.registry.register(JobCollector(cache))
+    def watch_jobs(self, cache: JobSource, serving: Callable[[], bool] = lambda: True) -> None:
+        """Per-job series, read from `cache` on each scrape while `serving()` (the leader only)."""
+        self.registry.register(JobCollector(cache, serving))
 
-    def serve(self, port: int) -> None:
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
         if port:
-            start_http_server(port, registry=self.registry)
+            start_http_server(port, addr=address, registry=self.registry)
 
 
 class PhaseBook:

@@ -6,8 +6,8 @@ which order against the API server, is here. A failed API call is the queue's to
 """
 
 import dataclasses
+import json
 import logging
-import threading
 import time
 from collections.abc import Hashable
 from typing import cast
@@ -19,11 +19,12 @@ from finetune_api import contract
 
 from . import workloads
 from .crash_hook import maybe_crash
-from .decide import Actions, Observed, decide
+from .decide import Actions, Observed, decide, namespace_children
 from .identity import TrainerIdentities
 from .kube import Body, ChildRejected, Kube, describe_error
 from .metrics import Metrics
 from .runtime.cache import WatchCache
+from .runtime.coalesce import StatusCoalescer
 from .runtime.pacing import WritePacer
 from .runtime.workqueue import NEW, UPDATE, WorkQueue
 from .settings import Settings
@@ -55,11 +56,11 @@ class Reconciler:
         self.queue = queue
         self.pacer = pacer
         self.metrics = metrics
-        self.identities = TrainerIdentities(self._create_identity)
-        # Jobs whose Job this process created and whose JobCreated Event is not written yet:
-        # the creating pass writes nothing but the Job, the next one says so.
-        self._guard = threading.Lock()
-        self._unannounced: set[Key] = set()
+        self.identities = TrainerIdentities(
+            self._create_identity, children=lambda namespace: namespace_children(namespace, settings)
+        )
+        # Status changes short of the end wait until they have stood (runtime/coalesce.py).
+        self.coalescer = StatusCoalescer(settings.status_coalesce_seconds)
 
     def work(self, key: Hashable) -> None:
         """The work queue's work: reconcile, and on a failed API call have the queue retry."""
@@ -94,10 +95,9 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         key = (namespace, name)
-        with self._guard:
-            self._unannounced.discard(key)
         self.queue.forget(key)
         self.pacer.forget(key)
+        self.coalescer.drop(key)
         self.cache.forget(namespace, name)
         self.metrics.phases.set(namespace, name, None)
 
@@ -128,8 +128,6 @@ class Reconciler:
             if job is not None or check is not None:
                 pods = self._list_pods(namespace, name)
         found = self.cache.workloads(namespace, name) if job is not None else []
-        with self._guard:
-            unannounced = (namespace, name) in self._unannounced
         return Observed(
             namespace=namespace,
             name=name,
@@ -141,7 +139,6 @@ class Reconciler:
             pods=pods,
             workloads=found,
             preemptors=self._preemptors(found),
-            unannounced=unannounced,
         )
 
     def _preemptors(self, found: list[Body]) -> dict[str, str]:
@@ -180,8 +177,6 @@ class Reconciler:
                 self.cache.put_job(job)
                 if created:
                     self.pacer.created()
-                    with self._guard:
-                        self._unannounced.add((namespace, name))
                     self.enqueue(namespace, name, UPDATE)
                     return actions.phase
                 seen = dataclasses.replace(seen, job=job, pods=self._list_pods(namespace, name))
@@ -210,21 +205,19 @@ class Reconciler:
                 seen = dataclasses.replace(seen, job=job)
                 continue
             assert seen.body is not None
-            return self._write(seen.body, actions)
+            return self._write(seen.body, actions, running=seen.job is not None)
         logger.error("%s/%s: no decision settled after %d tries", namespace, name, MAX_DECISIONS)
         return None
 
-    def _write(self, body: Body, actions: Actions) -> str | None:
+    def _write(self, body: Body, actions: Actions, *, running: bool) -> str | None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         before = (body.get("status") or {}).get("phase")
+        if not actions.writes:
+            self.coalescer.drop((namespace, name))
+        elif running and self._held((namespace, name), actions):
+            return str(before) if before else None  # the queue hands the job back when the window closes
         if actions.writes and not self.pacer.may_write((namespace, name)):
             return str(before) if before else None  # parked: the pacer hands the job back in its turn
-        if actions.announcement is not None:
-            said = actions.announcement
-            self.kube.post_event(body, said.type, said.reason, said.message)
-        if actions.announced:
-            with self._guard:
-                self._unannounced.discard((namespace, name))
         if actions.status_patch is not None:
             try:
                 updated = self.kube.patch_status(namespace, name, actions.status_patch)
@@ -241,8 +234,23 @@ class Reconciler:
         self.metrics.phases.set(namespace, name, actions.phase)
         return actions.phase
 
+    def _held(self, key: Key, actions: Actions) -> bool:
+        """Whether this write waits (runtime/coalesce.py): a status short of the end of a job
+        whose Job exists, until what the user would read has stood for the window (a hand-over,
+        the trainer's exit before the Job's verdict, for the longest wait). Succeeded and Failed
+        go at once, and so does whatever comes before the Job (the input check, a refusal).
+        So does a change that posts an Event (`written_at_once`)."""
+        if written_at_once(actions):
+            self.coalescer.drop(key)
+            return False
+        hold, wake_in = self.coalescer.hold(key, _shown(actions), patient=actions.hand_over)
+        if wake_in is not None:
+            self.queue.add_after(key, wake_in)
+        return hold
+
     def _create_children(self, namespace: str, name: str, children: tuple[Body, ...]) -> tuple[Body, bool]:
-        """The Job, after the identity it runs as, its NetworkPolicy and claim; (Job, created now)."""
+        """The Job, after what the namespace's jobs share (the identity it runs as, the trainers'
+        NetworkPolicies), its own NetworkPolicy and claim; (Job, created now)."""
         self.identities.ensure(namespace)
         *before, job_child = children
         where = f"{namespace}/{name}"
@@ -251,7 +259,7 @@ class Reconciler:
         return self._create_one(where, job_child)
 
     def _create_identity(self, child: Body) -> None:
-        self._create_one(f"{child['metadata']['namespace']} (trainer identity)", child)
+        self._create_one(f"{child['metadata']['namespace']} (shared by its jobs)", child)
 
     def _create_one(self, where: str, child: Body) -> tuple[Body, bool]:
         obj, created = self.kube.create_or_get(child)
@@ -261,3 +269,27 @@ class Reconciler:
             logger.info("%s: created %s %s", where, kind, child["metadata"]["name"])
             maybe_crash(self.settings, kind)
         return obj, created
+
+
+def written_at_once(actions: Actions) -> bool:
+    """Whether a status change is written without waiting for it to stand: the end of a job,
+    and a change that posts an Event (a restart, the GPU-memory retry, a preemption): trouble,
+    rare, and its count may rest on a fact that passes. Kueue's Preempted condition is True only
+    until the Workload is admitted again; a preemption held past that was never counted nor said
+    (a gang preempted for 2 s ended Succeeded with no preemption in its status)."""
+    return actions.phase in contract.TERMINAL_PHASES or bool(actions.events)
+
+
+def _shown(actions: Actions) -> str:
+    """What a write would show the user, less the moment it is made (a condition's
+    lastTransitionTime is the pass's own clock until it is written)."""
+
+    def strip(value: object) -> object:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "lastTransitionTime"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    said = [(e.type, e.reason, e.message) for e in actions.events]
+    return json.dumps([strip(actions.status_patch), said], sort_keys=True, default=str)

@@ -19,6 +19,8 @@ from finetune_api.contract import HUB_ENDPOINT_ENV
 from finetune_api.quantities import to_bytes
 from finetune_plan.gpu_products import known_names, lookup
 
+from .runtime.leader import LeaseTimings
+
 DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
 )
@@ -37,9 +39,14 @@ ENV_TRAINER_UID = "FINETUNE_TRAINER_UID"
 ENV_NAMESPACES = "FINETUNE_NAMESPACES"
 ENV_METRICS_PORT = "FINETUNE_METRICS_PORT"
 ENV_HEALTH_PORT = "FINETUNE_HEALTH_PORT"
+# The address the health and metrics servers listen on: all by default. Replicas that share one
+# network namespace (the local cluster's node agent runs pods as host processes) each listen on
+# their pod's own address instead (`status.podIP`), so their ports do not collide.
+ENV_LISTEN_ADDRESS = "FINETUNE_LISTEN_ADDRESS"
 ENV_LOG_LEVEL = "FINETUNE_LOG_LEVEL"
 ENV_LOG_FORMAT = "FINETUNE_LOG_FORMAT"
 ENV_RESYNC_SECONDS = "FINETUNE_RESYNC_SECONDS"
+ENV_STATUS_COALESCE = "FINETUNE_STATUS_COALESCE_SECONDS"
 ENV_ALLOWED_IMAGES = "FINETUNE_ALLOWED_IMAGES"
 ENV_TMP_SIZE = "FINETUNE_TMP_SIZE"
 ENV_EPHEMERAL_STORAGE_REQUEST = "FINETUNE_EPHEMERAL_STORAGE_REQUEST"
@@ -56,6 +63,15 @@ ENV_TRAINER_NETWORK = "FINETUNE_TRAINER_NETWORK"
 ENV_PREFLIGHT = "FINETUNE_PREFLIGHT"
 ENV_PREFLIGHT_CPU = "FINETUNE_PREFLIGHT_CPU"
 ENV_PREFLIGHT_MEMORY = "FINETUNE_PREFLIGHT_MEMORY"
+# Leader election (runtime/leader.py): off for a lone process; the chart turns it on for its replicas.
+ENV_LEADER_ELECTION = "FINETUNE_LEADER_ELECTION"
+ENV_LEASE_NAME = "FINETUNE_LEASE_NAME"
+# The Lease's namespace: the operator's own (the chart's POD_NAMESPACE when unset).
+ENV_LEASE_NAMESPACE = "FINETUNE_LEASE_NAMESPACE"
+ENV_POD_NAMESPACE = "POD_NAMESPACE"
+ENV_LEASE_DURATION = "FINETUNE_LEASE_DURATION_SECONDS"
+ENV_LEASE_RENEW_DEADLINE = "FINETUNE_LEASE_RENEW_DEADLINE_SECONDS"
+ENV_LEASE_RETRY_PERIOD = "FINETUNE_LEASE_RETRY_PERIOD_SECONDS"
 # Namespaces the operator never writes in, whatever the chart adds (it adds its own namespace).
 SYSTEM_NAMESPACES: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
 # Test hook only (acceptance: operator killed between two creates). Names the child kind after
@@ -134,9 +150,19 @@ class Settings:
     preflight_deadline_seconds: int = 600
     metrics_port: int = 8000
     health_port: int = 8080
+    listen_address: str = "0.0.0.0"
     log_level: str = "INFO"
     log_format: str = "json"
     resync_seconds: float = 30.0
+    # A job's status changes short of Succeeded or Failed wait until what the user would read has
+    # stood unchanged this many seconds (at most four times that), then the newest state is
+    # written once (runtime/coalesce.py); a terminal phase is written at once. 0: every change at once.
+    status_coalesce_seconds: float = 5.0
+    # Several replicas, one leader: only the holder of the Lease reconciles and writes.
+    leader_election: bool = False
+    lease_name: str = "finetune-operator"
+    lease_namespace: str | None = None
+    lease_timings: LeaseTimings = field(default_factory=LeaseTimings)
     crash_after: str | None = None
 
     @property
@@ -281,6 +307,37 @@ def _trainer_network(name: str, raw: str) -> TrainerNetwork | None:
     return TrainerNetwork(egress=egress, hub_egress=hub, peer_ports=_rules(name, "peerPorts", value.get("peerPorts")))
 
 
+def _seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}: expected seconds, got {raw!r}") from None
+    if value <= 0:
+        raise SettingsError(f"{name}: must be positive")
+    return value
+
+
+def _leader_election(env: Mapping[str, str]) -> dict[str, Any]:
+    updates: dict[str, Any] = {}
+    if v := env.get(ENV_LEADER_ELECTION):
+        updates["leader_election"] = _choice(ENV_LEADER_ELECTION, v.lower(), ("true", "false")) == "true"
+    if v := env.get(ENV_LEASE_NAME):
+        updates["lease_name"] = v
+    if v := env.get(ENV_LEASE_NAMESPACE) or env.get(ENV_POD_NAMESPACE):
+        updates["lease_namespace"] = v
+    base = LeaseTimings()
+    timings = {
+        "lease_duration_s": env.get(ENV_LEASE_DURATION),
+        "renew_deadline_s": env.get(ENV_LEASE_RENEW_DEADLINE),
+        "retry_period_s": env.get(ENV_LEASE_RETRY_PERIOD),
+    }
+    names = dict(zip(timings, (ENV_LEASE_DURATION, ENV_LEASE_RENEW_DEADLINE, ENV_LEASE_RETRY_PERIOD), strict=True))
+    given = {key: _seconds(names[key], raw) for key, raw in timings.items() if raw}
+    if given:
+        updates["lease_timings"] = replace(base, **given)
+    return updates
+
+
 def _namespaces(raw: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in raw.split(",") if n.strip())
 
@@ -345,6 +402,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         updates["metrics_port"] = _port(ENV_METRICS_PORT, v)
     if v := env.get(ENV_HEALTH_PORT):
         updates["health_port"] = _port(ENV_HEALTH_PORT, v)
+    if v := env.get(ENV_LISTEN_ADDRESS):
+        updates["listen_address"] = v
     if v := env.get(ENV_LOG_LEVEL):
         updates["log_level"] = _choice(ENV_LOG_LEVEL, v, LOG_LEVELS, upper=True)
     if v := env.get(ENV_LOG_FORMAT):
@@ -356,6 +415,14 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             raise SettingsError(f"{ENV_RESYNC_SECONDS}: expected seconds, got {v!r}") from None
         if updates["resync_seconds"] <= 0:
             raise SettingsError(f"{ENV_RESYNC_SECONDS}: must be positive")
+    if v := env.get(ENV_STATUS_COALESCE):
+        try:
+            updates["status_coalesce_seconds"] = float(v)
+        except ValueError:
+            raise SettingsError(f"{ENV_STATUS_COALESCE}: expected seconds, got {v!r}") from None
+        if not 0 <= updates["status_coalesce_seconds"] <= 300:
+            raise SettingsError(f"{ENV_STATUS_COALESCE}: expected 0 to 300 seconds")
+    updates.update(_leader_election(env))
     if v := env.get(ENV_CRASH_AFTER):
         updates["crash_after"] = v
     return replace(s, **updates)
@@ -368,4 +435,13 @@ def check(settings: Settings) -> Settings:
             f"{ENV_TRAINER_IMAGE}: the default trainer image {settings.trainer_image!r} is not in "
             f"{ENV_ALLOWED_IMAGES} ({', '.join(settings.allowed_images)})"
         )
+    if settings.leader_election:
+        if not settings.lease_namespace:
+            raise SettingsError(
+                f"{ENV_LEASE_NAMESPACE}: leader election needs the Lease's namespace (or {ENV_POD_NAMESPACE})"
+            )
+        if problem := settings.lease_timings.problem():
+            raise SettingsError(
+                f"{ENV_LEASE_DURATION}, {ENV_LEASE_RENEW_DEADLINE}, {ENV_LEASE_RETRY_PERIOD}: {problem}"
+            )
     return settings

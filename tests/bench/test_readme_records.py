@@ -216,6 +216,56 @@ def test_the_one_round_load_run_is_its_record() -> None:
     )
 
 
+@pytest.mark.parametrize("day", ["2026-12-04", "2026-12-05"])
+def test_the_leader_chaos_soak_is_its_record(day: str) -> None:
+    data = record(f"{day}-leader-chaos-500x20.json")
+    assert data["kills"] == 20 and data["takeovers_over_limit"] == 0
+    assert data["jobs_created"] == data["jobs"] == 500 and data["duplicate_jobs"] == data["stuck"] == 0
+    assert_stated(f"every takeover within {data['takeover_max_s']} s of the kill (median {data['takeover_median_s']} s")
+    assert_stated(f"every job terminal {data['seconds_to_all_terminal']} s after the start")
+
+
+def test_the_fleet_load_soak_is_its_record() -> None:
+    data = record("2026-12-04-load-500-coalesced-since-last-write.json")
+    per_job = [r["ours"]["requests_per_job"] for r in data["rounds"]]
+    assert_stated(f"{min(per_job)}-{max(per_job)} API requests per job")
+    patches = [r["ours"]["requests_per_job_by_kind"]["patch FineTuneJob/status"] for r in data["rounds"]]
+    events = [r["ours"]["requests_per_job_by_kind"]["create Event"] for r in data["rounds"]]
+    assert_stated(f"{min(patches)}-{max(patches)} status patches, {min(events)}-{max(events)} Events")
+    floor_p99 = statistics.median(r["floor"]["p99_s"] for r in data["rounds"])
+    ours_p99 = statistics.median(r["ours"]["p99_s"] for r in data["rounds"])
+    assert_stated(f"{data['p99_to_floor_median']}x the floor's median round ({ours_p99} s against {floor_p99} s)")
+
+
+def test_the_load_soak_after_the_cuts_is_its_record() -> None:
+    data = record("2026-12-05-load-500-namespace-policies-trouble-events.json")
+    rounds = [r["ours"] for r in data["rounds"]]
+    per_job = [r["requests_per_job"] for r in rounds]
+    assert max(per_job) <= 4.0 and all(r["jobs_finished"] == 500 and r["duplicates"] == 0 for r in rounds)
+    assert_stated(f"{min(per_job)}-{max(per_job)} API requests per job")
+    kinds = [r["requests_per_job_by_kind"] for r in rounds]
+    patches = [k["patch FineTuneJob/status"] for k in kinds]
+    lease = [k["update Lease"] for k in kinds]
+    assert_stated(f"{min(patches)}-{max(patches)} status patches, {min(lease)}-{max(lease)} Lease")
+    assert all(k.get("create Event", 0) == 0 and k.get("create NetworkPolicy", 0) == 0 for k in kinds)
+    floor_p99 = statistics.median(r["floor"]["p99_s"] for r in data["rounds"])
+    ours_p99 = statistics.median(r["p99_s"] for r in rounds)
+    assert_stated(f"{data['p99_to_floor_median']}x the floor's median round ({ours_p99} s against {floor_p99} s)")
+    assert_stated(f"the p50 ratios' median, {data['latency_p50_ratio']}x")
+
+
+def test_the_fleet_soak_is_its_record() -> None:
+    data = record("2026-12-05-fleet-5000.json")
+    run = data["run"]
+    assert run["completed"] and run["jobs_created"] == run["jobs_finished"] == run["terminal"] == 5000
+    assert run["duplicates"] == 0 and "restart" not in data
+    assert_stated(f"all 5,000 submitted in {run['submit_s']} s")
+    assert_stated(f"all {run['succeeded']:,} Succeeded {run['all_terminal_s']} s after the first create")
+    assert_stated(f"{run['peak_rss_mib']} MiB peak RSS and {run['cpu_s']} s of CPU")
+    patches = run["requests_per_job_by_kind"]["patch FineTuneJob/status"]
+    assert_stated(f"{run['requests_per_job']} API requests per job ({patches} status patches)")
+
+
 @pytest.mark.parametrize("day", ["2026-11-30", "2026-12-01"])
 def test_operator_chaos_mix_and_outcome(day: str) -> None:
     data = record(f"{day}-operator-chaos-50x20.json")

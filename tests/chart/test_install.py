@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
 from tests.fixtures.cluster import Cluster
+from tests.reliability.cluster_kit import PodAnnotator
 from tests.support.harness import free_ports
 from tests.support.helm import ALL_ON_VALUES, CHART, REPO, helm, render
 
@@ -178,6 +180,13 @@ def release(kubectl: Kube, namespaces: tuple[str, str]) -> Iterator[dict[str, An
         # The local control plane publishes no EndpointSlice for `kubernetes`: without its address
         # the chart refuses to render.
         "trainer.networkPolicy.apiServerCIDRs={127.0.0.1/32}",
+        # Installed as releases before leader election were (one replica, Recreate), so that
+        # test_upgrade_from_one_replica_to_two_keeps_every_running_job upgrades from that shape.
+        "replicaCount=1",
+        "leaderElection.enabled=false",
+        # Pods of the node agent share the machine's network: each replica listens on its own address.
+        "extraEnv[0].name=FINETUNE_LISTEN_ADDRESS",
+        "extraEnv[0].valueFrom.fieldRef.fieldPath=status.podIP",
     ]
     args = ["install", _release_name(), str(CHART), "--namespace", operator_ns, "--wait", "--timeout", "5m"]
     for item in sets:
@@ -277,16 +286,24 @@ def test_tiny_job_succeeds_in_a_restricted_namespace(kubectl: Kube, release: dic
     # The chart's operator did the work (not some other operator that happens to watch too).
     log = kubectl.run("logs", "-n", release["operator_ns"], f"deployment/{_deployment_name()}").stdout
     assert f"{job_ns}/tiny" in log, log[-3000:]
-    # ...with the chart's defaults on: its pod is the one its own NetworkPolicy (made by the
-    # operator, owned by the job) selects, and its Job and policy got through the operator fence
-    # (the status patches above went through too).
+    # ...with the chart's defaults on: its pod is one the namespace's trainer policy (made by the
+    # operator, no job's) selects, and not one the Hub jobs' policy (HTTPS) selects; a one-node
+    # job has no policy of its own. Its Job and the policies got through the operator fence (the
+    # status patches above went through too).
     pod_labels = pods[0]["metadata"]["labels"]
-    policy = kubectl.get("networkpolicy", "tiny-network", "-n", job_ns)
-    assert all(pod_labels.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
-    assert policy["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
-    assert all(rule["ports"] != [{"port": 443, "protocol": "TCP"}] for rule in policy["spec"]["egress"]), (
-        "a job without a Hub source got HTTPS egress"
+
+    def selects(policy: dict[str, Any]) -> bool:
+        return all(pod_labels.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
+
+    policy = kubectl.get("networkpolicy", "finetune-trainers", "-n", job_ns)
+    assert selects(policy) and not policy["metadata"].get("ownerReferences"), policy["metadata"]
+    assert all(rule.get("ports") != [{"port": 443, "protocol": "TCP"}] for rule in policy["spec"]["egress"]), (
+        "every trainer got HTTPS egress"
     )
+    hub = kubectl.get("networkpolicy", "finetune-trainers-hub", "-n", job_ns)
+    assert not selects(hub), "a job without a Hub source got HTTPS egress"
+    names = {p["metadata"]["name"] for p in kubectl.get("networkpolicy", "-n", job_ns)["items"]}
+    assert "tiny-network" not in names, names
 
 
 def test_default_policies_name_this_release_and_the_real_api_server(kubectl: Kube, release: dict[str, Any]) -> None:
@@ -296,7 +313,7 @@ def test_default_policies_name_this_release_and_the_real_api_server(kubectl: Kub
     install names the address (apiServerCIDRs); without it the chart would refuse to render."""
     operator_ns, job_ns = release["operator_ns"], release["job_ns"]
     selector = f"app.kubernetes.io/instance={_release_name()}"
-    # The chart places no trainer policy: the operator makes one per job, wherever the job is.
+    # The chart places no trainer policy: the operator makes them, in whatever namespace a job runs.
     assert not kubectl.get("networkpolicy", "-n", job_ns, "-l", selector)["items"]
     env = {e["name"]: e.get("value") for e in _ready_operator_pod(kubectl, operator_ns)["spec"]["containers"][0]["env"]}
     api = json.loads(env["FINETUNE_TRAINER_NETWORK"])["egress"][0]
@@ -372,6 +389,100 @@ def test_crd_upgrade_path_is_server_side_apply_then_helm_upgrade(kubectl: Kube, 
         kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
     live = kubectl.get("crd", crd["metadata"]["name"])
     assert column["name"] not in [c["name"] for c in live["spec"]["versions"][0]["additionalPrinterColumns"]]
+
+
+# A job on a KWOK GPU node whose pod runs until the test lets it end (KWOK ends a pod
+# `kwok.finetune.dev/run-ms` after it starts); Hub sources, so no input check runs first.
+STEADY = "steady"
+STEADY_SPEC: dict[str, Any] = {
+    "model": {"source": {"hub": {"id": "org/model"}}},
+    "dataset": {"source": {"hub": {"id": "org/data"}}, "format": "alpaca"},
+    "output": {"storage": {"size": "1Gi"}},
+    "resources": {"gpus": 1, "gpuProduct": "Tesla-P40"},
+    "training": {"maxSteps": 2},
+}
+STEADY_RUN_MS = 90_000
+
+
+def _steady_pod(kubectl: Kube, job_ns: str) -> dict[str, Any] | None:
+    pods = kubectl.get("pods", "-n", job_ns, "-l", f"finetune.dev/job={STEADY}")["items"]
+    return pods[0] if len(pods) == 1 else None
+
+
+def test_upgrade_from_one_replica_to_two_keeps_every_running_job(
+    kubectl: Kube, kube: client.ApiClient, release: dict[str, Any]
+) -> None:
+    """`helm upgrade` from the one-replica shape (Recreate, no election) to two replicas with a
+    leader: the job running through it keeps its Job and its pod (nothing made again, nothing
+    restarted), and one of the new replicas, the Lease's holder, carries it to Succeeded."""
+    operator_ns, job_ns = release["operator_ns"], release["job_ns"]
+    job = {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": STEADY}}
+    # Set the moment the pod appears: KWOK reads it when the pod starts running.
+    with PodAnnotator(kube, job_ns, {STEADY}, {"kwok.finetune.dev/run-ms": f"{STEADY_RUN_MS}ms"}):
+        kubectl.apply([{**job, "spec": STEADY_SPEC}], "-n", job_ns)
+        running = kubectl.wait_for(f"finetunejob/{STEADY}", lambda j: _phase(j) == "Running", 120, "-n", job_ns)
+    job_before = kubectl.get(f"job/{STEADY}", "-n", job_ns)["metadata"]["uid"]
+    pod_before = _steady_pod(kubectl, job_ns)
+    assert pod_before is not None and pod_before["status"]["phase"] == "Running", pod_before
+    # The finished tiny job's Job, when its test ran before this one: kept as it was too.
+    tiny = kubectl.run("get", "job/tiny", "-n", job_ns, "-o", "jsonpath={.metadata.uid}", check=False).stdout
+
+    started = time.monotonic()
+    helm(
+        "upgrade",
+        _release_name(),
+        str(CHART),
+        "--namespace",
+        operator_ns,
+        "--reuse-values",
+        "--set",
+        "replicaCount=2",
+        "--set",
+        "leaderElection.enabled=true",
+        "--wait",
+        "--timeout",
+        "5m",
+        kubeconfig=kubectl.kubeconfig,
+        timeout=400,
+    )
+    upgraded_s = time.monotonic() - started
+    # Two replicas, one of them holding the Lease.
+    pods = kubectl.wait_for(
+        "pods",
+        lambda p: len([x for x in p["items"] if not x["metadata"].get("deletionTimestamp")]) == 2,
+        120,
+        "-n",
+        operator_ns,
+        "-l",
+        "app.kubernetes.io/component=operator",
+    )
+    names = {p["metadata"]["name"] for p in pods["items"] if not p["metadata"].get("deletionTimestamp")}
+    lease = kubectl.wait_for(
+        f"lease/{_deployment_name()}",
+        lambda lease: (lease["spec"].get("holderIdentity") or "").split("_")[0] in names,
+        60,
+        "-n",
+        operator_ns,
+    )
+    # The running job went through untouched, and the leader finishes it.
+    pod_after = _steady_pod(kubectl, job_ns)
+    assert pod_after is not None and pod_after["metadata"]["uid"] == pod_before["metadata"]["uid"]
+    assert kubectl.get(f"job/{STEADY}", "-n", job_ns)["metadata"]["uid"] == job_before
+    if tiny:
+        assert kubectl.get("job/tiny", "-n", job_ns)["metadata"]["uid"] == tiny
+    done = kubectl.wait_for(
+        f"finetunejob/{STEADY}",
+        lambda j: _phase(j) in ("Succeeded", "Failed"),
+        STEADY_RUN_MS / 1000 + 120,
+        "-n",
+        job_ns,
+    )
+    assert _phase(done) == "Succeeded", json.dumps(done.get("status"), indent=1)
+    assert (done["status"].get("restarts") or 0) == 0 and running["status"].get("startTime") == done["status"].get(
+        "startTime"
+    )
+    assert len(kubectl.get("jobs", "-n", job_ns, "-l", f"finetune.dev/job={STEADY}")["items"]) == 1
+    print(json.dumps({"upgrade_s": round(upgraded_s, 1), "leader": lease["spec"]["holderIdentity"]}))
 
 
 def test_uninstall_removes_everything_but_the_crd_and_the_outputs(kubectl: Kube, release: dict[str, Any]) -> None:

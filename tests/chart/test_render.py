@@ -24,7 +24,12 @@ DEFAULT_KINDS = {
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
     "NetworkPolicy",
+    # Leader election: its Role and RoleBinding on the Lease, and the replicas' disruption budget.
+    "Role",
+    "RoleBinding",
+    "PodDisruptionBudget",
 }
+LEADER_SUFFIX = "-leader-election"
 
 
 @pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["defaults", "all-on"])
@@ -51,7 +56,8 @@ def test_all_on_renders_every_optional_part() -> None:
     assert "ClusterRoleBinding" not in kinds
     assert all(_is_tenant_role(o) for o in by_kind(objects, "ClusterRole"))
     for kind in ("Role", "RoleBinding"):
-        assert sorted(o["metadata"]["namespace"] for o in by_kind(objects, kind)) == ["team-a", "team-b"], kind
+        found = sorted(o["metadata"]["namespace"] for o in by_kind(objects, kind) if not _is_leader_election(o))
+        assert found == ["team-a", "team-b"], kind
     policies = sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in by_kind(objects, "NetworkPolicy"))
     assert policies == [
         ("finetune-system", "ft-finetune-operator-operator"),
@@ -78,11 +84,12 @@ def test_all_on_renders_every_optional_part() -> None:
 
 
 @pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["defaults", "all-on"])
-def test_operator_deployment_is_single_recreated_probed_and_restricted(values: list[Path]) -> None:
+def test_operator_deployment_is_replicated_probed_and_restricted(values: list[Path]) -> None:
     deployment = one(render(values), "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    # Two replicas, one leader: a rollout adds the new standby before it removes an old pod.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
     assert container["command"] == ["python", "-m", "finetune_operator"]
@@ -104,6 +111,75 @@ def test_operator_deployment_is_single_recreated_probed_and_restricted(values: l
     assert all("hostPath" not in v for v in volumes.values())
 
 
+def _is_leader_election(o: dict[str, Any]) -> bool:
+    return o["kind"] in ("Role", "RoleBinding") and o["metadata"]["name"].endswith(LEADER_SUFFIX)
+
+
+@pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["defaults", "all-on"])
+def test_replicas_spread_over_nodes_and_a_drain_keeps_one(values: list[Path]) -> None:
+    objects = render(values)
+    deployment = one(objects, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    affinity = deployment["spec"]["template"]["spec"]["affinity"]
+    (preferred,) = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    term = preferred["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    assert all(pod_labels.get(k) == v for k, v in term["labelSelector"]["matchLabels"].items())
+    if values:  # `affinity` of its own (a node preference) keeps it, with the spread added
+        assert "nodeAffinity" in affinity
+    budget = one(objects, "PodDisruptionBudget")["spec"]
+    assert budget["minAvailable"] == 1
+    assert all(pod_labels.get(k) == v for k, v in budget["selector"]["matchLabels"].items())
+
+    hard = one(render(sets=["podAntiAffinity=hard"]), "Deployment")["spec"]["template"]["spec"]["affinity"]
+    (required,) = hard["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_one_replica_without_leader_election_is_recreated_and_two_need_it() -> None:
+    objects = render(sets=["replicaCount=1", "leaderElection.enabled=false"])
+    spec = one(objects, "Deployment")["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert "affinity" not in spec["template"]["spec"]
+    assert not by_kind(objects, "PodDisruptionBudget")
+    assert not [o for o in objects if _is_leader_election(o)]
+    assert env_of(one(objects, "Deployment"))["FINETUNE_LEADER_ELECTION"] == "false"
+    # One replica with a leader: no budget (it would block every drain).
+    assert not by_kind(render(sets=["replicaCount=1"]), "PodDisruptionBudget")
+    result = helm(*template_args(sets=["leaderElection.enabled=false"]), check=False)
+    assert result.returncode != 0 and "replicaCount: 2 replicas need leaderElection.enabled" in result.stderr
+
+
+@pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["cluster-mode", "namespaced-mode"])
+def test_leader_election_is_one_lease_in_the_release_namespace(values: list[Path]) -> None:
+    """The Role grants the Lease's rights (files/operator-leader-rbac.yaml, what the tests apply)
+    in the release's namespace only, `get` and `update` on that one Lease; the operator reads the
+    same Lease name and the chart's timings."""
+    from finetune_operator import settings
+    from tests.support.harness import leader_rules
+
+    objects = render(values, sets=["leaderElection.leaseDuration=20", "leaderElection.renewDeadline=12"])
+    sa = one(objects, "ServiceAccount")["metadata"]
+    (role,) = [o for o in by_kind(objects, "Role") if _is_leader_election(o)]
+    (binding,) = [o for o in by_kind(objects, "RoleBinding") if _is_leader_election(o)]
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "finetune-system"
+    lease = "ft-finetune-operator"
+    assert role["rules"] == leader_rules(lease)
+    assert all(r["resources"] == ["leases"] and r["apiGroups"] == ["coordination.k8s.io"] for r in role["rules"])
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}]
+    env = env_of(one(objects, "Deployment"))
+    parsed = settings.check(settings.from_env(env))
+    assert parsed.leader_election and parsed.lease_name == lease and parsed.lease_namespace == "finetune-system"
+    assert (parsed.lease_timings.lease_duration_s, parsed.lease_timings.renew_deadline_s) == (20, 12)
+    assert parsed.lease_timings.retry_period_s == 2
+    named = render(sets=["leaderElection.leaseName=fleet"])
+    (role,) = [o for o in by_kind(named, "Role") if _is_leader_election(o)]
+    assert role["rules"] == leader_rules("fleet")
+    assert env_of(one(named, "Deployment"))["FINETUNE_LEASE_NAME"] == "fleet"
+
+
 def test_rendered_env_is_what_the_operator_reads() -> None:
     """The operator's own settings parser reads the rendered env: names and formats agree."""
     from finetune_operator import settings
@@ -123,6 +199,7 @@ def test_rendered_env_is_what_the_operator_reads() -> None:
     assert parsed.metrics_port == values["metrics"]["port"]
     assert parsed.health_port == values["health"]["port"]
     assert parsed.trainer_uid == values["trainer"]["uid"]
+    assert parsed.status_coalesce_seconds == values["statusCoalesceSeconds"]
 
     custom = settings.from_env(env_of(one(render([ALL_ON_VALUES]), "Deployment")))
     assert custom.namespaces == ("team-a", "team-b")
@@ -162,7 +239,11 @@ def _is_tenant_role(role: dict[str, Any]) -> bool:
 
 def _roles(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The operator's own roles (the tenants' aggregated ClusterRoles are tested on their own)."""
-    return [o for o in objects if o["kind"] in ("Role", "ClusterRole") and not _is_tenant_role(o)]
+    return [
+        o
+        for o in objects
+        if o["kind"] in ("Role", "ClusterRole") and not _is_tenant_role(o) and not _is_leader_election(o)
+    ]
 
 
 def _tenant_grants(objects: list[dict[str, Any]]) -> dict[str, set[tuple[str, str]]]:
@@ -215,7 +296,7 @@ def test_rbac_has_no_wildcards_and_exactly_the_operators_rules(values: list[Path
             f"{role['kind']} {role['metadata']['name']} drifted from files/operator-rbac.yaml"
         )
         assert not [s for s in _strings(role["rules"]) if "*" in s], "wildcard in RBAC"
-    bindings = [o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    bindings = [o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding") and not _is_leader_election(o)]
     sa = one(objects, "ServiceAccount")["metadata"]["name"]
     assert len(bindings) == len(roles)
     for binding in bindings:
@@ -239,7 +320,7 @@ def test_namespaced_mode_needs_namespaces_the_operator_may_write_in() -> None:
         assert result.returncode != 0 and "watch.namespaces: " in result.stderr, result.stderr
         assert "goroutine" not in result.stderr
     objects = render(sets=["watch.mode=namespaced", "watch.namespaces={team-a}"])
-    assert [r["metadata"]["namespace"] for r in by_kind(objects, "Role")] == ["team-a"]
+    assert [r["metadata"]["namespace"] for r in _roles(objects)] == ["team-a"]
     assert env_of(one(objects, "Deployment"))["FINETUNE_NAMESPACES"] == "team-a"
 
 
@@ -408,7 +489,9 @@ def test_operator_pod_admits_only_its_ports_from_the_named_namespaces() -> None:
     [
         ("logLevel=loud", "logLevel"),
         ("watch.mode=everywhere", "mode"),
-        ("replicas=2", "replicas"),
+        ("replicaCount=0", "replicaCount"),
+        ("leaderElection.retryPeriod=0", "retryPeriod"),
+        ("podAntiAffinity=always", "podAntiAffinity"),
         ("trainer.defaultResources.memory=lots", "memory"),
         ("metrics.port=70000", "port"),
         ("trainer.shmMemoryFraction=1.5", "shmMemoryFraction"),

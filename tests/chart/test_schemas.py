@@ -20,9 +20,8 @@ import pytest
 import yaml
 
 from finetune_api.spec import FineTuneJobSpec
-from finetune_operator.builders import rbac
 from finetune_operator.children import Owner
-from finetune_operator.decide import desired_children
+from finetune_operator.decide import desired_children, namespace_children
 from finetune_operator.settings import ENV_TRAINER_NETWORK, Settings, from_env
 from hack.cluster.binaries import K8S_VERSION
 from tests.support.harness import TRAINER_NETWORK
@@ -62,9 +61,9 @@ def problems(obj: dict[str, Any], version: str) -> str | None:
 
 
 def builder_children() -> list[dict[str, Any]]:
-    """What the operator creates for each example job: the namespace's trainer identity, its
-    NetworkPolicy (with the tests' network rules), the output claim when the job asks for one,
-    and the Job."""
+    """What the operator creates for each example job: what the namespace's jobs share (the
+    trainer identity, the trainers' NetworkPolicies with the tests' network rules), the job's own
+    policy when it spans nodes, the output claim when the job asks for one, and the Job."""
     network = from_env({ENV_TRAINER_NETWORK: json.dumps(TRAINER_NETWORK)}).trainer_network
     settings = Settings(trainer_network=network)
     objects: list[dict[str, Any]] = []
@@ -72,7 +71,7 @@ def builder_children() -> list[dict[str, Any]]:
         manifest = yaml.safe_load(path.read_text())
         spec = FineTuneJobSpec.model_validate(manifest["spec"])
         owner = Owner(name=manifest["metadata"]["name"], namespace="team-a", uid="0000-uid")
-        objects += rbac.identity(owner.namespace) + desired_children(owner, spec, settings)
+        objects += namespace_children(owner.namespace, settings) + desired_children(owner, spec, settings)
     return objects
 
 

@@ -1,5 +1,5 @@
 """What a reconcile decides, from what it saw: every path the cluster tests prove end to end
-(create, refused child, ownership, the JobCreated Event once, suspend, deletion), here with no
+(create, refused child, ownership, Events for trouble only, suspend, deletion), here with no
 threads and no API server."""
 
 from typing import Any
@@ -45,7 +45,7 @@ def test_a_new_job_gets_its_children_and_nothing_else_in_that_pass() -> None:
     actions = decide(seen(finetunejob(output={"pvc": None, "storage": {"size": "1Gi"}})))
     assert [c["kind"] for c in actions.create] == ["PersistentVolumeClaim", "Job"]  # the Job last
     assert actions.create[-1]["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
-    assert actions.status_patch is None and actions.announcement is None and not actions.writes
+    assert actions.status_patch is None and actions.events == () and not actions.writes
 
 
 def test_a_refused_child_fails_the_job_once_instead_of_creating_again() -> None:
@@ -69,19 +69,70 @@ def test_a_job_of_another_owner_is_neither_used_nor_replaced() -> None:
     assert actions.status_patch is not None and "restarts" not in actions.status_patch
 
 
-def test_job_created_is_said_once_and_replaces_the_pending_event() -> None:
-    first = decide(seen(finetunejob(), job=batch_job(), unannounced=True))
-    assert first.announcement is not None and first.announcement.reason == "JobCreated"
-    assert first.announcement.message == "created Job tiny"
-    assert first.announced and first.writes
-    assert [e.reason for e in first.events] == []  # no "Pending" Event beside it
+def test_a_job_that_runs_well_posts_no_event_its_status_says_it_all() -> None:
+    """The first write after the Job's creation says Pending (or wherever the job is by then),
+    and no Event repeats it: not its creation, not a phase (status.transitions)."""
+    first = decide(seen(finetunejob(), job=batch_job()))
     assert first.status_patch is not None and first.status_patch["phase"] == "Pending"
-    # The mark cleared, the same job again: no second JobCreated, nothing to write.
+    assert first.writes and first.events == ()
     again = decide(seen(finetunejob(status=first.status_patch), job=batch_job()))
-    assert again.announcement is None and not again.writes
-    # Without the mark (another process created the Job) the first pass says Pending instead.
-    unmarked = decide(seen(finetunejob(), job=batch_job()))
-    assert unmarked.announcement is None and [e.reason for e in unmarked.events] == ["Pending"]
+    assert not again.writes and again.status_patch is None
+
+
+def test_a_first_write_after_the_job_finished_is_one_status_patch_and_no_event() -> None:
+    """Writes are coalesced (reconcile.py): the first may find the job already Succeeded. One
+    status patch, no Event: phase, Complete and completionTime say it."""
+    job = batch_job()
+    job["status"] = {"conditions": [bodies.cond("Complete", "Completed")], "completionTime": NOW, "startTime": NOW}
+    done = bodies.pod("tiny-0", "Succeeded", exit_code=0, node="n")
+    done["metadata"]["ownerReferences"] = [{"uid": "job-uid"}]
+    actions = decide(seen(finetunejob(), job=job, pods=[done]))
+    assert actions.status_patch is not None and actions.status_patch["phase"] == "Succeeded"
+    assert actions.status_patch["completionTime"] == NOW
+    assert actions.events == ()
+
+
+def test_a_failure_is_a_warning_event_even_in_the_first_write() -> None:
+    """What a user must act on stays an Event, however the writes were coalesced."""
+    job = batch_job()
+    job["status"] = {"conditions": [bodies.cond("Failed", "BackoffLimitExceeded")], "startTime": NOW, "failed": 1}
+    failed = bodies.pod("tiny-0", "Failed", exit_code=1, node="n")
+    failed["metadata"]["ownerReferences"] = [{"uid": "job-uid"}]
+    actions = decide(seen(finetunejob(), job=job, pods=[failed]))
+    assert actions.status_patch is not None and actions.status_patch["phase"] == "Failed"
+    assert [e.type for e in actions.events] == ["Warning"]
+
+
+def _merged(status: dict[str, Any], patch: dict[str, Any] | None) -> dict[str, Any]:
+    out = {**status, **(patch or {})}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _shown(status: dict[str, Any]) -> dict[str, Any]:
+    """What a user reads, less the times a write stamps (the moment it was written)."""
+    conditions = [(c["type"], c["status"], c["reason"], c["message"]) for c in status["conditions"]]
+    return {**{k: v for k, v in status.items() if k != "conditions"}, "conditions": conditions}
+
+
+def test_one_coalesced_write_ends_where_a_write_per_step_ends() -> None:
+    """The same status for the user whether the operator wrote Pending, Running and Succeeded as
+    they came, or only once, after the job finished."""
+    running_pod = bodies.pod("tiny-0", "Running", node="n", scheduled=(True, "Scheduled", ""))
+    done_pod = bodies.pod("tiny-0", "Succeeded", exit_code=0, node="n", scheduled=(True, "Scheduled", ""))
+    for pod in (running_pod, done_pod):
+        pod["metadata"]["ownerReferences"] = [{"uid": "job-uid"}]
+    started = batch_job()
+    started["status"] = {"startTime": NOW, "active": 1}
+    finished = batch_job()
+    finished["status"] = {"conditions": [bodies.cond("Complete", "Completed")], "completionTime": NOW, "startTime": NOW}
+
+    stepwise: dict[str, Any] = {}
+    for job, pods in ((started, []), (started, [running_pod]), (finished, [done_pod])):
+        actions = decide(seen(finetunejob(status=stepwise or None), job=job, pods=pods))
+        stepwise = _merged(stepwise, actions.status_patch)
+    once = decide(seen(finetunejob(), job=finished, pods=[done_pod])).status_patch
+    assert once is not None and stepwise["phase"] == "Succeeded"
+    assert _shown(once) == _shown(stepwise)
 
 
 def test_suspend_and_resume_patch_the_job_before_any_status() -> None:
@@ -188,7 +239,8 @@ def test_a_gang_with_a_pod_the_scheduler_cannot_place_says_what_is_missing_and_i
     assert running["status"] == "False"
     scheduled = next(c for c in patch["conditions"] if c["type"] == "Scheduled")
     assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
-    assert [(e.type, e.reason) for e in actions.events] == [("Warning", "Unschedulable")]
+    # Said by the status (and the scheduler's FailedScheduling on the pod): no Event of ours.
+    assert actions.events == ()
 
 
 def test_a_gang_is_running_only_when_every_pod_runs() -> None:

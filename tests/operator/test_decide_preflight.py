@@ -67,8 +67,9 @@ def test_while_the_inputs_are_checked_the_job_is_pending_saying_so() -> None:
     running = _condition(actions.status_patch, "Running")
     assert (running["status"], running["reason"]) == ("False", "CheckingInputs")
     assert actions.status_patch["message"].startswith("checking inputs")
-    # An input check is no scheduling trouble: no Unschedulable warning.
-    assert [(e.type, e.reason) for e in actions.events] == [("Normal", "CheckingInputs")]
+    # An input check is no scheduling trouble (no Unschedulable warning), and the status says it:
+    # no Event repeats it.
+    assert actions.events == ()
 
 
 def test_checked_inputs_let_the_gpu_job_be_created() -> None:
@@ -133,19 +134,30 @@ def test_messages_name_the_claim_and_the_path_in_it_not_the_mount() -> None:
     )
 
 
-def test_the_jobs_network_policy_comes_before_its_input_check() -> None:
-    """The check's pod carries the job's labels, so the job's NetworkPolicy fences it too; it is
-    created first, as it is before the GPU Job's children (no pod of a job runs unfenced)."""
+def test_the_namespace_policy_fences_the_input_check_and_a_jobs_own_comes_first() -> None:
+    """The check's pod carries the job's trainer labels, so the namespace's policy of every
+    trainer pod fences it (made with the identity, before any child of any job); a job of several
+    nodes has its own policy too, created before the check, as it is before the GPU Job's
+    children (no pod of a job runs unfenced)."""
     import json
 
+    from finetune_operator.decide import namespace_children
     from finetune_operator.settings import ENV_TRAINER_NETWORK, from_env
     from tests.support.harness import TRAINER_NETWORK
 
-    job = seen(finetunejob(), preflight=None)
     rules = from_env({ENV_TRAINER_NETWORK: json.dumps(TRAINER_NETWORK)}).trainer_network
-    fenced = type(job)(**{**job.__dict__, "settings": Settings(trainer_network=rules)})
-    policy, check = decide(fenced).preflight
-    assert policy["kind"] == "NetworkPolicy" and check["metadata"]["name"] == "tiny-preflight"
-    selected = policy["spec"]["podSelector"]["matchLabels"]
+    settings = Settings(trainer_network=rules)
+    job = seen(finetunejob(), preflight=None)
+    fenced = type(job)(**{**job.__dict__, "settings": settings})
+    (check,) = decide(fenced).preflight
+    assert check["metadata"]["name"] == "tiny-preflight"
     pod_labels = check["spec"]["template"]["metadata"]["labels"]
-    assert selected.items() <= pod_labels.items()
+    shared = [c for c in namespace_children(job.namespace, settings) if c["kind"] == "NetworkPolicy"]
+    selecting = [p for p in shared if p["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()]
+    assert [p["metadata"]["name"] for p in selecting] == ["finetune-trainers"]
+    two = seen(finetunejob(resources={"gpus": 0, "cpu": "1", "memory": "2Gi", "nodes": 2}), preflight=None)
+    policy, check = decide(type(two)(**{**two.__dict__, "settings": settings})).preflight
+    assert policy["kind"] == "NetworkPolicy" and check["metadata"]["name"] == "tiny-preflight"
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"].items() <= check["spec"]["template"]["metadata"]["labels"].items()
+    )

@@ -7,9 +7,11 @@ each), so the gang is two nodes' worth of GPUs, and the quota holds one such gan
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from tests.fixtures.kueue import KueueObjects
 from tests.operator.test_e2e_kueue import PLENTY, QUEUE, cluster_queue, local_queue, p40_flavor
+from tests.reliability.cluster_kit import PodAnnotator
 from tests.support.harness import Jobs, OperatorProcess, wait_for
 from tests.support.specs import gpu_spec
 
@@ -17,6 +19,7 @@ pytestmark = pytest.mark.cluster
 
 # Long enough that the gang is still running when the urgent job arrives; short enough to rerun.
 GANG_RUN = "20s"
+URGENT_RUN = "20s"
 
 
 def _live(jobs: Jobs, name: str) -> list[dict[str, Any]]:
@@ -36,7 +39,7 @@ def _workloads_of(kueue_objects: KueueObjects, namespace: str, job_uid: str) -> 
 
 
 def test_a_two_node_job_is_one_gang_admitted_preempted_and_admitted_again_whole(
-    namespace: str, jobs: Jobs, kueue_objects: KueueObjects, operator: OperatorProcess
+    kube: client.ApiClient, namespace: str, jobs: Jobs, kueue_objects: KueueObjects, operator: OperatorProcess
 ) -> None:
     flavor = p40_flavor(kueue_objects, namespace)
     # Room for the gang (2 x 4 GPUs) and nothing beside it; a higher priority takes it over.
@@ -74,13 +77,16 @@ def test_a_two_node_job_is_one_gang_admitted_preempted_and_admitted_again_whole(
     # Four GPUs each, on nodes of four: two nodes.
     assert len({p["spec"]["nodeName"] for p in pods}) == 2, [p["spec"]["nodeName"] for p in pods]
 
-    jobs.create("urgent", gpu_spec(gpus=4, placement=placed("high")))
-    # Preempted whole: the gang's Workload gives both pods up (never one of two), and waits again.
-    queued = wait_for(
-        lambda: (s := jobs.status("gang")).get("phase") == "Queued" and s.get("queue", {}).get("preemptions") and s,
-        120,
-        "the gang Preempted, then Queued",
-    )
+    # The urgent job holds the quota for URGENT_RUN: the gang's wait stands past the operator's
+    # status window (a state of 2 s is never written, by design), so Queued is there to read.
+    with PodAnnotator(kube, namespace, {"urgent"}, {"kwok.finetune.dev/run-ms": URGENT_RUN}):
+        jobs.create("urgent", gpu_spec(gpus=4, placement=placed("high")))
+        # Preempted whole: the gang's Workload gives both pods up (never one of two), and waits again.
+        queued = wait_for(
+            lambda: (s := jobs.status("gang")).get("phase") == "Queued" and s.get("queue", {}).get("preemptions") and s,
+            120,
+            "the gang Preempted, then Queued",
+        )
     preempted = next(c for c in queued["conditions"] if c["type"] == "Preempted")
     assert preempted["status"] == "True" and f"FineTuneJob {namespace}/urgent" in preempted["message"], preempted
     wait_for(lambda: not _live(jobs, "gang"), 60, "no pod of the gang left")

@@ -1,7 +1,8 @@
-"""Each job's NetworkPolicy, made by the real operator under the chart's RBAC and inside the fence,
-on the control plane: every job gets its own, in a namespace the chart never named (the test's
-fresh one), owned by the FineTuneJob and collected with it; two multi-node jobs of one namespace
-each open their ports to their own pods alone.
+"""The trainers' NetworkPolicies, made by the real operator under the chart's RBAC and inside the
+fence, on the control plane: the namespace's shared ones (every trainer pod; the Hub jobs' pods)
+made before its first Job, in a namespace the chart never named (the test's fresh one), no job's
+and kept when a job goes; two multi-node jobs of one namespace each get their own, owned by the
+job and collected with it, opening their ports to their own pods alone.
 
 The local cluster runs no network plugin, so no NetworkPolicy is enforced on traffic here: these
 tests check the objects the API server stored (and the fence admitted). What a plugin enforces is
@@ -25,7 +26,7 @@ TWO_NODES = {"gpus": 4, "nodes": 2, "gpuProduct": "Tesla-P40", "cpu": "2", "memo
 
 def _policy(jobs: Jobs, name: str) -> dict[str, Any] | None:
     try:
-        found = client.NetworkingV1Api(jobs.api).read_namespaced_network_policy(f"{name}-network", jobs.namespace)
+        found = client.NetworkingV1Api(jobs.api).read_namespaced_network_policy(name, jobs.namespace)
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -44,30 +45,38 @@ def _job(jobs: Jobs, name: str) -> client.V1Job | None:
 
 
 def _policy_of(jobs: Jobs, name: str) -> dict[str, Any]:
-    return wait_for(lambda: _policy(jobs, name), 60, f"the NetworkPolicy of {name}")
+    return wait_for(lambda: _policy(jobs, f"{name}-network"), 60, f"the NetworkPolicy of {name}")
 
 
-def test_every_job_gets_its_own_policy_owned_by_it(jobs: Jobs, operator: OperatorProcess) -> None:
-    """A one-node Hub job in a namespace no chart value lists: the chart's egress plus HTTPS, no
-    ingress, its own pods selected; the policy goes when the FineTuneJob goes."""
+def test_the_namespace_policies_fence_a_one_node_hub_job_before_its_job(jobs: Jobs, operator: OperatorProcess) -> None:
+    """A one-node Hub job in a namespace no chart value lists: its pods are selected by the
+    namespace's policy of every trainer (the chart's egress, no ingress) and by its Hub policy
+    (HTTPS), both made before its Job, no job's, and kept when the job goes; the job has no
+    policy of its own."""
     jobs.create("solo", {**gpu_spec(), "suspend": True})
-    policy = _policy_of(jobs, "solo")
-    owner = jobs.get("solo")
-    assert owner is not None
-    (reference,) = policy["metadata"]["ownerReferences"]
-    assert reference["apiVersion"] == API_VERSION and reference["kind"] == KIND
-    assert reference["uid"] == owner["metadata"]["uid"] and reference["controller"] is True
-    spec = policy["spec"]
-    assert spec["podSelector"]["matchLabels"][LABEL_JOB] == "solo"
-    assert set(spec["policyTypes"]) == {"Ingress", "Egress"} and not spec.get("ingress")
-    assert spec["egress"] == [*TRAINER_NETWORK["egress"], TRAINER_NETWORK["hubEgress"]]
-    # The Job came after its policy: its pods never run without it. The policy is written first,
-    # so the Job may not be there yet when the policy is (a read at once once found none, under load).
-    found = wait_for(lambda: _job(jobs, "solo"), 60, "the Job after its policy")
+    # The policies are written first, so the Job may not be there yet (a read at once once found
+    # none, under load): wait for it, then hold the policies to it.
+    found = wait_for(lambda: _job(jobs, "solo"), 60, "the Job of solo")
     job = jobs.api.sanitize_for_serialization(found)
-    assert job["metadata"]["creationTimestamp"] >= policy["metadata"]["creationTimestamp"]
+    template = job["spec"]["template"]["metadata"]["labels"]
+    egress = {
+        "finetune-trainers": TRAINER_NETWORK["egress"],
+        "finetune-trainers-hub": [TRAINER_NETWORK["hubEgress"]],
+    }
+    for name, rules in egress.items():
+        policy = _policy(jobs, name)
+        assert policy is not None, name
+        assert not policy["metadata"].get("ownerReferences") and LABEL_JOB not in policy["metadata"]["labels"]
+        spec = policy["spec"]
+        assert spec["podSelector"]["matchLabels"].items() <= template.items(), (name, template)
+        assert set(spec["policyTypes"]) == {"Ingress", "Egress"} and not spec.get("ingress")
+        assert spec["egress"] == rules
+        # Made before the Job: its pods never run without them.
+        assert job["metadata"]["creationTimestamp"] >= policy["metadata"]["creationTimestamp"]
+    assert _policy(jobs, "solo-network") is None
     jobs.delete("solo")
-    wait_for(lambda: _policy(jobs, "solo") is None or None, 60, "the policy collected with its job")
+    wait_for(lambda: jobs.get("solo") is None or None, 60, "solo deleted")
+    assert _policy(jobs, "finetune-trainers") is not None
 
 
 def test_two_multinode_jobs_of_a_namespace_do_not_open_ports_to_each_other(
@@ -82,7 +91,8 @@ def test_two_multinode_jobs_of_a_namespace_do_not_open_ports_to_each_other(
         # In: only the job's own pods, only on the rendezvous and collective ports.
         (ingress,) = spec["ingress"]
         assert ingress["from"] == own and ingress["ports"] == TRAINER_NETWORK["peerPorts"]
-        # Out: the chart's rules, the Hub's, and the same ports to its own pods alone.
+        # Out: the same ports to its own pods alone (the chart's rules and the Hub's are the
+        # namespace's policies').
         peers = [rule for rule in spec["egress"] if any("podSelector" in p and len(p) == 1 for p in rule["to"])]
         assert peers == [{"to": own, "ports": TRAINER_NETWORK["peerPorts"]}]
     other = {"left": "right", "right": "left"}
@@ -94,3 +104,11 @@ def test_two_multinode_jobs_of_a_namespace_do_not_open_ports_to_each_other(
             if "podSelector" in p and len(p) == 1
         ]
         assert other[name] not in selected and set(selected) == {name}
+    # Each is its job's, and goes with it.
+    owner = jobs.get("left")
+    assert owner is not None
+    (reference,) = _policy_of(jobs, "left")["metadata"]["ownerReferences"]
+    assert reference["apiVersion"] == API_VERSION and reference["kind"] == KIND
+    assert reference["uid"] == owner["metadata"]["uid"] and reference["controller"] is True
+    jobs.delete("left")
+    wait_for(lambda: _policy(jobs, "left-network") is None or None, 60, "the policy collected with its job")

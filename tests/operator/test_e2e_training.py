@@ -66,7 +66,8 @@ def test_tiny_cpu_job_trains_reports_progress_and_leaves_an_adapter(
     assert [f["format"] for f in status["output"]["formats"]] == ["peft"]
     assert status["restarts"] == 0
     assert status["startTime"] and status["completionTime"]
-    assert jobs.events_with("tiny", "JobCreated", "Running", "Succeeded")
+    # A job that runs well posts no Event: its phases, conditions and times are in the status.
+    assert jobs.operator_events("tiny") == []
     served = operator.metrics()
     assert 'finetune_jobs{phase="Succeeded"} 1.0' in served
     # What the trainer reported, served per job for the chart's dashboard.

@@ -1,6 +1,7 @@
 """The operator's RBAC file (shared with the chart): no wildcards, no verbs it does not use,
 and enough to grant each trainer its own Role (RBAC refuses to grant what one does not hold)."""
 
+import dataclasses
 import json
 import re
 from typing import Any
@@ -88,14 +89,26 @@ def test_the_trainer_status_policy_names_what_the_operator_builds():
         assert f"':{TRAINER_SERVICE_ACCOUNT}'" in each["spec"]["matchConditions"][0]["expression"]
     assert rbac.service_account("ns")["metadata"]["name"] == TRAINER_SERVICE_ACCOUNT
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
-    # The second policy's parameters are the namespace's trainer pods, found by the labels every pod
-    # template the operator makes carries; the label it checks on the token's pod is the job label
-    # the builders set.
-    pod_labels = job.job(OWNER, spec_of(), SETTINGS)["spec"]["template"]["metadata"]["labels"]
+
+    # The second policy's parameters are the namespace's name-checked trainer pods: those of a
+    # job of several nodes and of a job of one node named "<name>-<index>", found by the labels
+    # their pod templates carry, and no other job's (every status write evaluates the policy once
+    # per parameter); the label it checks on the token's pod is the job label the builders set.
+    def pod_labels(name: str, **overrides: Any) -> dict[str, str]:
+        owner = dataclasses.replace(OWNER, name=name)
+        built: dict[str, str] = job.job(owner, spec_of(**overrides), SETTINGS)["spec"]["template"]["metadata"]["labels"]
+        return built
+
     assert by_pod["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "Pod"}
     param_ref = by_pod_binding["spec"]["paramRef"]
-    assert param_ref["selector"]["matchLabels"].items() <= pod_labels.items()
-    assert pod_labels[LABEL_JOB] == OWNER.name
+    selected = param_ref["selector"]["matchLabels"].items()
+    two_nodes = {"gpus": 4, "nodes": 2, "gpuProduct": "Tesla-P40"}
+    for name, overrides in (("gang", {"resources": two_nodes}), ("gang-1", {}), ("gang-0", {}), ("gang-99", {})):
+        labels = pod_labels(name, **overrides)
+        assert selected <= labels.items(), name
+        assert labels[LABEL_JOB] == name
+    for name in ("tiny", "gang-01", "gang-100", "run-0001", "gang-1a"):
+        assert not selected <= pod_labels(name).items(), name
     assert f"'{LABEL_JOB}'" in {v["name"]: v["expression"] for v in by_pod["spec"]["variables"]}["paramJob"]
     assert by_pod_binding["spec"] == {
         "policyName": by_pod["metadata"]["name"],

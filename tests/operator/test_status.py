@@ -1,6 +1,6 @@
 """The status logic: phase, conditions and Events from what the cluster shows."""
 
-from finetune_operator.status import Observation, compute, needs_patch, status_patch
+from finetune_operator.status import Observation, compute, hand_over, needs_patch, status_patch, transitions
 from tests.support.bodies import NOW, cond, job, pod
 
 
@@ -35,7 +35,8 @@ def test_running_pod_makes_the_job_running():
     assert c["Running"]["status"] == "True"
     assert c["Scheduled"]["status"] == "True" and "local-0" in c["Scheduled"]["message"]
     assert out.status["startTime"] == "2026-01-01T00:00:00Z"
-    assert out.transitions[0].reason == "Running"
+    # The phase and the Running condition (with the moment it flipped) say it: no Event.
+    assert out.transitions == []
 
 
 def test_unschedulable_pod_stays_pending_with_the_schedulers_message():
@@ -45,7 +46,8 @@ def test_unschedulable_pod_stays_pending_with_the_schedulers_message():
     assert out.phase == "Pending"
     assert c["Scheduled"] == {**c["Scheduled"], "status": "False", "reason": "Unschedulable", "message": text}
     assert out.status["message"] == text
-    assert [(t.type, t.reason) for t in out.transitions] == [("Warning", "Unschedulable")]
+    # Said by the status and by the scheduler's own FailedScheduling Warning on the pod.
+    assert out.transitions == []
 
 
 def test_a_failed_pod_while_retries_remain_is_a_restart_not_a_failure():
@@ -124,6 +126,24 @@ def test_a_finished_pod_keeps_the_job_running_until_the_job_completes():
     assert out.phase == "Running"
     assert conditions(out)["Running"]["reason"] == "TrainerFinished"
     assert [t.reason for t in out.transitions] == []
+    # The Job controller's verdict is all that is left: a hand-over, which may wait to be written.
+    assert hand_over(out.status)
+    running_pod = observe(current=running, job=job(), pods=[pod("a", "Running", node="n")])
+    assert not hand_over(running_pod.status)
+
+
+def test_a_job_waiting_for_its_first_pod_is_a_hand_over_and_a_refused_pod_is_not():
+    """Its Job made, no pod yet (or none the scheduler has looked at): the Job controller and the
+    scheduler have the next step. A pod the scheduler refused is the user's news."""
+    assert hand_over(observe(job=job(), pods=[]).status)
+    assert hand_over(observe(job=job(), pods=[pod("p", "Pending")]).status)
+    text = "0/6 nodes are available: 6 Insufficient nvidia.com/gpu."
+    refused = observe(job=job(), pods=[pod("p", "Pending", scheduled=(False, "Unschedulable", text))])
+    assert not hand_over(refused.status)
+    retry = observe(
+        current={"phase": "Pending", "restarts": 0}, job=job(failed=1), pods=[pod("a", "Failed", exit_code=1)]
+    )
+    assert retry.status["restarts"] == 1 and not hand_over(retry.status)
 
 
 def test_suspend_and_queue():
@@ -191,3 +211,38 @@ def test_backoff_limit_exceeded_counts_the_last_attempt_before_the_job_status_do
     for out in (early, late):
         assert conditions(out)["Failed"]["message"].startswith("4 attempt(s) failed")
         assert out.status["restarts"] == 3
+
+
+def test_events_are_for_trouble_only_and_each_is_a_warning():
+    """Every phase a job passes (Pending, Queued, Admitted, Running, Suspended, Succeeded) is in
+    the status; an Event is posted only for a failed attempt, the GPU-memory retry, a
+    preemption and the failure that ends the job: each a Warning, each once."""
+    quiet = [
+        ({}, {"phase": "Pending", "message": "checking inputs"}),
+        ({"phase": "Pending"}, {"phase": "Queued", "message": "insufficient quota"}),
+        ({"phase": "Queued"}, {"phase": "Admitted", "message": "admitted by team-a"}),
+        ({"phase": "Admitted"}, {"phase": "Running"}),
+        ({"phase": "Running"}, {"phase": "Suspended"}),
+        ({"phase": "Running"}, {"phase": "Succeeded"}),
+        ({}, {"phase": "Succeeded"}),
+    ]
+    for before, after in quiet:
+        assert transitions(before, after) == [], (before, after)
+    failed = {"type": "Failed", "status": "True", "reason": "OOMKilled", "message": "out of memory"}
+    loud = transitions(
+        {"phase": "Running", "restarts": 0, "queue": {"preemptions": 0}},
+        {
+            "phase": "Running",
+            "restarts": 1,
+            "oomRetry": {"message": "retrying tighter"},
+            "queue": {"preemptions": 1, "lastPreemption": {"message": "by priority"}},
+        },
+    )
+    assert [(t.type, t.reason) for t in loud] == [
+        ("Warning", "Restarted"),
+        ("Warning", "OutOfMemoryRetry"),
+        ("Warning", "Preempted"),
+    ]
+    end = transitions({"phase": "Running"}, {"phase": "Failed", "conditions": [failed]})
+    assert [(t.type, t.reason, t.message) for t in end] == [("Warning", "OOMKilled", "out of memory")]
+    assert transitions({"phase": "Failed", "conditions": [failed]}, {"phase": "Failed", "conditions": [failed]}) == []

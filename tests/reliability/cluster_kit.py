@@ -16,12 +16,14 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from finetune_api.constants import GROUP, PLURAL, VERSION
 from hack.cluster.nodes import TESLA_P40, gpu_node
 from tests.support.harness import (
     OperatorProcess,
     free_port,
     healthz_ok,
     kubeconfig_for_token,
+    leader_role,
     operator_rules,
     service_account_token,
     stop_process_group,
@@ -75,7 +77,31 @@ def identity(
 
 
 def our_identity(api: client.ApiClient, admin_kubeconfig: Path, folder: Path, name: str = "ours") -> Path:
-    return identity(api, admin_kubeconfig, folder, name, operator_rules())
+    """Our operator's account, with the chart's rules and its leader-election Role on the Lease
+    `lease_of(name)` (leader_env)."""
+    path = identity(api, admin_kubeconfig, folder, name, operator_rules())
+    leader_role(api, IDENTITY_NAMESPACE, name, lease_of(name))
+    return path
+
+
+def lease_of(account: str) -> str:
+    return f"reliability-{account}"
+
+
+def forget_lease(api: client.ApiClient, account: str) -> None:
+    """Remove the account's Lease, so that a run never waits out one a killed run left held."""
+    with contextlib.suppress(ApiException):
+        client.CoordinationV1Api(api).delete_namespaced_lease(lease_of(account), IDENTITY_NAMESPACE)
+
+
+def leader_env(account: str) -> dict[str, str]:
+    """Run our operator as the chart does, electing itself leader (alone) on its account's Lease:
+    the Lease's renewals count among its requests."""
+    return {
+        "FINETUNE_LEADER_ELECTION": "true",
+        "FINETUNE_LEASE_NAMESPACE": IDENTITY_NAMESPACE,
+        "FINETUNE_LEASE_NAME": lease_of(account),
+    }
 
 
 def floor_identity(api: client.ApiClient, admin_kubeconfig: Path, folder: Path) -> Path:
@@ -111,6 +137,45 @@ def count_requests_of(api: client.ApiClient, account: str) -> str:
                         }
                     ],
                     "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                }
+            ],
+        },
+    }
+    _ignore_conflict(client.FlowcontrolApiserverV1Api(api).create_flow_schema, body)
+    return name
+
+
+# What the operator writes, by API group: every write it makes but its Lease's.
+WRITE_GROUPS = ["", "batch", "finetune.dev", "networking.k8s.io", "rbac.authorization.k8s.io", "events.k8s.io"]
+WRITE_VERBS = ["create", "update", "patch", "delete", "deletecollection"]
+
+
+def count_writes_of(api: client.ApiClient, account: str) -> str:
+    """A FlowSchema that matches this ServiceAccount's writes of anything but a Lease, ahead of
+    `count_requests_of`'s (a request counts in the first schema it matches); its name."""
+    name = f"reliability-writes-{account}"
+    body = {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "FlowSchema",
+        "metadata": {"name": name},
+        "spec": {
+            "priorityLevelConfiguration": {"name": "workload-high"},
+            "matchingPrecedence": 400,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [
+                {
+                    "subjects": [
+                        {"kind": "ServiceAccount", "serviceAccount": {"name": account, "namespace": IDENTITY_NAMESPACE}}
+                    ],
+                    "resourceRules": [
+                        {
+                            "verbs": WRITE_VERBS,
+                            "apiGroups": WRITE_GROUPS,
+                            "resources": ["*"],
+                            "clusterScope": True,
+                            "namespaces": ["*"],
+                        }
+                    ],
                 }
             ],
         },
@@ -178,6 +243,8 @@ class JobWatch:
         self.namespace = namespace
         self.seen: dict[str, float] = {}
         self.created_twice: list[str] = []
+        # Jobs whose Complete or Failed condition was seen: a count that costs no list of them all.
+        self.finished: set[str] = set()
         self._uids: dict[str, str] = {}
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -222,12 +289,87 @@ class JobWatch:
 
     def _saw(self, job: Any) -> None:
         name, uid = job.metadata.name, job.metadata.uid
+        conditions = job.status.conditions if job.status else None
+        if any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions or []):
+            self.finished.add(name)
         if name not in self.seen:
             self.seen[name] = time.monotonic()
             self._uids[name] = uid
         elif self._uids[name] != uid:
             self.created_twice.append(name)
             self._uids[name] = uid
+
+
+class PhaseWatch:
+    """The latest status phase of each FineTuneJob in a namespace, from a watch: at thousands of
+    jobs a list every few seconds would cost the API server (and this process) more than the
+    operator under test."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.namespace = namespace
+        self.phases: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "PhaseWatch":
+        self._thread.start()
+        self._ready.wait(30)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def count(self, *phases: str) -> int:
+        return sum(1 for phase in list(self.phases.values()) if phase in phases)
+
+    def _list(self) -> str:
+        listing = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)
+        for item in listing["items"]:
+            self._saw(item)
+        version: str = listing["metadata"]["resourceVersion"]
+        return version
+
+    def _run(self) -> None:
+        version = ""
+        while not self._stop.is_set():
+            stream = watch.Watch()
+            try:
+                if not version:
+                    version = self._list()
+                self._ready.set()
+                for event in stream.stream(
+                    self.custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    resource_version=version,
+                    timeout_seconds=5,
+                ):
+                    item = event["object"]
+                    if event["type"] == "ERROR":
+                        version = ""
+                        break
+                    version = item["metadata"]["resourceVersion"]
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._saw(item)
+                    if self._stop.is_set():
+                        break
+            except ApiException as exc:
+                if exc.status == 410:
+                    version = ""
+                else:
+                    time.sleep(0.5)
+            except Exception:
+                time.sleep(0.5)
+
+    def _saw(self, item: dict[str, Any]) -> None:
+        phase = (item.get("status") or {}).get("phase")
+        if phase:
+            self.phases[item["metadata"]["name"]] = phase
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -373,6 +515,15 @@ class PodFailer:
                         break
             except Exception:
                 time.sleep(0.3)
+
+
+class PodAnnotator(PodFailer):
+    """Sets other annotations on the pods of chosen jobs the moment they appear, e.g. KWOK's
+    `kwok.finetune.dev/run-ms` to keep a pod running (read when the pod starts)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, jobs: set[str], annotations: dict[str, str]) -> None:
+        super().__init__(api, namespace, jobs, 0, "")
+        self.annotations = dict(annotations)
 
 
 def children_of(api: client.ApiClient, namespace: str) -> dict[str, dict[str, int]]:

@@ -39,8 +39,8 @@ def test_kill_modes_counted_from_the_log() -> None:
 
 def _planted(fault: str) -> dict[str, Any]:
     result = copy.deepcopy(_record(RECORDS[-1]))
-    if fault == "second JobCreated":
-        result["job_created_events_over_1"] = 1
+    if fault == "an Event said twice":
+        result["events_said_twice"] = 1
     elif fault == "mix misreported":
         result["kill_modes"] = {"sigkill": 10, "hook_exit": 10}
     elif fault == "operator died by itself":
@@ -53,7 +53,7 @@ def _planted(fault: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    "fault", ["second JobCreated", "mix misreported", "operator died by itself", "hooked run crashed otherwise"]
+    "fault", ["an Event said twice", "mix misreported", "operator died by itself", "hooked run crashed otherwise"]
 )
 def test_check_fails_on_planted_fault(fault: str) -> None:
     with pytest.raises(AssertionError):

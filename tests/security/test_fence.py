@@ -43,6 +43,7 @@ from tests.support.harness import (
     FENCE_HUB_ENV,
     OPERATOR_SA,
     SYSTEM_NAMESPACE,
+    TEST_LEASE,
     TRAINER_NETWORK,
     Jobs,
     OperatorProcess,
@@ -62,6 +63,7 @@ WIDENED_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "clusterroles"], "verbs": ["bind", "escalate"]},
     {"apiGroups": [""], "resources": ["services", "configmaps", "pods"], "verbs": ["create"]},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["delete"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
 ]
 
 
@@ -607,16 +609,31 @@ NETWORK_SETTINGS = dataclasses.replace(
 
 
 def _network_policy(owner: Owner, kind: str) -> dict[str, Any]:
+    """A job's own policy: only a job of several nodes has one."""
     rules = NETWORK_SETTINGS.trainer_network
     assert rules is not None
-    return network_builder.network_policy(owner, FineTuneJobSpec.model_validate(REAL_JOBS[kind]), rules)
+    policy = network_builder.job_policy(owner, FineTuneJobSpec.model_validate(REAL_JOBS[kind]), rules)
+    assert policy is not None, kind
+    return policy
 
 
-@pytest.mark.parametrize("kind", REAL_JOBS)
-def test_the_operators_real_network_policies_are_admitted(fenced: Fenced, kind: str) -> None:
-    """The policy the operator makes for each of its real Jobs (Hub rule, multi-node peers) passes."""
-    policy = _network_policy(fenced.owner, kind)
-    assert fenced.refusal(fenced.networking.create_namespaced_network_policy, policy) is None
+def _shared_policies(namespace: str) -> dict[str, dict[str, Any]]:
+    rules = NETWORK_SETTINGS.trainer_network
+    assert rules is not None
+    return {p["metadata"]["name"]: p for p in network_builder.namespace_policies(namespace, rules)}
+
+
+def test_the_operators_real_network_policies_are_admitted(fenced: Fenced) -> None:
+    """The namespace's two shared policies (every trainer; the Hub jobs' pods) and a multi-node
+    job's own pass."""
+    policies = [*_shared_policies(fenced.namespace).values(), _network_policy(fenced.owner, "multi-node")]
+    assert [p["metadata"]["name"] for p in policies] == [
+        network_builder.TRAINERS,
+        network_builder.HUB_TRAINERS,
+        f"{fenced.owner.name}-network",
+    ]
+    for policy in policies:
+        assert fenced.refusal(fenced.networking.create_namespaced_network_policy, policy) is None
 
 
 def _egress(policy: dict[str, Any]) -> list[dict[str, Any]]:
@@ -670,7 +687,44 @@ NETWORK_VARIANTS: list[tuple[str, Callable[[dict[str, Any]], object], str]] = [
     ),
     ("unowned", lambda p: p["metadata"].pop("ownerReferences"), "networkpolicy-owner"),
     ("another-name", lambda p: p["metadata"].update(name="wide-open"), "networkpolicy-owner"),
+    ("egress-only", lambda p: p["spec"].update(policyTypes=["Egress"]), "networkpolicy-types"),
 ]
+# The same, for the namespace's shared policy of every trainer pod.
+SHARED_VARIANTS: list[tuple[str, Callable[[dict[str, Any]], object], str]] = [
+    ("selects-all-pods", lambda p: p["spec"].update(podSelector={}), "networkpolicy-pods"),
+    (
+        "selects-every-operator-pod",
+        lambda p: p["spec"]["podSelector"]["matchLabels"].pop("finetune.dev/component"),
+        "networkpolicy-pods",
+    ),
+    (
+        "selects-by-expression-too",
+        lambda p: p["spec"]["podSelector"].update(matchExpressions=[{"key": "team", "operator": "Exists"}]),
+        "networkpolicy-pods",
+    ),
+    ("ingress-from-everywhere", lambda p: _ingress(p).append({}), "networkpolicy-ingress"),
+    ("ingress-from-own-pods", lambda p: _ingress(p).append({"from": [OTHER_JOB]}), "networkpolicy-ingress"),
+    ("egress-anywhere-on-443", lambda p: _egress(p).append({"to": [ANYWHERE]}), "networkpolicy-egress"),
+    (
+        "egress-to-a-job-on-its-ports",
+        lambda p: _egress(p).append({"to": [OTHER_JOB], "ports": TRAINER_NETWORK["peerPorts"]}),
+        "networkpolicy-egress",
+    ),
+    ("ingress-left-open", lambda p: p["spec"].update(policyTypes=["Egress"]), "networkpolicy-types"),
+    ("owned-by-a-job", lambda p: p["metadata"].update(ownerReferences=[OWNER_REF]), "networkpolicy-owner"),
+    (
+        "labelled-as-a-job",
+        lambda p: p["metadata"]["labels"].update({"finetune.dev/job": "tiny"}),
+        "networkpolicy-owner",
+    ),
+]
+OWNER_REF = {
+    "apiVersion": "finetune.dev/v1alpha1",
+    "kind": "FineTuneJob",
+    "name": "tiny",
+    "uid": "u",
+    "controller": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -702,6 +756,26 @@ def test_a_broader_network_policy_is_refused_naming_its_rule(
     _assert_rule(fenced.refusal(fenced.networking.create_namespaced_network_policy, policy), rule)
 
 
+@pytest.mark.parametrize(("variant", "change", "rule"), SHARED_VARIANTS, ids=[v[0] for v in SHARED_VARIANTS])
+def test_a_broader_shared_network_policy_is_refused_naming_its_rule(
+    network_fence: Fenced, variant: str, change: Callable[[dict[str, Any]], object], rule: str
+) -> None:
+    """The namespace's policy of every trainer pod, made broader in one way, is refused: it
+    selects the trainer pods alone, lets nothing in and nothing out past the chart's rules."""
+    fenced = network_fence
+    policy = copy.deepcopy(_shared_policies(fenced.namespace)[network_builder.TRAINERS])
+    change(policy)
+    _assert_rule(fenced.refusal(fenced.networking.create_namespaced_network_policy, policy), rule)
+
+
+def test_the_hub_rule_goes_only_to_the_hub_jobs_pods(network_fence: Fenced) -> None:
+    """The shared Hub policy selects the pods labelled finetune.dev/hub-egress, no others."""
+    fenced = network_fence
+    policy = copy.deepcopy(_shared_policies(fenced.namespace)[network_builder.HUB_TRAINERS])
+    policy["spec"]["podSelector"]["matchLabels"].pop("finetune.dev/hub-egress")
+    _assert_rule(fenced.refusal(fenced.networking.create_namespaced_network_policy, policy), "networkpolicy-pods")
+
+
 def test_any_other_write_is_refused_naming_the_rule(fenced: Fenced) -> None:
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "b"}}
     message = fenced.refusal(fenced.core.create_namespaced_config_map, config_map)
@@ -710,6 +784,22 @@ def test_any_other_write_is_refused_naming_the_rule(fenced: Fenced) -> None:
     pod_spec = {**_pod(fenced.job()), "serviceAccountName": "default"}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod_spec}
     _assert_rule(fenced.refusal(fenced.core.create_namespaced_pod, pod), "operator-kinds")
+
+
+def _lease(name: str) -> dict[str, Any]:
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name}, "spec": {}}
+
+
+def test_a_lease_only_in_the_operators_own_namespace(fenced: Fenced) -> None:
+    """Its leader-election Lease is the one write it makes in its own namespace (RBAC grants it
+    there, files/operator-leader-rbac.yaml); a Lease anywhere else, say in a tenant's namespace
+    where RBAC was widened, is refused by the fence."""
+    coordination = client.CoordinationV1Api(fenced.core.api_client)
+    own = Fenced(fenced.core.api_client, SYSTEM_NAMESPACE, fenced.owner)
+    assert own.refusal(coordination.create_namespaced_lease, _lease(TEST_LEASE)) is None
+    message = fenced.refusal(coordination.create_namespaced_lease, _lease(TEST_LEASE))
+    _assert_rule(message, "operator-leases")
+    assert f"not in {fenced.namespace}" in str(message)
 
 
 def test_the_operator_cannot_delete_even_with_rbac_to(kube: client.ApiClient, fenced: Fenced) -> None:

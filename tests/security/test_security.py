@@ -55,7 +55,7 @@ OPERATOR_CAN: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {
     ("services", ()): frozenset({"get", "create"}),
     ("roles.rbac.authorization.k8s.io", ()): frozenset({"get", "create"}),
     ("rolebindings.rbac.authorization.k8s.io", ()): frozenset({"get", "create"}),
-    # Each job's NetworkPolicy, which the fence holds to the job's own pods and the chart's rules.
+    # The trainers' NetworkPolicies (the namespace's and a multi-node job's), held by the fence to their shapes.
     ("networkpolicies.networking.k8s.io", ()): frozenset({"get", "create"}),
     ("events", ()): frozenset({"create"}),
     # Kueue's Workload of a queued job's Job: read only, for the job's status.

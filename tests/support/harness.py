@@ -30,12 +30,15 @@ from finetune_operator.settings import SYSTEM_NAMESPACES
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO / "charts" / "finetune-operator" / "files" / "operator-rbac.yaml"
+LEADER_RBAC_FILE = REPO / "charts" / "finetune-operator" / "files" / "operator-leader-rbac.yaml"
 TRAINER_POLICY_FILE = REPO / "charts" / "finetune-operator" / "files" / "trainer-status-policy.yaml"
 FENCE_POLICY_FILE = REPO / "charts" / "finetune-operator" / "files" / "operator-fence-policy.yaml"
 SYSTEM_NAMESPACE = "finetune-system"
 OPERATOR_SA = "finetune-operator"
 OPERATOR_USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{OPERATOR_SA}"
 OPERATOR_ROLE = "finetune-operator-tests"
+# The Lease the tests' operators elect their leader on (FINETUNE_LEASE_NAME), in SYSTEM_NAMESPACE.
+TEST_LEASE = "finetune-operator-tests"
 # The tests' `trainer.hubEnv`: the fence they install admits HF_ENDPOINT at this value only.
 FENCE_HUB_ENV = {"HF_ENDPOINT": "https://hub.fence.example"}
 # The tests' `trainer.networkPolicy`, as the chart's helper finetune-operator.trainerNetwork
@@ -78,6 +81,16 @@ T = TypeVar("T")
 def operator_rules() -> list[dict[str, Any]]:
     rules = yaml.safe_load(RBAC_FILE.read_text())
     assert isinstance(rules, list)
+    return rules
+
+
+def leader_rules(lease: str = TEST_LEASE) -> list[dict[str, Any]]:
+    """The Role's rules on the leader-election Lease, named as the chart names it."""
+    rules = yaml.safe_load(LEADER_RBAC_FILE.read_text())
+    assert isinstance(rules, list)
+    for rule in rules:
+        if "resourceNames" in rule:
+            rule["resourceNames"] = [lease]
     return rules
 
 
@@ -130,6 +143,7 @@ def operator_fence_policies(
         "allowedImages": list(allowed_images),
         "hubEnv": dict(hub_env),
         "excludedNamespaces": [*SYSTEM_NAMESPACES, SYSTEM_NAMESPACE],
+        "operatorNamespace": SYSTEM_NAMESPACE,
     }
     objects: list[dict[str, Any]] = []
     for policy in policies:
@@ -230,8 +244,31 @@ def operator_identity(api: client.ApiClient, admin_kubeconfig: Path, folder: Pat
             "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": SYSTEM_NAMESPACE}],
         },
     )
+    leader_role(api, SYSTEM_NAMESPACE, OPERATOR_SA)
     token = service_account_token(core, SYSTEM_NAMESPACE, OPERATOR_SA)
     return kubeconfig_for_token(admin_kubeconfig, token, folder / "operator.kubeconfig", SYSTEM_NAMESPACE)
+
+
+def leader_role(api: client.ApiClient, namespace: str, account: str, lease: str = TEST_LEASE) -> None:
+    """The chart's leader-election Role and RoleBinding for `account`, in its own namespace."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    name = f"{account}-leader-election"
+    role = {"metadata": {"name": name}, "rules": leader_rules(lease)}
+    try:
+        rbac.create_namespaced_role(namespace, role)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        rbac.replace_namespaced_role(name, namespace, role)
+    _create(
+        rbac.create_namespaced_role_binding,
+        namespace,
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+    )
 
 
 def free_ports(count: int) -> list[int]:
@@ -323,6 +360,17 @@ class OperatorProcess:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
             return str(resp.read().decode())
 
+    def requests(self) -> dict[str, float]:
+        """What the operator asked the API server so far, by its own count
+        (finetune_api_requests_total), as {"verb kind": count}; its watches are not in it."""
+        counts: dict[str, float] = {}
+        for line in self.metrics().splitlines():
+            if line.startswith("finetune_api_requests_total{"):
+                labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(","))
+                key = f"{labels['verb'].strip(chr(34))} {labels['kind'].strip(chr(34))}"
+                counts[key] = counts.get(key, 0) + float(line.rsplit(" ", 1)[1])
+        return counts
+
     def wait_exit(self, timeout: float) -> int:
         assert self.proc is not None
         return self.proc.wait(timeout)
@@ -407,6 +455,12 @@ class Jobs:
     def events(self, name: str) -> list[dict[str, Any]]:
         found = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}")
         return [self.api.sanitize_for_serialization(e) for e in found.items]
+
+    def operator_events(self, name: str, settle_s: float = 2.0) -> list[dict[str, Any]]:
+        """The Events on the FineTuneJob itself (its Job, of the same name, has the Job
+        controller's), after `settle_s`: the operator posts a write's Events after its status."""
+        time.sleep(settle_s)
+        return [e for e in self.events(name) if e["involvedObject"]["kind"] == "FineTuneJob"]
 
     def events_with(self, name: str, *reasons: str, timeout: float = 30) -> list[dict[str, Any]]:
         """The job's Events once every one of `reasons` is among them. kopf posts Events from a

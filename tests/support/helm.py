@@ -96,5 +96,13 @@ def operator_rules() -> list[dict[str, Any]]:
 
 
 def env_of(deployment: dict[str, Any]) -> dict[str, str]:
+    """The operator container's environment, with the pod's own fields filled in as the kubelet
+    would (its namespace is the Deployment's)."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+    fields = {"metadata.namespace": deployment["metadata"].get("namespace", ""), "metadata.name": "operator-pod"}
+
+    def value(e: dict[str, Any]) -> str:
+        ref = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        return str(fields.get(ref, "")) if ref else str(e.get("value", ""))
+
+    return {e["name"]: value(e) for e in container.get("env", [])}

@@ -147,3 +147,8 @@ app.kubernetes.io/part-of: finetune-operator
 {{- dict "egress" $egress "hubEgress" (ternary $hub nil (gt (len $hub) 0)) "peerPorts" $peerPorts | toJson }}
 {{- end }}
 {{- end }}
+
+{{/* The leader-election Lease's name: leaderElection.leaseName, else the release's full name. */}}
+{{- define "finetune-operator.leaseName" -}}
+{{- default (include "finetune-operator.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}

@@ -32,7 +32,17 @@ from finetune_plan.host import HostNeed
 from finetune_plan.pod import pod_plan
 
 from .. import quantities
-from ..children import HUB_EGRESS_LABEL, KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, Owner, job_name, labels, metadata
+from ..children import (
+    HUB_EGRESS_LABEL,
+    KUEUE_PRIORITY_LABEL,
+    KUEUE_QUEUE_LABEL,
+    NAME_CHECK_LABEL,
+    Owner,
+    job_name,
+    labels,
+    metadata,
+    name_checked,
+)
 from ..settings import Settings
 from .config import config_json
 from .pvc import output_claim_name
@@ -233,6 +243,8 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
     if uses_hub(spec):
         # Marks the pods whose own NetworkPolicy opens HTTPS egress (builders/network.py).
         pod_labels[HUB_EGRESS_LABEL] = "true"
+    if name_checked(owner.name, spec.resources.multinode):
+        pod_labels[NAME_CHECK_LABEL] = "true"
     job_meta = metadata(owner, job_name(owner.name))
     queue = spec.placement.queue_name
     if queue:

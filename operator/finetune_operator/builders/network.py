@@ -1,28 +1,44 @@
-"""The NetworkPolicy of one job: what its trainer pods may reach, and what may reach them.
+"""The NetworkPolicies of trainer pods: what they may reach, and what may reach them.
 
-One policy per job, owned by it (collected with it), made before its Job so that no trainer pod
-runs without it, in whatever namespace the job is. It selects the job's own pods
-(`finetune.dev/job`), and:
-- egress: the chart's rules for every trainer (`Settings.trainer_network.egress`: the API
-  server, DNS, `extraEgress`), copied unchanged, plus the Hub's HTTPS rule for a job that
-  downloads from the Hub;
-- ingress: none for a job of one pod; for a job of several nodes, its own pods alone, on the
+Two the namespace's jobs share, and one more per job of several nodes:
+- `finetune-trainers` selects every trainer pod of the namespace (the trainer component label,
+  managed by the operator: the Job's pods and the input check's): egress, the chart's rules for
+  every trainer (`Settings.trainer_network.egress`: the API server, DNS, `extraEgress`), copied
+  unchanged; ingress, none.
+- `finetune-trainers-hub` selects only the pods of jobs that download from the Hub (the Job
+  builder labels them `finetune.dev/hub-egress`), and adds the Hub's HTTPS rule.
+- a job of several nodes gets `<job>-network`, owned by it: its own pods alone, on the
   rendezvous and collective ports, both ways. Another job's pods, multi-node or not, stay out.
 
-The fence (operator-fence-policy.yaml, `finetune-fence-networkpolicies`) admits exactly this
-shape from the operator: the chart's rules and a peer rule naming the job's own pods.
+NetworkPolicies add up: a pod may do what any policy that selects it allows, and is isolated
+by each type of any that selects it. So every trainer pod is allowed exactly what its own
+policy allowed when each job had one holding all three parts: the chart's egress, the Hub's when
+it uses the Hub, its own peers when it spans nodes; no ingress otherwise. (One narrowing: the
+input check's pod, which needs no network and carries no Hub label, no longer gets a Hub job's
+HTTPS rule.) A job of one node, the usual kind, costs no policy write: one per namespace instead
+of one per job, made with the namespace's trainer identity before its first Job (identity.py)
+and kept with that identity; selecting no pod when no job runs, it allows nothing.
+
+The fence (operator-fence-policy.yaml, `finetune-fence-networkpolicies`) admits exactly these
+shapes from the operator: the two shared ones by name, unowned, selecting trainer pods by those
+labels; the per-job one owned, naming the job's own pods; the chart's rules and the peer rule.
 """
 
 from typing import Any, Final
 
-from finetune_api.constants import LABEL_JOB
-from finetune_api.contract import uses_hub
+from finetune_api.constants import LABEL_COMPONENT, LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
+from finetune_api.contract import COMPONENT_TRAINER
 from finetune_api.spec import FineTuneJobSpec
 
-from ..children import Owner, labels, metadata
+from ..children import HUB_EGRESS_LABEL, Owner, labels, metadata
 from ..settings import TrainerNetwork
 
 SUFFIX: Final = "-network"
+TRAINERS: Final = "finetune-trainers"
+HUB_TRAINERS: Final = "finetune-trainers-hub"
+# Every trainer pod of the namespace carries these (children.labels), and no other pod the
+# operator makes.
+TRAINER_PODS: Final = {LABEL_COMPONENT: COMPONENT_TRAINER, LABEL_MANAGED_BY: MANAGED_BY}
 
 
 def policy_name(job: str) -> str:
@@ -35,24 +51,43 @@ def peers(owner: Owner) -> list[dict[str, Any]]:
     return [{"podSelector": {"matchLabels": {LABEL_JOB: owner.name}}}]
 
 
-def network_policy(owner: Owner, spec: FineTuneJobSpec, rules: TrainerNetwork) -> dict[str, Any]:
-    egress = [dict(rule) for rule in rules.egress]
-    if rules.hub_egress is not None and uses_hub(spec):
-        egress.append(dict(rules.hub_egress))
-    ingress: list[dict[str, Any]] = []
-    if spec.resources.multinode:
-        ports = [dict(port) for port in rules.peer_ports]
-        egress.append({"to": peers(owner), "ports": ports})
-        ingress.append({"from": peers(owner), "ports": [dict(port) for port in ports]})
+def _policy(meta: dict[str, Any], pods: dict[str, str], ingress: list[Any], egress: list[Any]) -> dict[str, Any]:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": metadata(owner, policy_name(owner.name)),
+        "metadata": meta,
         "spec": {
-            "podSelector": {"matchLabels": labels(owner.name)},
+            "podSelector": {"matchLabels": pods},
             # Both types always: with no ingress rule, nothing reaches a trainer of one pod.
             "policyTypes": ["Ingress", "Egress"],
             "ingress": ingress,
             "egress": egress,
         },
     }
+
+
+def _shared_metadata(namespace: str, name: str) -> dict[str, Any]:
+    # No owner: the policy serves every job of the namespace and outlives each of them.
+    return {"name": name, "namespace": namespace, "labels": dict(TRAINER_PODS)}
+
+
+def namespace_policies(namespace: str, rules: TrainerNetwork) -> list[dict[str, Any]]:
+    """The policies every trainer pod of the namespace is under: the chart's egress for all of
+    them, and the Hub's HTTPS rule for the pods of Hub jobs (when the chart gives one)."""
+    egress = [dict(rule) for rule in rules.egress]
+    out = [_policy(_shared_metadata(namespace, TRAINERS), dict(TRAINER_PODS), [], egress)]
+    if rules.hub_egress is not None:
+        hub_pods = {**TRAINER_PODS, HUB_EGRESS_LABEL: "true"}
+        out.append(_policy(_shared_metadata(namespace, HUB_TRAINERS), hub_pods, [], [dict(rules.hub_egress)]))
+    return out
+
+
+def job_policy(owner: Owner, spec: FineTuneJobSpec, rules: TrainerNetwork) -> dict[str, Any] | None:
+    """The policy of one job's own pods: for a job of several nodes, the ports they open to each
+    other and to no other pod; None for a job of one pod (the namespace's policies cover it)."""
+    if not spec.resources.multinode:
+        return None
+    ports = [dict(port) for port in rules.peer_ports]
+    ingress = [{"from": peers(owner), "ports": ports}]
+    egress = [{"to": peers(owner), "ports": [dict(port) for port in ports]}]
+    return _policy(metadata(owner, policy_name(owner.name)), labels(owner.name), ingress, egress)

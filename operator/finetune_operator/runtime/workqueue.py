@@ -53,12 +53,26 @@ class WorkQueue:
         self._again: dict[Hashable, int] = {}  # added while active: queued when it finishes
         self._later: list[tuple[float, int, Hashable, int]] = []  # (due, order, key, priority)
         self._order = itertools.count()
+        self._stopped = False
         self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(workers)]
 
     def start(self) -> "WorkQueue":
         for thread in self._threads:
             thread.start()
         return self
+
+    def stop(self, timeout: float) -> bool:
+        """Hand out no more work; wait up to `timeout` for the work under way. True if it ended."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+            while self._active:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
 
     def add(self, key: Hashable, priority: int = UPDATE) -> None:
         with self._cond:
@@ -107,10 +121,12 @@ class WorkQueue:
     def _take(self) -> Hashable:
         with self._cond:
             while True:
+                while self._stopped:
+                    self._cond.wait()
                 self._move_due()
-                while not self._heap:
+                if not self._heap:
                     self._cond.wait(self._later[0][0] - time.monotonic() if self._later else None)
-                    self._move_due()
+                    continue
                 priority, _, key = heapq.heappop(self._heap)
                 if self._queued.get(key) == priority:
                     del self._queued[key]
@@ -143,3 +159,5 @@ class WorkQueue:
                     again = self._again.pop(key, None)
                     if again is not None:
                         self._push(key, again)
+                    if self._stopped:
+                        self._cond.notify_all()
