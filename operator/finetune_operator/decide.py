@@ -10,7 +10,7 @@ again after a missed event, a crash or a restart converges to the same place.
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -262,6 +262,20 @@ def _admission(
     return admission, seen.preemptors.get(uid) if uid else None
 
 
+def _with_spec(observed: Observation, owner: Owner, spec: FineTuneJobSpec | None) -> Observation:
+    """What the status reads of the spec (none for a spec that did not parse)."""
+    if spec is None:
+        return observed
+    return replace(
+        observed,
+        output=output_status(owner, spec),
+        suspend_requested=bool(spec.suspend),
+        queued=bool(spec.placement.queue_name),
+        queue_name=spec.placement.queue_name,
+        nodes=spec.resources.nodes,
+    )
+
+
 def decide(seen: Observed) -> Actions:
     body = seen.body
     if body is None:
@@ -312,25 +326,19 @@ def decide(seen: Observed) -> Actions:
             elif patch := job_patch(job, spec, seen.settings):
                 return Actions(job_patch=patch, phase=current.get("phase"))
     admission, preemptor = _admission(seen, spec, job)
-    outcome = compute(
-        Observation(
-            generation=int(meta.get("generation") or 0),
-            now=seen.now,
-            current=current,
-            invalid=invalid,
-            invalid_reason=invalid_reason,
-            job=job,
-            pods=pods,
-            output=output_status(owner, spec) if spec is not None else None,
-            suspend_requested=bool(spec and spec.suspend),
-            queued=bool(spec and spec.placement.queue_name),
-            queue_name=spec.placement.queue_name if spec is not None else None,
-            admission=admission,
-            preemptor=preemptor,
-            nodes=spec.resources.nodes if spec is not None else 1,
-            checking=checking,
-        )
+    observed = Observation(
+        generation=int(meta.get("generation") or 0),
+        now=seen.now,
+        current=current,
+        invalid=invalid,
+        invalid_reason=invalid_reason,
+        job=job,
+        pods=pods,
+        checking=checking,
+        admission=admission,
+        preemptor=preemptor,
     )
+    outcome = compute(_with_spec(observed, owner, spec))
     if not needs_patch(current, outcome.status):
         return Actions(phase=outcome.phase)
     return Actions(

@@ -342,6 +342,26 @@ def _namespaces(raw: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in raw.split(",") if n.strip())
 
 
+def _timing(env: Mapping[str, str]) -> dict[str, Any]:
+    """The resync period (positive seconds) and the status coalescing window (0 to 300 s)."""
+    updates: dict[str, Any] = {}
+    if v := env.get(ENV_RESYNC_SECONDS):
+        try:
+            updates["resync_seconds"] = float(v)
+        except ValueError:
+            raise SettingsError(f"{ENV_RESYNC_SECONDS}: expected seconds, got {v!r}") from None
+        if updates["resync_seconds"] <= 0:
+            raise SettingsError(f"{ENV_RESYNC_SECONDS}: must be positive")
+    if v := env.get(ENV_STATUS_COALESCE):
+        try:
+            updates["status_coalesce_seconds"] = float(v)
+        except ValueError:
+            raise SettingsError(f"{ENV_STATUS_COALESCE}: expected seconds, got {v!r}") from None
+        if not 0 <= updates["status_coalesce_seconds"] <= 300:
+            raise SettingsError(f"{ENV_STATUS_COALESCE}: expected 0 to 300 seconds")
+    return updates
+
+
 def from_env(env: Mapping[str, str] | None = None) -> Settings:
     """Settings from environment variables; defaults for the ones not set."""
     env = os.environ if env is None else env
@@ -408,20 +428,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         updates["log_level"] = _choice(ENV_LOG_LEVEL, v, LOG_LEVELS, upper=True)
     if v := env.get(ENV_LOG_FORMAT):
         updates["log_format"] = _choice(ENV_LOG_FORMAT, v, LOG_FORMATS)
-    if v := env.get(ENV_RESYNC_SECONDS):
-        try:
-            updates["resync_seconds"] = float(v)
-        except ValueError:
-            raise SettingsError(f"{ENV_RESYNC_SECONDS}: expected seconds, got {v!r}") from None
-        if updates["resync_seconds"] <= 0:
-            raise SettingsError(f"{ENV_RESYNC_SECONDS}: must be positive")
-    if v := env.get(ENV_STATUS_COALESCE):
-        try:
-            updates["status_coalesce_seconds"] = float(v)
-        except ValueError:
-            raise SettingsError(f"{ENV_STATUS_COALESCE}: expected seconds, got {v!r}") from None
-        if not 0 <= updates["status_coalesce_seconds"] <= 300:
-            raise SettingsError(f"{ENV_STATUS_COALESCE}: expected 0 to 300 seconds")
+    updates.update(_timing(env))
     updates.update(_leader_election(env))
     if v := env.get(ENV_CRASH_AFTER):
         updates["crash_after"] = v

@@ -335,13 +335,78 @@ def _queue_conditions(obs: Observation, conds: dict[str, dict[str, Any]]) -> Non
         conds["Preempted"] = _condition("Preempted", False, "Readmitted", "admitted again after a preemption", obs)
 
 
-def compute(obs: Observation) -> Outcome:
-    """The status the job should have now, and the Events its changes deserve."""
-    current = obs.current
-    conds: dict[str, dict[str, Any]] = {c["type"]: dict(c) for c in current.get("conditions") or [] if "type" in c}
-    status: dict[str, Any] = {"observedGeneration": obs.generation}
-    message: str | None = None
+def _trainer_running(obs: Observation, status: dict[str, Any], gang: bool) -> tuple[bool, str | None]:
+    """Whether a trainer runs, and for a gang not whole yet why none does (its launchers wait at
+    the rendezvous); a gang's status counts its pods running."""
+    running = any((p.get("status") or {}).get("phase") == "Running" for p in obs.pods if _terminated(p) is None)
+    if not gang:
+        return running, None
+    ready = gang_running(obs.pods)
+    status["nodes"] = {"ready": ready, "total": obs.nodes}
+    if running and ready < obs.nodes:
+        return False, (
+            f"{ready} of {obs.nodes} pods running: their launchers wait at the rendezvous "
+            "and no trainer starts until every pod of the gang runs"
+        )
+    return running, None
 
+
+def _suspended(
+    obs: Observation, status: dict[str, Any], conds: dict[str, dict[str, Any]], message: str | None
+) -> tuple[Phase, str | None]:
+    """A suspended Job: Queued while Kueue has not admitted it (in Kueue's words), else Suspended."""
+    phase: Phase = "Queued" if obs.queued and not obs.suspend_requested else "Suspended"
+    text = "waiting for the queue to admit the job" if phase == "Queued" else "suspended by spec.suspend"
+    if phase == "Queued":
+        # Kueue's own words: why the Workload waits (e.g. insufficient quota).
+        text = status["queue"].get("message") or text
+        message = text
+    conds["Suspended"] = _condition("Suspended", True, phase, text, obs)
+    conds["Running"] = _condition("Running", False, phase, text, obs)
+    return phase, message
+
+
+def _active_phase(
+    obs: Observation,
+    conds: dict[str, dict[str, Any]],
+    admission: Admission | None,
+    trainer: tuple[bool, bool, str | None],
+    *,
+    message: str | None,
+    restarts: int,
+) -> Phase:
+    """A Job neither finished nor suspended: Running, Admitted or Pending, and why no trainer runs
+    (`trainer`: whether one runs, whether it has finished, why a gang's does not start yet)."""
+    running, finishing, gathering = trainer
+    phase: Phase = "Running" if running or finishing else "Pending"
+    if phase == "Pending" and admission is not None and admission.admitted:
+        phase = "Admitted"
+    # A job that ran stays Running between attempts (a retry, or the moment between a
+    # trainer's last exit and the Job's verdict): the phase only moves forward, and the
+    # Running condition says that no trainer runs.
+    between = phase != "Running" and obs.current.get("phase") == "Running"
+    if between:
+        phase = "Running"
+    if "Suspended" in conds:
+        conds["Suspended"] = _condition("Suspended", False, "Resumed", "resumed", obs)
+    if running:
+        conds["Running"] = _condition("Running", True, "TrainerRunning", "the trainer is running", obs)
+    elif finishing:
+        text = "the trainer finished; the Job is completing"
+        conds["Running"] = _condition("Running", True, TRAINER_FINISHED, text, obs)
+    elif gathering is not None and message is None:
+        conds["Running"] = _condition("Running", False, "WaitingForNodes", gathering, obs)
+    else:
+        waiting = "waiting to retry" if restarts else "waiting for the trainer pod"
+        reason = "Restarting" if between else "Pending"
+        conds["Running"] = _condition("Running", False, reason, message or waiting, obs)
+    return phase
+
+
+def _without_job(obs: Observation, status: dict[str, Any], conds: dict[str, dict[str, Any]]) -> Outcome:
+    """The status before a Job exists or after it is gone: a refused spec (or a job the cluster
+    cannot schedule) ends Failed; a terminal job keeps its verdict; else Pending, its inputs
+    perhaps being checked."""
     if obs.invalid is not None:
         if obs.invalid_reason == UNSCHEDULABLE:  # the cluster's doing, not the spec's
             conds["Validated"] = _condition("Validated", True, "Valid", "spec is valid", obs)
@@ -350,22 +415,33 @@ def compute(obs: Observation) -> Outcome:
         conds["Failed"] = _condition("Failed", True, obs.invalid_reason, obs.invalid, obs)
         status.update(phase="Failed", message=obs.invalid)
         return _finish(obs, status, conds)
+    conds["Validated"] = _condition("Validated", True, "Valid", "spec is valid", obs)
+    if obs.output:
+        status["output"] = dict(obs.output)
+    current = obs.current
+    # Terminal jobs keep their verdict after the Job is gone (ttlSecondsAfterFinished).
+    if current.get("phase") in TERMINAL_PHASES:
+        kept = {k: v for k, v in owned_part(current).items() if k != "conditions"}
+        return _finish(obs, {**kept, **status}, conds)
+    status["phase"] = "Pending"
+    if obs.checking:
+        conds["Running"] = _condition("Running", False, CHECKING_INPUTS, obs.checking, obs)
+        status["message"] = obs.checking
+    return _finish(obs, status, conds)
 
+
+def compute(obs: Observation) -> Outcome:
+    """The status the job should have now, and the Events its changes deserve."""
+    current = obs.current
+    conds: dict[str, dict[str, Any]] = {c["type"]: dict(c) for c in current.get("conditions") or [] if "type" in c}
+    status: dict[str, Any] = {"observedGeneration": obs.generation}
+    message: str | None = None
+    if obs.invalid is not None or obs.job is None:
+        return _without_job(obs, status, conds)
     conds["Validated"] = _condition("Validated", True, "Valid", "spec is valid", obs)
     if obs.output:
         status["output"] = dict(obs.output)
     job = obs.job
-    if job is None:
-        # Terminal jobs keep their verdict after the Job is gone (ttlSecondsAfterFinished).
-        if current.get("phase") in TERMINAL_PHASES:
-            kept = {k: v for k, v in owned_part(current).items() if k != "conditions"}
-            return _finish(obs, {**kept, **status}, conds)
-        status["phase"] = "Pending"
-        if obs.checking:
-            conds["Running"] = _condition("Running", False, CHECKING_INPUTS, obs.checking, obs)
-            status["message"] = obs.checking
-        return _finish(obs, status, conds)
-
     job_status = job.get("status") or {}
     failures = failed_attempts(job)
     start = job_status.get("startTime") or current.get("startTime")
@@ -376,17 +452,7 @@ def compute(obs: Observation) -> Outcome:
     suspended = bool((job.get("spec") or {}).get("suspend"))
     gang = several_nodes(obs.nodes)
     schedule = _gang_scheduling(obs.pods, obs.nodes) if gang else _scheduling(obs.pods)
-    running = any((p.get("status") or {}).get("phase") == "Running" for p in obs.pods if _terminated(p) is None)
-    gathering: str | None = None  # a gang not whole yet: its launchers wait, no trainer runs
-    if gang:
-        ready = gang_running(obs.pods)
-        status["nodes"] = {"ready": ready, "total": obs.nodes}
-        if running and ready < obs.nodes:
-            running = False
-            gathering = (
-                f"{ready} of {obs.nodes} pods running: their launchers wait at the rendezvous "
-                "and no trainer starts until every pod of the gang runs"
-            )
+    running, gathering = _trainer_running(obs, status, gang)
     # The trainer exited 0 and the Job controller has not marked the Job Complete yet (seconds,
     # more under load): still Running, not back to Pending and forward again.
     finishing = any((p.get("status") or {}).get("phase") == "Succeeded" for p in obs.pods)
@@ -432,37 +498,11 @@ def compute(obs: Observation) -> Outcome:
         if suspended:
             conds["Suspended"] = _condition("Suspended", True, "Preempted", message, obs)
     elif suspended:
-        phase = "Queued" if obs.queued and not obs.suspend_requested else "Suspended"
-        text = "waiting for the queue to admit the job" if phase == "Queued" else "suspended by spec.suspend"
-        if phase == "Queued":
-            # Kueue's own words: why the Workload waits (e.g. insufficient quota).
-            text = status["queue"].get("message") or text
-            message = text
-        conds["Suspended"] = _condition("Suspended", True, phase, text, obs)
-        conds["Running"] = _condition("Running", False, phase, text, obs)
+        phase, message = _suspended(obs, status, conds, message)
     else:
-        phase = "Running" if running or finishing else "Pending"
-        if phase == "Pending" and admission is not None and admission.admitted:
-            phase = "Admitted"
-        # A job that ran stays Running between attempts (a retry, or the moment between a
-        # trainer's last exit and the Job's verdict): the phase only moves forward, and the
-        # Running condition says that no trainer runs.
-        between = phase != "Running" and current.get("phase") == "Running"
-        if between:
-            phase = "Running"
-        if "Suspended" in conds:
-            conds["Suspended"] = _condition("Suspended", False, "Resumed", "resumed", obs)
-        if running:
-            conds["Running"] = _condition("Running", True, "TrainerRunning", "the trainer is running", obs)
-        elif finishing:
-            text = "the trainer finished; the Job is completing"
-            conds["Running"] = _condition("Running", True, TRAINER_FINISHED, text, obs)
-        elif gathering is not None and message is None:
-            conds["Running"] = _condition("Running", False, "WaitingForNodes", gathering, obs)
-        else:
-            waiting = "waiting to retry" if restarts else "waiting for the trainer pod"
-            reason = "Restarting" if between else "Pending"
-            conds["Running"] = _condition("Running", False, reason, message or waiting, obs)
+        phase = _active_phase(
+            obs, conds, admission, (running, finishing, gathering), message=message, restarts=restarts
+        )
     status["phase"] = phase
     if retried is not None and message is None and phase == "Running":
         # Said while the retry runs (a Pending job's message is the scheduler's: an Event each).
