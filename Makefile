@@ -52,11 +52,11 @@ lint: $(STAMP) ## ruff + `mypy --strict` on the operator, API and CLI
 	$(VENV)/bin/ruff format --check operator trainer_image tests hack bench
 	$(VENV)/bin/mypy --strict operator/finetune_api operator/finetune_plan operator/finetune_operator operator/finetune_cli
 
-crds: $(STAMP) ## regenerate `crds/`, the chart's CRD copy, the API reference and the CLI and Make tables of the README
+crds: $(STAMP) ## regenerate `crds/`, the chart's CRD copy, the API reference (docs/api.md) and the CLI and Make tables (docs/cli.md)
 	$(PY) -m finetune_api.generate
 	$(PY) -m finetune_cli.readme_tables
 
-crds-check: $(STAMP) ## fail when the committed CRDs or the README's generated blocks differ from the models, the CLI or the Makefile
+crds-check: $(STAMP) ## fail when the committed CRDs or the docs' generated blocks differ from the models, the CLI or the Makefile
 	$(PY) -m finetune_api.generate --check
 	$(PY) -m finetune_cli.readme_tables --check
 

@@ -18,7 +18,8 @@ TARGETS = (
 )
 
 
-README = ROOT / "README.md"
+# The API reference lives in the docs; the README links it.
+README = ROOT / "docs" / "api.md"
 
 
 def stale_targets(text: str) -> list[Path]:
@@ -48,7 +49,7 @@ def main() -> int:
         print(f"wrote {target.relative_to(ROOT)}")
     if readme_is_stale():
         README.write_text(replace_block(README.read_text()))
-        print("wrote README.md (API reference)")
+        print("wrote docs/api.md (API reference)")
     return 0
 
 

@@ -1,6 +1,6 @@
 """The README's API reference, generated from the same schema the CRD carries.
 
-`make crds` rewrites the block between the markers in README.md; a test fails when it is
+`make crds` rewrites the block between the markers in docs/api.md; a test fails when it is
 stale, so the documentation cannot drift from the models.
 """
 

@@ -9,7 +9,7 @@ TRAINER = REPO / "trainer_image" / "finetune_trainer"
 
 
 def _map_rows() -> list[str]:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "trainer.md").read_text()
     start = text.index("| module (`trainer_image/finetune_trainer/`) | what it holds |")
     rows = []
     for line in text[start:].splitlines()[2:]:

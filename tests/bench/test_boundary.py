@@ -3,13 +3,13 @@
 from pathlib import Path
 
 from bench import boundary
+from tests.support import docs
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 BENCH_README = Path(__file__).resolve().parents[2] / "bench" / "README.md"
 
 
 def test_every_committed_boundary_record_is_in_the_readme_as_rendered() -> None:
-    text = README.read_text()
+    text = docs.all_text()
     records = boundary.records()
     assert records, "no boundary record committed"
     for name, record in records.items():

@@ -1,14 +1,11 @@
 """The README's GPU table of model families comes from its committed record."""
 
-from pathlib import Path
-
 from bench import families
-
-README = Path(__file__).resolve().parents[2] / "README.md"
+from tests.support import docs
 
 
 def test_every_committed_families_record_is_in_the_readme_as_rendered() -> None:
-    text = README.read_text()
+    text = docs.all_text()
     records = families.records()
     assert records, "no families record committed"
     for name, record in records.items():

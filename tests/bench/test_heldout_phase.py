@@ -15,6 +15,7 @@ from bench.run import DEFAULT_PHASES, NO_PEAK_PHASES, PHASES, Bench, parse_args
 from finetune_api.trainer_config import TrainerConfig
 from finetune_trainer.hardware import Gpu, Hardware
 from finetune_trainer.launch_plan import decide
+from tests.support import docs
 
 GIB = 2**30
 
@@ -151,10 +152,10 @@ def test_the_host_memory_the_runs_measured_is_within_todays_plan() -> None:
 
 
 def test_the_readme_shows_the_records_table() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = docs.all_text()
     assert heldout.readme_table() in readme
 
 
 def test_the_readme_shows_todays_plan_against_the_same_runs() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = docs.all_text()
     assert heldout.replanned_table() in readme

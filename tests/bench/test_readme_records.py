@@ -17,9 +17,10 @@ import pytest
 
 from bench.table import HEADER, render
 from tests.reliability.test_operator_chaos import kill_modes
+from tests.support import docs
 
 REPO = Path(__file__).resolve().parents[2]
-README = (REPO / "README.md").read_text(encoding="utf-8")
+README = docs.all_text()  # README.md and docs/*.md
 BENCH_README = (REPO / "bench" / "README.md").read_text(encoding="utf-8")
 RESULTS = REPO / "bench" / "results"
 RELIABILITY = RESULTS / "reliability"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 COMMAND = "kubectl apply --server-side --force-conflicts -f charts/finetune-operator/crds/"
-PLACES = (REPO / "README.md", REPO / "charts" / "finetune-operator" / "templates" / "NOTES.txt")
+PLACES = (REPO / "docs" / "api.md", REPO / "charts" / "finetune-operator" / "templates" / "NOTES.txt")
 # Any kubectl line that applies or replaces CRDs, however it is spelled.
 CRD_COMMAND = re.compile(r"kubectl (?:apply|replace|create)\b[^\n`]*crds?\b[^\n`]*")
 

@@ -11,7 +11,8 @@ import pytest
 from finetune_operator.builders import rbac
 from tests.chart.test_install import CRD_FILE, RESTRICTED, Kube
 from tests.fixtures.cluster import Cluster
-from tests.support.helm import REPO, by_kind, render
+from tests.support import docs
+from tests.support.helm import by_kind, render
 
 pytestmark = pytest.mark.cluster
 
@@ -79,7 +80,7 @@ def test_view_may_only_read_finetunejobs(team: tuple[Kube, str]) -> None:
 
 
 def _readme_cleanup_command() -> list[str]:
-    readme = (REPO / "README.md").read_text()
+    readme = docs.all_text()
     (line,) = [x for x in readme.splitlines() if x.startswith("kubectl delete serviceaccount,role,rolebinding -A")]
     return line.split()[1:]
 
@@ -101,7 +102,7 @@ def test_the_readme_command_removes_the_trainer_identity_helm_leaves(team: tuple
 
 def test_the_readme_gpu_quota_refuses_a_pod_beyond_it(team: tuple[Kube, str]) -> None:
     kubectl, namespace = team
-    readme = (REPO / "README.md").read_text()
+    readme = docs.all_text()
     (line,) = [x.strip() for x in readme.splitlines() if x.strip().startswith("kubectl create quota gpus -n team-a")]
     kubectl.run(*[namespace if a == "team-a" else a for a in line.split()[1:]])
 

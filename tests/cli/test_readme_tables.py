@@ -9,7 +9,7 @@ import pytest
 from finetune_cli import readme_tables
 from finetune_cli.main import build_parser
 
-REGENERATE = "run `make crds` (python -m finetune_cli.readme_tables) and commit README.md"
+REGENERATE = "run `make crds` (python -m finetune_cli.readme_tables) and commit docs/cli.md"
 
 
 def _committed() -> str:
