@@ -200,6 +200,13 @@ def layout_of(launch: Any) -> tuple[Any, ...]:
     )
 
 
+def laid_out_as_ran(plan: Any, row: dict[str, Any]) -> bool:
+    """Whether today's plan keeps, recomputes and offloads the layers as a recorded run did (the
+    trainer's own count): otherwise the run measured another layout than the plan's."""
+    layers = plan.layers
+    return [layers.kept, layers.recomputed, layers.offloaded] == row["trainerLayers"]
+
+
 def plan_row(label: str, launch: Any) -> dict[str, Any]:
     plan = launch.plan
     s = plan.summary
@@ -382,10 +389,10 @@ def replanned_table(records: list[dict[str, Any]] | None = None) -> str:
             ckpt, offload = settings[row["run"]]
             plan = planned(by_name[point["point"]], ckpt, offload, 5, point.get("gpu") or "NVIDIA H200").plan
             s = plan.summary
-            layout = [s["kept_layers"], s["recomputed_layers"], s["offloaded_layers"]]
             ran = " / ".join(str(n) for n in row["trainerLayers"])
-            if layout != row["trainerLayers"]:
-                lines.append(f"| {point['point']} | {row['run']} | {ran} | today: {' / '.join(map(str, layout))} | |")
+            if not laid_out_as_ran(plan, row):
+                today = f"{plan.layers.kept} / {plan.layers.recomputed} / {plan.layers.offloaded}"
+                lines.append(f"| {point['point']} | {row['run']} | {ran} | today: {today} | |")
                 continue
             tok, peak = row["tokPerS"], row["measuredPeakGiB"]
             speed_now = round(tok / s["tokens_per_second"], 3)

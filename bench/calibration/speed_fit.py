@@ -53,10 +53,9 @@ def runs() -> Iterator[Run]:
                 if row.get("tokPerS") and not row.get("sameAs"):
                     ckpt, offload = settings[row["run"]]
                     launch = heldout.planned(points[point["point"]], ckpt, offload, record["steps"], record["gpu"])
-                    s = launch.plan.summary
                     # A run laid out otherwise than today's plan lays it out (the plan changed since)
                     # measured another layout: it cannot judge this one.
-                    if [s["kept_layers"], s["recomputed_layers"], s["offloaded_layers"]] == row["trainerLayers"]:
+                    if heldout.laid_out_as_ran(launch.plan, row):
                         yield Run(f"{point['point']}/{row['run']}", launch.plan, row["tokPerS"])
     for name in BOUNDARY_RECORDS:
         record = json.loads((RESULTS / name).read_text())

@@ -307,13 +307,16 @@ def _trainer_network(name: str, raw: str) -> TrainerNetwork | None:
     return TrainerNetwork(egress=egress, hub_egress=hub, peer_ports=_rules(name, "peerPorts", value.get("peerPorts")))
 
 
-def _seconds(name: str, raw: str) -> float:
+def _seconds(name: str, raw: str, *, within: tuple[float, float] | None = None) -> float:
+    """Seconds, positive, or within `within` (both ends included) where given."""
     try:
         value = float(raw)
     except ValueError:
         raise SettingsError(f"{name}: expected seconds, got {raw!r}") from None
-    if value <= 0:
+    if within is None and value <= 0:
         raise SettingsError(f"{name}: must be positive")
+    if within is not None and not within[0] <= value <= within[1]:
+        raise SettingsError(f"{name}: expected {within[0]:g} to {within[1]:g} seconds")
     return value
 
 
@@ -346,19 +349,9 @@ def _timing(env: Mapping[str, str]) -> dict[str, Any]:
     """The resync period (positive seconds) and the status coalescing window (0 to 300 s)."""
     updates: dict[str, Any] = {}
     if v := env.get(ENV_RESYNC_SECONDS):
-        try:
-            updates["resync_seconds"] = float(v)
-        except ValueError:
-            raise SettingsError(f"{ENV_RESYNC_SECONDS}: expected seconds, got {v!r}") from None
-        if updates["resync_seconds"] <= 0:
-            raise SettingsError(f"{ENV_RESYNC_SECONDS}: must be positive")
+        updates["resync_seconds"] = _seconds(ENV_RESYNC_SECONDS, v)
     if v := env.get(ENV_STATUS_COALESCE):
-        try:
-            updates["status_coalesce_seconds"] = float(v)
-        except ValueError:
-            raise SettingsError(f"{ENV_STATUS_COALESCE}: expected seconds, got {v!r}") from None
-        if not 0 <= updates["status_coalesce_seconds"] <= 300:
-            raise SettingsError(f"{ENV_STATUS_COALESCE}: expected 0 to 300 seconds")
+        updates["status_coalesce_seconds"] = _seconds(ENV_STATUS_COALESCE, v, within=(0, 300))
     return updates
 
 

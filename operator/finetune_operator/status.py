@@ -403,21 +403,27 @@ def _active_phase(
     return phase
 
 
-def _without_job(obs: Observation, status: dict[str, Any], conds: dict[str, dict[str, Any]]) -> Outcome:
-    """The status before a Job exists or after it is gone: a refused spec (or a job the cluster
-    cannot schedule) ends Failed; a terminal job keeps its verdict; else Pending, its inputs
-    perhaps being checked."""
-    if obs.invalid is not None:
-        if obs.invalid_reason == UNSCHEDULABLE:  # the cluster's doing, not the spec's
-            conds["Validated"] = _condition("Validated", True, "Valid", "spec is valid", obs)
-        else:
-            conds["Validated"] = _condition("Validated", False, obs.invalid_reason, obs.invalid, obs)
-        conds["Failed"] = _condition("Failed", True, obs.invalid_reason, obs.invalid, obs)
-        status.update(phase="Failed", message=obs.invalid)
-        return _finish(obs, status, conds)
+def _refused(obs: Observation, status: dict[str, Any], conds: dict[str, dict[str, Any]]) -> Outcome:
+    """A refused spec, or a job the cluster cannot schedule (valid, but it ends Failed too)."""
+    assert obs.invalid is not None
+    if obs.invalid_reason == UNSCHEDULABLE:  # the cluster's doing, not the spec's
+        conds["Validated"] = _condition("Validated", True, "Valid", "spec is valid", obs)
+    else:
+        conds["Validated"] = _condition("Validated", False, obs.invalid_reason, obs.invalid, obs)
+    conds["Failed"] = _condition("Failed", True, obs.invalid_reason, obs.invalid, obs)
+    status.update(phase="Failed", message=obs.invalid)
+    return _finish(obs, status, conds)
+
+
+def _valid(obs: Observation, status: dict[str, Any], conds: dict[str, dict[str, Any]]) -> None:
     conds["Validated"] = _condition("Validated", True, "Valid", "spec is valid", obs)
     if obs.output:
         status["output"] = dict(obs.output)
+
+
+def _without_job(obs: Observation, status: dict[str, Any], conds: dict[str, dict[str, Any]]) -> Outcome:
+    """The status before a Job exists or after it is gone: a terminal job keeps its verdict, any
+    other is Pending, its inputs perhaps being checked."""
     current = obs.current
     # Terminal jobs keep their verdict after the Job is gone (ttlSecondsAfterFinished).
     if current.get("phase") in TERMINAL_PHASES:
@@ -436,12 +442,11 @@ def compute(obs: Observation) -> Outcome:
     conds: dict[str, dict[str, Any]] = {c["type"]: dict(c) for c in current.get("conditions") or [] if "type" in c}
     status: dict[str, Any] = {"observedGeneration": obs.generation}
     message: str | None = None
-    if obs.invalid is not None or obs.job is None:
+    if obs.invalid is not None:
+        return _refused(obs, status, conds)
+    _valid(obs, status, conds)
+    if (job := obs.job) is None:
         return _without_job(obs, status, conds)
-    conds["Validated"] = _condition("Validated", True, "Valid", "spec is valid", obs)
-    if obs.output:
-        status["output"] = dict(obs.output)
-    job = obs.job
     job_status = job.get("status") or {}
     failures = failed_attempts(job)
     start = job_status.get("startTime") or current.get("startTime")

@@ -66,11 +66,6 @@ class ActivationAsk:
         return self.checkpointing is True
 
     @property
-    def sizes_kept(self) -> bool:
-        """`auto`: the plan keeps as many layers' activations as the memory holds."""
-        return self.checkpointing == "auto"
-
-    @property
     def offloads(self) -> bool:
         """Every layer not kept offloads (`true`)."""
         return self.offload is True

@@ -118,21 +118,15 @@ def adapter_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct, *, b
     if not adapted:
         return 0.0
     drop = 1.0 if recipe.lora_dropout else 0.0
-    forward = sum(
-        cal.ADAPTER_FORWARD_IN_FLOATS * fan_in
-        + cal.ADAPTER_FORWARD_OUT_FLOATS * fan_out
-        + cal.ADAPTER_FORWARD_DROPOUT_FLOATS * drop * fan_in
-        for fan_in, fan_out in adapted
-    )
+
+    def floats(per_in: float, per_out: float, per_dropped: float) -> float:
+        return sum(per_in * fan_in + per_out * fan_out + per_dropped * drop * fan_in for fan_in, fan_out in adapted)
+
+    forward = floats(cal.ADAPTER_FORWARD_IN_FLOATS, cal.ADAPTER_FORWARD_OUT_FLOATS, cal.ADAPTER_FORWARD_DROPOUT_FLOATS)
     per_float = recipe.tokens * recipe.compute_bytes / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
     if not backward:
         return forward * per_float
-    back = sum(
-        cal.ADAPTER_BACKWARD_IN_FLOATS * fan_in
-        + cal.ADAPTER_BACKWARD_OUT_FLOATS * fan_out
-        + cal.ADAPTER_BACKWARD_DROPOUT_FLOATS * drop * fan_in
-        for fan_in, fan_out in adapted
-    )
+    back = floats(cal.ADAPTER_BACKWARD_IN_FLOATS, cal.ADAPTER_BACKWARD_OUT_FLOATS, cal.ADAPTER_BACKWARD_DROPOUT_FLOATS)
     forwards = shape.layers + recomputed_layers(shape, recipe)
     return (forwards * forward + shape.layers * back) * per_float
 

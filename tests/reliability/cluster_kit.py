@@ -111,38 +111,35 @@ def floor_identity(api: client.ApiClient, admin_kubeconfig: Path, folder: Path) 
 # --- counting an identity's API requests: API Priority and Fairness does it per FlowSchema ---
 
 
-def count_requests_of(api: client.ApiClient, account: str) -> str:
-    """A FlowSchema that matches only this ServiceAccount; returns its name for `dispatched()`."""
-    name = f"reliability-count-{account}"
+def _flow_schema(api: client.ApiClient, name: str, account: str, precedence: int, verbs: Any, groups: Any) -> str:
+    """A FlowSchema matching this ServiceAccount's requests of `verbs` on `groups` (with `["*"]`
+    verbs, its non-resource requests too: every request); returns its name for `dispatched()`."""
+    rule: dict[str, Any] = {
+        "subjects": [{"kind": "ServiceAccount", "serviceAccount": {"name": account, "namespace": IDENTITY_NAMESPACE}}],
+        "resourceRules": [
+            {"verbs": verbs, "apiGroups": groups, "resources": ["*"], "clusterScope": True, "namespaces": ["*"]}
+        ],
+    }
+    if verbs == ["*"]:
+        rule["nonResourceRules"] = [{"verbs": ["*"], "nonResourceURLs": ["*"]}]
     body = {
         "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
         "kind": "FlowSchema",
         "metadata": {"name": name},
         "spec": {
             "priorityLevelConfiguration": {"name": "workload-high"},
-            "matchingPrecedence": 500,
+            "matchingPrecedence": precedence,
             "distinguisherMethod": {"type": "ByUser"},
-            "rules": [
-                {
-                    "subjects": [
-                        {"kind": "ServiceAccount", "serviceAccount": {"name": account, "namespace": IDENTITY_NAMESPACE}}
-                    ],
-                    "resourceRules": [
-                        {
-                            "verbs": ["*"],
-                            "apiGroups": ["*"],
-                            "resources": ["*"],
-                            "clusterScope": True,
-                            "namespaces": ["*"],
-                        }
-                    ],
-                    "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-                }
-            ],
+            "rules": [rule],
         },
     }
     _ignore_conflict(client.FlowcontrolApiserverV1Api(api).create_flow_schema, body)
     return name
+
+
+def count_requests_of(api: client.ApiClient, account: str) -> str:
+    """A FlowSchema that matches only this ServiceAccount; returns its name for `dispatched()`."""
+    return _flow_schema(api, f"reliability-count-{account}", account, 500, ["*"], ["*"])
 
 
 # What the operator writes, by API group: every write it makes but its Lease's.
@@ -153,35 +150,7 @@ WRITE_VERBS = ["create", "update", "patch", "delete", "deletecollection"]
 def count_writes_of(api: client.ApiClient, account: str) -> str:
     """A FlowSchema that matches this ServiceAccount's writes of anything but a Lease, ahead of
     `count_requests_of`'s (a request counts in the first schema it matches); its name."""
-    name = f"reliability-writes-{account}"
-    body = {
-        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-        "kind": "FlowSchema",
-        "metadata": {"name": name},
-        "spec": {
-            "priorityLevelConfiguration": {"name": "workload-high"},
-            "matchingPrecedence": 400,
-            "distinguisherMethod": {"type": "ByUser"},
-            "rules": [
-                {
-                    "subjects": [
-                        {"kind": "ServiceAccount", "serviceAccount": {"name": account, "namespace": IDENTITY_NAMESPACE}}
-                    ],
-                    "resourceRules": [
-                        {
-                            "verbs": WRITE_VERBS,
-                            "apiGroups": WRITE_GROUPS,
-                            "resources": ["*"],
-                            "clusterScope": True,
-                            "namespaces": ["*"],
-                        }
-                    ],
-                }
-            ],
-        },
-    }
-    _ignore_conflict(client.FlowcontrolApiserverV1Api(api).create_flow_schema, body)
-    return name
+    return _flow_schema(api, f"reliability-writes-{account}", account, 400, WRITE_VERBS, WRITE_GROUPS)
 
 
 def apiserver_metrics(api: client.ApiClient) -> str:

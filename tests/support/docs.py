@@ -9,11 +9,6 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 
 
-def page(name: str) -> Path:
-    """docs/<name>."""
-    return DOCS / name
-
-
 def all_text() -> str:
     pages = [README, *sorted(DOCS.glob("*.md"))]
     return "\n".join(p.read_text(encoding="utf-8") for p in pages)
