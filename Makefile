@@ -12,16 +12,18 @@ export PYTHONUNBUFFERED := 1
 # torch's CUDA flavour: the image takes torch from the cu118 index, CI from the default index).
 PINS := trainer_image/requirements.txt operator/requirements.txt tests/requirements.txt
 STAMP := $(VENV)/.installed
+# The product's layers, bottom up: each folder is a project of its own (its pyproject.toml).
+LAYERS := api planner operator cli trainer_image
 
 .PHONY: help dev llama-cpp test test-gpu test-fast lint crds crds-check cluster-up cluster-down demo bench soak images-lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml $(PINS)
+$(STAMP): pyproject.toml $(LAYERS:%=%/pyproject.toml) $(PINS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade 'pip>=24'
-	$(PY) -m pip install -q $(addprefix -c ,$(PINS)) -e '.[operator,trainer,cli,dev]'
+	$(PY) -m pip install -q $(addprefix -c ,$(PINS)) $(addprefix -e ./,$(LAYERS)) -e '.[dev]'
 	touch $@
 
 dev: $(STAMP) ## create `.venv` with everything the tests need (from nothing)
@@ -48,9 +50,9 @@ test-fast: $(STAMP) ## the fast tier: no control plane, no trainer, torch never 
 	$(PY) -m pytest -m fast -n 2 $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff + `mypy --strict` on the operator, API and CLI
-	$(VENV)/bin/ruff check operator trainer_image tests hack bench
-	$(VENV)/bin/ruff format --check operator trainer_image tests hack bench
-	$(VENV)/bin/mypy --strict operator/finetune_api operator/finetune_plan operator/finetune_operator operator/finetune_cli
+	$(VENV)/bin/ruff check $(LAYERS) tests hack bench
+	$(VENV)/bin/ruff format --check $(LAYERS) tests hack bench
+	$(VENV)/bin/mypy --strict api/finetune_api planner/finetune_plan operator/finetune_operator cli/finetune_cli
 
 crds: $(STAMP) ## regenerate `crds/`, the chart's CRD copy, the API reference (docs/api.md) and the CLI and Make tables (docs/cli.md)
 	$(PY) -m finetune_api.generate

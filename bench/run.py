@@ -52,6 +52,7 @@ from typing import Any
 from bench.flops import Shape
 from bench.plan_phases import PlanPhases
 from bench.report import compare_record, environment_versions, gpu_slug
+from bench.source_roots import on_path
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = (
@@ -122,7 +123,7 @@ class Bench(PlanPhases):
         args.results.mkdir(parents=True, exist_ok=True)
         self.date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
         self.env = dict(os.environ)
-        paths = [str(REPO / "trainer_image"), str(REPO / "operator"), str(REPO)]
+        paths = on_path()
         # This process plans too (the boundary phase): the API and the planner from the checkout.
         sys.path[:0] = [p for p in paths if p not in sys.path]
         self.env["PYTHONPATH"] = os.pathsep.join([*paths, self.env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

@@ -1,7 +1,7 @@
 """Fit the planner's speed constants to bench/calibration/measurements.json and report how
 well the memory model matches; prints the lines to put into planning/calibration.py.
 
-    PYTHONPATH=operator:trainer_image python -m bench.calibration.fit
+    PYTHONPATH=api:planner:trainer_image python -m bench.calibration.fit
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+from bench.source_roots import on_path
+
 # (in_features, out_features): Llama-3-8B's q/o and k/v, its MLP in and out; 13B's MLP.
 SHAPES = ((4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096), (5120, 13824), (13824, 5120))
 RANKS = (8, 64)
@@ -157,7 +159,7 @@ def fit(record: dict[str, Any]) -> dict[str, float]:
     change inside a sub-millisecond difference) is left out of the second."""
     import numpy as np
 
-    sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "operator")]
+    sys.path[:0] = [p for p in on_path() if p not in sys.path]
     from finetune_plan import calibration as cal
     from finetune_plan.gpu_products import lookup
 

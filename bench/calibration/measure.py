@@ -10,7 +10,7 @@ GPU by GPU on the recorded split. Every grid point runs in its own process: in o
 2-GPU run kept the previous run's lm_head alive on GPU 1. The JSON is rewritten after every
 run, so a run cut short still leaves its results.
 
-    PYTHONPATH=operator:trainer_image python bench/calibration/measure.py --out bench/calibration/measurements.json
+    PYTHONPATH=api:planner:trainer_image python bench/calibration/measure.py --out bench/calibration/measurements.json
 
 Then `python -m bench.calibration.fit` prints the planner constants that fit the measurements.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "trainer_image")]
+sys.path[:0] = [str(ROOT / "api"), str(ROOT / "planner"), str(ROOT / "trainer_image")]
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 

@@ -385,7 +385,7 @@ def build_record() -> dict[str, Any]:
     points = all_points()
     rows = report(points)
     return {
-        "command": "PYTHONPATH=operator:trainer_image:. python -m bench.calibration.memory_fit --write",
+        "command": "PYTHONPATH=api:planner:trainer_image:. python -m bench.calibration.memory_fit --write",
         "measured": "torch.cuda.max_memory_allocated per GPU; planned: the plan's allocated part",
         "parts": parts_rows(),
         "wholeRunLimitPct": WHOLE_RUN_LIMIT_PCT,

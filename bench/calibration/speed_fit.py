@@ -14,7 +14,7 @@ a fixed cost per decoder-layer pass and one per optimizer step, and what offload
 hide. Least squares on the relative error fits the matmuls' share, the cost per layer pass, the
 cost per step and deviceMap's hand-over between GPUs; the rest stays as measured apart.
 
-    PYTHONPATH=operator:trainer_image:. python -m bench.calibration.speed_fit
+    PYTHONPATH=api:planner:trainer_image:. python -m bench.calibration.speed_fit
 """
 
 from __future__ import annotations

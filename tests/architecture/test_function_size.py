@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.layers import SOURCE_ROOTS
+
 REPO = Path(__file__).resolve().parents[2]
-ROOTS = (REPO / "operator", REPO / "trainer_image", REPO / "bench", REPO / "hack")
+ROOTS = (*SOURCE_ROOTS, REPO / "bench", REPO / "hack")
 MAX_LINES = 80
 MAX_CLASS_LINES = 400
 

@@ -11,10 +11,12 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support.layers import PACKAGES
+
 REPO = Path(__file__).resolve().parents[2]
-TRAINER = REPO / "trainer_image" / "finetune_trainer"
-PRODUCT = [REPO / "operator", TRAINER]
-RESOLVER = REPO / "operator" / "finetune_plan" / "recompute.py"
+TRAINER = PACKAGES["finetune_trainer"]
+PRODUCT = list(PACKAGES.values())
+RESOLVER = PACKAGES["finetune_plan"] / "recompute.py"
 ASKED_FIELDS = {"gradient_checkpointing", "activation_offload"}
 
 

@@ -15,13 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.layers import PACKAGES
+
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = {
-    "finetune_api": REPO / "operator" / "finetune_api",
-    "finetune_plan": REPO / "operator" / "finetune_plan",
-    "finetune_operator": REPO / "operator" / "finetune_operator",
-    "finetune_cli": REPO / "operator" / "finetune_cli",
-    "finetune_trainer": REPO / "trainer_image" / "finetune_trainer",
+    **PACKAGES,
     "bench": REPO / "bench",
     "hack": REPO / "hack",
     "tests": REPO / "tests",

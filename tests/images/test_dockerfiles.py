@@ -15,11 +15,14 @@ import yaml
 
 from tests.support.ci import in_ci
 from tests.support.helm import CHART, REPO
+from tests.support.layers import PACKAGES, closure
 
 OPERATOR = REPO / "operator" / "Dockerfile"
 TRAINER = REPO / "trainer_image" / "Dockerfile"
 DOCKERFILES = [OPERATOR, TRAINER]
 IDS = ["operator", "trainer"]
+# The package each image runs: it installs that package's layer and every layer under it.
+RUNS = {"operator": "finetune_operator", "trainer": "finetune_trainer"}
 
 
 def _hadolint() -> str:
@@ -84,6 +87,28 @@ def test_copied_sources_exist_and_user_is_not_root(dockerfile: Path) -> None:
     assert users, f"{dockerfile.name}: no USER (the image would run as root)"
     uid = users[-1].split(":")[0]
     assert uid.isdigit() and int(uid) != 0, f"{dockerfile.name}: USER {users[-1]} must be a numeric non-root id"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
+def test_images_install_their_layers_as_projects(dockerfile: Path) -> None:
+    """Each image copies whole layer folders and installs them with pip (their pyproject.toml):
+    the layer of what it runs and the layers under it, no other, and no package copied by hand."""
+    name = IDS[DOCKERFILES.index(dockerfile)]
+    wanted = {PACKAGES[package].parent.relative_to(REPO).as_posix() for package in closure(RUNS[name])}
+    copied: dict[str, str] = {}
+    for word, rest in _instructions(dockerfile):
+        if word == "COPY" and "--from=" not in rest:
+            *sources, dest = [p for p in rest.split() if not p.startswith("--")]
+            for source in sources:
+                assert "finetune_" not in source, f"{dockerfile.name}: COPY {source}: a package copied by hand"
+                if (REPO / source / "pyproject.toml").is_file():
+                    copied[source.rstrip("/")] = dest.rstrip("/")
+    assert set(copied) == wanted, f"{dockerfile.name}: copies the layers {sorted(copied)}, runs on {sorted(wanted)}"
+    installs = [rest for word, rest in _instructions(dockerfile) if word == "RUN" and "pip install" in rest]
+    for layer, dest in copied.items():
+        assert any(re.search(rf"pip install [^&]*--no-deps[^&]* {re.escape(dest)}(\s|$)", run) for run in installs), (
+            f"{dockerfile.name}: {layer} is copied to {dest} but no `pip install --no-deps` installs it"
+        )
 
 
 def _user_id(dockerfile: Path) -> int:

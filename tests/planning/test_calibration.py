@@ -25,7 +25,7 @@ RECORD = load()
 RUNS: list[Any] = list(RECORD["runs"]) if RECORD else [None]
 NOT_MEASURED = (
     f"{MEASUREMENTS.relative_to(MEASUREMENTS.parents[2])} is not recorded yet: run "
-    "`PYTHONPATH=operator:trainer_image python bench/calibration/measure.py` on a GPU machine and commit its output"
+    "`PYTHONPATH=api:planner:trainer_image python bench/calibration/measure.py` on a GPU machine and commit its output"
 )
 
 

@@ -5,9 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.layers import SOURCE_ROOTS
+
 REPO = Path(__file__).resolve().parents[2]
 # Works with the editable install and with a bare checkout alike.
-PYTHONPATH = os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer_image")])
+PYTHONPATH = os.pathsep.join(str(root) for root in SOURCE_ROOTS)
 
 
 def ftjob(*args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None):

@@ -24,9 +24,11 @@ from pathlib import Path
 
 from _pytest.mark.expression import Expression
 
+from tests.support.layers import SOURCE_ROOTS as LAYER_ROOTS
+
 REPO = Path(__file__).resolve().parents[2]
-# Where the project's modules live (the same folders pyproject puts on the path).
-SOURCE_ROOTS = (REPO, REPO / "operator", REPO / "trainer_image")
+# Where the project's modules live: the root (tests, bench, hack) and each layer's folder.
+SOURCE_ROOTS = (REPO, *LAYER_ROOTS)
 # Third-party packages that make a module a trainer-tier module: each pulls in torch, or is
 # llama.cpp's compiled bindings (`safetensors` alone is light; its torch half is not).
 HEAVY = frozenset(

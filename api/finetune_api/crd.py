@@ -263,5 +263,5 @@ def crd() -> Schema:
 def render_yaml() -> str:
     import yaml
 
-    header = "# Generated from operator/finetune_api by `make crds`. Do not edit by hand.\n"
+    header = "# Generated from api/finetune_api by `make crds`. Do not edit by hand.\n"
     return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
