@@ -38,6 +38,8 @@ from .gpus import (
 )
 from .modes import Parallelism
 from .multinode import several_nodes
+from .optimizers import DEFAULT as DEFAULT_OPTIMIZER
+from .optimizers import OPTIMIZERS
 
 
 def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
@@ -220,7 +222,8 @@ class QuantizationSpec(ApiModel):
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 LrScheduler = Literal["cosine", "linear", "constant", "constant_with_warmup", "cosine_with_min_lr", "polynomial"]
-Optimizer = Literal["paged_adamw_8bit", "paged_adamw_32bit", "adamw_8bit", "adamw_torch", "adafactor", "sgd"]
+# One of the optimizer registry's names (finetune_api.optimizers).
+OptimizerName = Annotated[str, OPTIMIZERS.choice()]
 BOTH_LENGTHS = "set either epochs or maxSteps, not both"
 # Samples per optimizer step: the product of these (processes per pod: one per GPU, deviceMap one,
 # on the CPU resources.processes). Changing any of them changes the optimisation.
@@ -288,7 +291,7 @@ class TrainingSpec(ApiModel):
         "(`ftjob plan` says why). Unless false, where the GPUs need the room, the recomputing layers' inputs "
         "wait in host memory too. The pod's host memory counts the pinned bytes.",
     )
-    optimizer: Optimizer = Field(default="paged_adamw_8bit", description="Optimizer.")
+    optimizer: OptimizerName = Field(default=DEFAULT_OPTIMIZER, description="Optimizer.")
     parallelism: Parallelism = Field(
         default="auto",
         description="How the pod's GPUs share the work: dataParallel = a whole NF4 copy per GPU with LoRA "

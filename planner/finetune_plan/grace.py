@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .memory import FP32, OPTIMIZER_BYTES
+from .memory import FP32, optimizer_bytes
 from .plan import Plan
 
 # Stated write speed of the checkpoint volume: a network-attached PV's sustained write. A local
@@ -45,7 +45,7 @@ class Grace:
 
 def checkpoint_bytes(adapter_params: int, optimizer: str) -> int:
     """Adapter weights and summed gradients in FP32, plus the optimizer's state."""
-    return int(adapter_params * (2 * FP32 + OPTIMIZER_BYTES.get(optimizer, 2 * FP32)))
+    return int(adapter_params * (2 * FP32 + optimizer_bytes(optimizer)))
 
 
 def grace_seconds(micro_batch_s: float, write_bytes: int) -> Grace:

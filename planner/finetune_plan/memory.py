@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from finetune_api.optimizers import OPTIMIZERS
+
 from . import calibration as cal
 from .gpu_products import GpuProduct
 from .model_shape import ATTENTION_MODULES, ModelShape
@@ -26,16 +28,10 @@ Attention = Literal["materialised", "memory_efficient"]
 NF4_BLOCK: Final = 64
 DOUBLE_QUANT_BLOCK: Final = 256
 
-# Optimizer state bytes per trainable parameter (8-bit AdamW: two 1-byte states plus one FP32
-# absmax per 256-value block for each).
-OPTIMIZER_BYTES: Final = {
-    "paged_adamw_8bit": 2 + 2 * FP32 / 256,
-    "adamw_8bit": 2 + 2 * FP32 / 256,
-    "paged_adamw_32bit": 2 * FP32,
-    "adamw_torch": 2 * FP32,
-    "adafactor": 0.5,
-    "sgd": 0.0,
-}
+
+def optimizer_bytes(name: str) -> float:
+    """Optimizer state bytes per trainable parameter: the optimizer registry's figure."""
+    return OPTIMIZERS.get(name).state_bytes_per_param
 
 
 @dataclass(frozen=True)
@@ -163,7 +159,7 @@ def norm_bytes_per_layer(shape: ModelShape) -> float:
 def lora_state_bytes_per_layer(shape: ModelShape, recipe: Recipe) -> float:
     """Adapter weights and gradients in FP32 plus optimizer state."""
     params = shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets)
-    return params * (2 * FP32 + OPTIMIZER_BYTES.get(recipe.optimizer, 2 * FP32))
+    return params * (2 * FP32 + optimizer_bytes(recipe.optimizer))
 
 
 def checkpoint_bytes_per_layer(shape: ModelShape, recipe: Recipe) -> float:

@@ -1,4 +1,5 @@
-"""The adapter's optimizer and learning-rate schedule, by the spec's names.
+"""The adapter's optimizer and learning-rate schedule, by the spec's names: the optimizer from its
+registry entry (finetune_api.optimizers), whose factory is one of the functions below.
 
 The names are Hugging Face's `optim` values, so a spec reads the same as a TrainingArguments
 user expects; the 8-bit and paged ones are bitsandbytes' (8-bit state needs sm_60+, which a
@@ -13,6 +14,8 @@ from typing import Any
 
 import torch
 
+from finetune_api.optimizers import OPTIMIZERS
+from finetune_api.registry import load
 from finetune_api.spec import TrainingSpec
 
 ADAM_BETAS = (0.9, 0.999)
@@ -22,32 +25,57 @@ MIN_LR_RATE = 0.1
 
 
 def make_optimizer(training: TrainingSpec, params: Sequence[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    name, lr, decay = training.optimizer, training.learning_rate, training.weight_decay
-    groups: Any = [{"params": list(params)}]
-    if name in ("paged_adamw_8bit", "paged_adamw_32bit", "adamw_8bit"):
-        from bitsandbytes.optim.adamw import AdamW8bit, PagedAdamW8bit, PagedAdamW32bit
+    """The optimizer `training.optimizer` names, by its registry entry's factory."""
+    factory = load(OPTIMIZERS.get(training.optimizer).factory)
+    optimizer: torch.optim.Optimizer = factory(training, [{"params": list(params)}])
+    return optimizer
 
-        kinds: dict[str, Any] = {
-            "paged_adamw_8bit": PagedAdamW8bit,
-            "paged_adamw_32bit": PagedAdamW32bit,
-            "adamw_8bit": AdamW8bit,
-        }
-        optimizer: torch.optim.Optimizer = kinds[name](
-            groups, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=decay
-        )
-        return optimizer
-    if name == "adamw_torch":
-        return torch.optim.AdamW(groups, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=decay)
-    if name == "adafactor":
-        from transformers.optimization import Adafactor
 
-        adafactor: torch.optim.Optimizer = Adafactor(  # type: ignore[no-untyped-call]
-            groups, lr=lr, weight_decay=decay, scale_parameter=False, relative_step=False, warmup_init=False
-        )
-        return adafactor
-    if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, weight_decay=decay)
-    raise ValueError(f"spec.training.optimizer: unknown optimizer {name!r}")
+# The factories the built-in entries name (finetune_api.optimizers): (training, groups) -> optimizer.
+
+
+def _bitsandbytes(kind: str, training: TrainingSpec, groups: Any) -> torch.optim.Optimizer:
+    from bitsandbytes.optim import adamw
+
+    optimizer: torch.optim.Optimizer = getattr(adamw, kind)(
+        groups, lr=training.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=training.weight_decay
+    )
+    return optimizer
+
+
+def paged_adamw_8bit(training: TrainingSpec, groups: Any) -> torch.optim.Optimizer:
+    return _bitsandbytes("PagedAdamW8bit", training, groups)
+
+
+def paged_adamw_32bit(training: TrainingSpec, groups: Any) -> torch.optim.Optimizer:
+    return _bitsandbytes("PagedAdamW32bit", training, groups)
+
+
+def adamw_8bit(training: TrainingSpec, groups: Any) -> torch.optim.Optimizer:
+    return _bitsandbytes("AdamW8bit", training, groups)
+
+
+def adamw_torch(training: TrainingSpec, groups: Any) -> torch.optim.Optimizer:
+    lr, decay = training.learning_rate, training.weight_decay
+    return torch.optim.AdamW(groups, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=decay)
+
+
+def adafactor(training: TrainingSpec, groups: Any) -> torch.optim.Optimizer:
+    from transformers.optimization import Adafactor
+
+    optimizer: torch.optim.Optimizer = Adafactor(  # type: ignore[no-untyped-call]
+        groups,
+        lr=training.learning_rate,
+        weight_decay=training.weight_decay,
+        scale_parameter=False,
+        relative_step=False,
+        warmup_init=False,
+    )
+    return optimizer
+
+
+def sgd(training: TrainingSpec, groups: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=training.learning_rate, weight_decay=training.weight_decay)
 
 
 def warmup_steps(training: TrainingSpec, total_steps: int) -> int:
