@@ -99,9 +99,9 @@ class Registry(Generic[E]):
             known = ", ".join(self.names())
             raise KeyError(f"{self.field_path}: unknown {self.kind} {name!r} (known: {known})") from None
 
-    def choice(self) -> Choice:
+    def choice(self, describe: Callable[[], str] | None = None) -> Choice:
         """Annotation metadata for a `str` field that names an entry of this registry."""
-        return Choice(self.names, self.kind)
+        return Choice(self.names, self.kind, describe)
 
 
 def _expected(names: tuple[str, ...]) -> str:
@@ -116,6 +116,8 @@ class Choice:
 
     names: Callable[[], tuple[str, ...]]
     kind: str
+    # The field's description, made when the schema is (the entries it lists may have grown).
+    describe: Callable[[], str] | None = None
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Callable[[Any], core_schema.CoreSchema]) -> Any:
         def check(value: str) -> str:
@@ -131,4 +133,6 @@ class Choice:
     ) -> JsonSchemaValue:
         value = handler(schema)
         value["enum"] = list(self.names())
+        if self.describe is not None:
+            value["description"] = self.describe()
         return value

@@ -38,6 +38,12 @@ from .gpus import (
 )
 from .modes import Parallelism
 from .multinode import several_nodes
+from .objectives import DEFAULT as DEFAULT_METHOD
+from .objectives import OBJECTIVES, dataset_format_choice, describe_formats, describe_methods
+from .objectives import reads as objective_reads
+from .objectives.sft import CONVERSATION_FORMATS as SFT_CONVERSATION_FORMATS
+from .objectives.sft import FORMATS as SFT_FORMATS
+from .objectives.sft import SftFormat
 from .optimizers import DEFAULT as DEFAULT_OPTIMIZER
 from .optimizers import OPTIMIZERS
 
@@ -129,21 +135,12 @@ class ModelSpec(ApiModel):
     )
 
 
-DatasetFormat = Literal["alpaca", "sharegpt", "messages", "text", "completion"]
-# The dataset formats, in the API's order, and what a record of each holds (empty: the name says
-# it). The field's description, `ftjob check-data --format` and the trainer's parsers
-# (finetune_trainer.data.formats) all read this table.
-DATASET_FORMATS: Final[dict[DatasetFormat, str]] = {
-    "alpaca": "instruction/input/output",
-    "sharegpt": "conversations",
-    "messages": "role/content, rendered with the model's chat template",
-    "text": "",
-    "completion": "prompt/completion",
-}
-
-
-# The formats rendered with the model's chat template: the ones `trainOn` chooses the loss of.
-CONVERSATION_FORMATS: Final = ("messages", "sharegpt")
+# Supervised fine-tuning's dataset formats (its objective's table, finetune_api.objectives.sft):
+# what `ftjob check-data --format` and the trainer's parsers read. `dataset.format` takes every
+# objective's formats (finetune_api.objectives.dataset_formats).
+DatasetFormat = SftFormat
+DATASET_FORMATS: Final[dict[DatasetFormat, str]] = SFT_FORMATS
+CONVERSATION_FORMATS: Final = SFT_CONVERSATION_FORMATS
 TrainOn = Literal["assistant", "lastAssistant", "all"]
 DEFAULT_TRAIN_ON: Final[TrainOn] = "assistant"
 TRAIN_ON_NEEDS_CONVERSATIONS = "trainOn is for the conversation formats (messages, sharegpt)"
@@ -163,9 +160,9 @@ class DatasetSpec(ApiModel):
     )
 
     source: DatasetSource = Field(description="Where the training data comes from.")
-    format: DatasetFormat = Field(
-        description=", ".join(f"{name} ({holds})" if holds else name for name, holds in DATASET_FORMATS.items()) + "."
-    )
+    # The schema's description lists every objective's formats when it is made (the Choice); the
+    # field's own, for Python readers, the built-in ones.
+    format: Annotated[str, dataset_format_choice()] = Field(description=describe_formats(DATASET_FORMATS))
     train_on: TrainOn | None = Field(
         default=None,
         description="The tokens of a conversation the loss is taken on (messages and sharegpt; assistant when "
@@ -292,6 +289,7 @@ class TrainingSpec(ApiModel):
         "wait in host memory too. The pod's host memory counts the pinned bytes.",
     )
     optimizer: OptimizerName = Field(default=DEFAULT_OPTIMIZER, description="Optimizer.")
+    method: Annotated[str, OBJECTIVES.choice(describe_methods)] = Field(default=DEFAULT_METHOD)
     parallelism: Parallelism = Field(
         default="auto",
         description="How the pod's GPUs share the work: dataParallel = a whole NF4 copy per GPU with LoRA "
@@ -634,6 +632,13 @@ class FineTuneJobSpec(ApiModel):
     def _pascal_precision(self) -> Self:
         if self.precision in HALF_PRECISIONS and is_pascal(self.resources.gpu_product):
             raise ValueError(pascal_precision_message(self.resources.gpu_product, self.precision))
+        return self
+
+    @model_validator(mode="after")
+    def _objective_reads_the_format(self) -> Self:
+        refusal = objective_reads(self.training.method, self.dataset.format)
+        if refusal is not None:
+            raise ValueError(refusal)
         return self
 
     @model_validator(mode="after")

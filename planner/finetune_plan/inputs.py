@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from finetune_api.objectives import OBJECTIVES
 from finetune_api.spec import FineTuneJobSpec
 
 from .gpu_products import DEFAULT_PRODUCT, GpuProduct, lookup
@@ -25,9 +26,12 @@ def compute_bytes(precision: str, product: GpuProduct) -> int:
 def recipe_from_spec(spec: FineTuneJobSpec, product: GpuProduct, attention: Attention = "materialised") -> Recipe:
     training = spec.training
     asked = ActivationAsk.of(training)
+    # The objective's term: a row of its data is this many sequences through the model (a
+    # preference pair two), so a micro-batch of batchSize rows holds that many times the tokens.
+    sequences = OBJECTIVES.get(training.method).sequences_per_row
     return Recipe(
         max_length=training.max_length,
-        batch_size=training.batch_size,
+        batch_size=training.batch_size * sequences,
         gradient_accumulation=training.gradient_accumulation,
         lora_r=spec.lora.r,
         lora_targets=tuple(spec.lora.target_modules),

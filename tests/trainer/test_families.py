@@ -30,10 +30,11 @@ from finetune_trainer import families
 from finetune_trainer.data.batches import collate, make_rows
 from finetune_trainer.export import save_adapter, save_merged
 from finetune_trainer.hardware import Hardware
-from finetune_trainer.loop import dropout_off, loss_sum
+from finetune_trainer.loop import dropout_off
 from finetune_trainer.loss_head import install
 from finetune_trainer.model_loading import load_model, load_model_config, load_tokenizer
 from finetune_trainer.modes import for_run
+from finetune_trainer.objectives.sft import loss_sum
 from finetune_trainer.preflight import MemoryPlan
 from finetune_trainer.tiny_model import alpaca_records, write_alpaca
 from finetune_trainer.train_state import Adapter

@@ -26,6 +26,7 @@ import json
 from pathlib import Path
 from typing import Any, Final
 
+from finetune_api.objectives import OBJECTIVES
 from finetune_api.trainer_config import TrainerConfig
 
 FILE: Final = "fingerprint.json"
@@ -35,17 +36,15 @@ FORMAT_VERSION: Final = 1
 HEAD_BYTES: Final = 1 << 20
 MAX_FILES: Final = 64  # files of a dataset folder whose start is hashed (all are sized)
 
-# The spec fields a checkpoint's state depends on, by their API path.
+# The spec fields a checkpoint's state depends on whatever the objective, by their API path; the
+# objective adds its own (finetune_api.objectives: SFT's format, trainOn and packing).
 TRACKED: Final = (
     "spec.model.source",
     "spec.lora",
     "spec.quantization",
     "spec.dataset.source",
-    "spec.dataset.format",
-    "spec.dataset.trainOn",
     "spec.dataset.evalFraction",
     "spec.training.maxLength",
-    "spec.training.packing",
     "spec.training.seed",
     "spec.training.learningRate",
     "spec.training.lrScheduler",
@@ -115,7 +114,7 @@ def fingerprint(config: TrainerConfig, world_size: int) -> dict[str, Any]:
     `world_size` processes in all."""
     spec = config.spec.model_dump(by_alias=True, mode="json", exclude_none=True)
     fields: dict[str, Any] = {FORMAT: FORMAT_VERSION}
-    for path in TRACKED:
+    for path in (*TRACKED, *OBJECTIVES.get(config.spec.training.method).tracked):
         _flatten(path, _at(spec, path), fields)
     training = config.spec.training
     fields[GLOBAL_BATCH] = training.batch_size * training.gradient_accumulation * world_size

@@ -27,7 +27,7 @@ from torch import nn
 from finetune_api.reasons import ExitReason
 
 from . import test_hooks
-from .data.batches import Row, Schedule, collate, eval_slots
+from .data.batches import Row, Schedule, eval_slots
 from .data.tokens import IGNORE
 from .distributed.gradsync import sum_figures
 from .distributed.topology import Topology
@@ -35,20 +35,13 @@ from .failures import TrainerFailure
 from .loss_head import LossHead
 from .memory_phases import PhaseProbe
 from .modes import Mode, SingleProcess
+from .objectives import TrainingObjective
 from .precision_guard import GuardReport, fail_if_half, watch_activations
 from .train_state import Adapter, Partial, partial_of, restore_gradients
 
 
 def micro_seed(seed: int, micro: int) -> int:
     return (seed * 1_000_003 + micro) % (2**63 - 1)
-
-
-def loss_sum(model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Summed next-token cross-entropy over the labelled tokens, computed by the LossHead."""
-    head.labels = batch["labels"]
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
-    total: torch.Tensor = model(**inputs, use_cache=False).logits.reshape(())
-    return total
 
 
 @contextmanager
@@ -79,6 +72,8 @@ class Loop:
     adapter: Adapter
     optimizer: torch.optim.Optimizer
     scheduler: Any
+    # The training objective: its batches and its summed loss (objectives/, training.method).
+    objective: TrainingObjective
     schedule: Schedule
     rows: list[Row]
     eval_rows: list[Row] | None
@@ -142,12 +137,12 @@ class Loop:
                 if chosen or self.mode.sharded:
                     rows = chosen or self._padding(self.rows)
                     torch.manual_seed(micro_seed(self.seed, number))
-                    batch = collate(rows, self.pad_id, self.device, self.packed)
+                    batch = self.objective.collate(rows, self.pad_id, self.device, self.packed)
                     if self.probe is not None:
                         self.probe.forward_starts()
                     self.head.probe = self.probe
                     try:
-                        total = loss_sum(self.model, self.head, batch)
+                        total = self.objective.loss_sum(self.model, self.head, batch)
                     finally:
                         self.head.probe = None
                     if test_hooks.nonfinite_at(step + 1):
@@ -207,7 +202,8 @@ class Loop:
                     if not ids and not self.mode.sharded:
                         continue
                     rows = [self.eval_rows[i] for i in ids] or self._padding(self.eval_rows)
-                    value = loss_sum(self.model, self.head, collate(rows, self.pad_id, self.device, self.packed))
+                    batch = self.objective.collate(rows, self.pad_id, self.device, self.packed)
+                    value = self.objective.loss_sum(self.model, self.head, batch)
                     (value * 0.0).backward()  # type: ignore[no-untyped-call]
                     total += float(value.detach())
                     targets += sum(r.targets for r in rows)

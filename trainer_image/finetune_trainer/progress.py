@@ -78,8 +78,19 @@ class Progress:
         self.run_tokens, self.trained_tokens = tokens, trained
 
     def step(
-        self, step: int, *, loss: float, lr: float, tokens: int, epoch: float, report: bool, trained: int = 0
+        self,
+        step: int,
+        *,
+        loss: float,
+        lr: float,
+        tokens: int,
+        epoch: float,
+        report: bool,
+        trained: int = 0,
+        metrics: dict[str, float] | None = None,
     ) -> None:
+        """A finished step; `metrics` are the objective's own figures beside the loss."""
+        metrics = metrics or {}
         self.tokens += tokens
         self.run_tokens += tokens
         self.trained_tokens += trained
@@ -90,6 +101,8 @@ class Progress:
             self._writer.add_scalar("train/learning_rate", lr, step)
             self._writer.add_scalar("train/tokens", self.run_tokens, step)
             self._writer.add_scalar("train/trained_tokens", self.trained_tokens, step)
+            for name, value in metrics.items():
+                self._writer.add_scalar(f"train/{name}", value, step)
         if not report:
             return
         elapsed = time.monotonic() - (self.started or time.monotonic())
@@ -108,6 +121,7 @@ class Progress:
             # targets of the loss among them (trainOn, completion-only formats, padding rows).
             "tokens": self.run_tokens,
             "trainedTokens": self.trained_tokens,
+            **metrics,
         }
         self.last = progress
         emit("progress", **progress)

@@ -32,9 +32,9 @@ from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
 from finetune_plan.memory import GIB
 
-from . import existing, families, fingerprint, test_hooks
+from . import existing, families, fingerprint, objectives, test_hooks
 from .checkpoints import Checkpoint, CheckpointStore, checkpoint_name
-from .data.batches import Row, Schedule, make_rows
+from .data.batches import Row, Schedule
 from .data.checks import DataReport
 from .data.loading import check_dataset, split
 from .distributed import topology
@@ -135,6 +135,8 @@ class Recipe(Outputs):
         # The retry after an OOM trains its tighter micro-batch, accumulation and checkpointing.
         self.config = config = decision.applied(config) if decision is not None else config
         self.spec = config.spec
+        # What training minimises and reads (training.method): its rows, batches, loss and figures.
+        self.objective = objectives.for_spec(self.spec)
         self.ranks = ranks
         self.main = ranks.is_main
         self.stop = stop or StopRequest()
@@ -263,14 +265,9 @@ class Recipe(Outputs):
         log.info("LoRA on %s: %d LoRA layers", ", ".join(self.lora["modules"]), self.lora["layers"])
         self.head = install_loss_head(model, self.decided.loss_chunk_tokens)
         self.train_samples, self.eval_samples = split(self.data.samples, self.spec.dataset.eval_fraction, training.seed)
-        train_on = self.spec.dataset.train_on
-        self.rows: list[Row] = make_rows(
-            self.train_samples, self.tokenizer, training.max_length, training.packing, train_on
-        )
+        self.rows: list[Row] = self.objective.rows(self.train_samples, self.tokenizer, self.spec)
         self.eval_rows = (
-            make_rows(self.eval_samples, self.tokenizer, training.max_length, training.packing, train_on)
-            if self.eval_samples
-            else None
+            self.objective.rows(self.eval_samples, self.tokenizer, self.spec) if self.eval_samples else None
         )
         self.schedule = Schedule.make(
             rows=len(self.rows),
@@ -349,6 +346,7 @@ class Recipe(Outputs):
             adapter=self.adapter,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
+            objective=self.objective,
             schedule=self.schedule,
             rows=self.rows,
             eval_rows=self.eval_rows,
@@ -454,6 +452,7 @@ class Recipe(Outputs):
                 trained=figures.trained,
                 epoch=self.schedule.epoch_of(step),
                 report=report,
+                metrics=self.objective.step_metrics(figures.loss, figures.trained),
             )
         test_hooks.die_after_step(step)
         delay = test_hooks.step_delay()

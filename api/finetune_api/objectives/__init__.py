@@ -1,0 +1,81 @@
+"""The training objectives `training.method` names: one entry per objective, one module each.
+
+An objective is what training minimises and what it reads to do so. Its entry holds what every
+part needs of it without the trainer's code:
+- the dataset formats it reads (`spec.dataset.format`'s choices are every objective's formats;
+  a format another objective reads is refused naming both fields);
+- the planner's terms: how many sequences one row of its data puts through the model
+  (`sequences_per_row`: a micro-batch of `batchSize` rows is that many times as many sequences,
+  in memory and in time);
+- its part of the checkpoint's fingerprint (`tracked`: the spec fields its state depends on
+  beyond the model, adapter, data source and schedule every objective shares);
+- the trainer's implementation (`module:Class`, a `finetune_trainer.objectives.TrainingObjective`):
+  its rows and batches, its loss and its progress figures.
+Every module of this package registers its entry when imported; FINETUNE_PLUGINS adds others
+(finetune_api.registry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from finetune_api.registry import Choice, Registry
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    description: str
+    dataset_formats: dict[str, str]  # format -> what a record holds (empty: the name says it)
+    trainer: str  # `module:Class` of the trainer's implementation
+    sequences_per_row: int = 1
+    tracked: tuple[str, ...] = ()
+    order: int = 100
+    # Dataset formats whose conversations `dataset.trainOn` chooses the loss of.
+    conversation_formats: tuple[str, ...] = field(default=())
+
+
+OBJECTIVES: Final[Registry[Objective]] = Registry("training method", __name__, "spec.training.method")
+DEFAULT: Final = "sft"
+
+
+def register(entry: Objective) -> Objective:
+    return OBJECTIVES.register(entry)
+
+
+def dataset_formats() -> dict[str, str]:
+    """Every objective's dataset formats, in the objectives' order: `spec.dataset.format`'s choices."""
+    formats: dict[str, str] = {}
+    for objective in OBJECTIVES:
+        for name, holds in objective.dataset_formats.items():
+            formats.setdefault(name, holds)
+    return formats
+
+
+def describe_formats(formats: Mapping[Any, str] | None = None) -> str:
+    """`spec.dataset.format`'s description: each format and what a record holds (every
+    objective's, when `formats` is not given)."""
+    listed = dataset_formats() if formats is None else formats
+    return ", ".join(f"{name} ({holds})" if holds else name for name, holds in listed.items()) + "."
+
+
+def dataset_format_choice() -> Choice:
+    """`spec.dataset.format`: every objective's formats, listed in its description."""
+    return Choice(lambda: tuple(dataset_formats()), "dataset format", describe_formats)
+
+
+def describe_methods() -> str:
+    """`spec.training.method`'s description: each objective and what it does."""
+    listed = "; ".join(f"{o.name} = {o.description}" for o in OBJECTIVES)
+    return f"The training objective: {listed}. Each reads its own dataset formats."
+
+
+def reads(method: str, dataset_format: str) -> str | None:
+    """None when objective `method` reads `dataset_format`, else the one-line refusal."""
+    objective = OBJECTIVES.get(method)
+    if dataset_format in objective.dataset_formats:
+        return None
+    known = ", ".join(objective.dataset_formats)
+    return f"dataset.format {dataset_format} is not one training.method {method} reads ({known})"

@@ -1,0 +1,37 @@
+"""Supervised fine-tuning (`training.method: sft`): one row per sample (or samples packed into
+rows), labels where the format and `dataset.trainOn` put them, and the next-token cross-entropy
+summed over those labels inside the LM head (loss_head.LossHead, in chunks when planned)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from finetune_api.spec import FineTuneJobSpec
+
+from ..data.batches import Row, collate, make_rows
+from ..loss_head import LossHead
+from . import TrainingObjective
+
+
+def loss_sum(model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Summed next-token cross-entropy over the labelled tokens, computed by the LossHead."""
+    head.labels = batch["labels"]
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    total: torch.Tensor = model(**inputs, use_cache=False).logits.reshape(())
+    return total
+
+
+class Sft(TrainingObjective):
+    def rows(self, samples: Sequence[dict[str, Any]], tokenizer: Any, spec: FineTuneJobSpec) -> list[Row]:
+        training = spec.training
+        return make_rows(samples, tokenizer, training.max_length, training.packing, spec.dataset.train_on)
+
+    def collate(self, rows: Sequence[Row], pad_id: int, device: torch.device, packed: bool) -> dict[str, torch.Tensor]:
+        return collate(rows, pad_id, device, packed)
+
+    def loss_sum(self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return loss_sum(model, head, batch)
