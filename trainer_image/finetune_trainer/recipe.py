@@ -190,7 +190,8 @@ class Recipe(Outputs):
         self.precision = precision = resolve_precision(spec.precision, hardware)
         model_config = load_model_config(self.config)
         self.family = families.check(model_config, spec)  # a model it cannot train: InvalidConfig, one line
-        check_formats(self.config)  # e.g. GGUF's tools and tokenizer: one line now, not after training
+        if self.main:  # e.g. GGUF's tools and tokenizer: one line now, not after training (rank 0 exports)
+            check_formats(self.config)
         self.tokenizer = load_tokenizer(self.config)
         self.data: DataReport = check_dataset(self.config, self.tokenizer, model_config)
         if self.main:
