@@ -11,6 +11,19 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
+# What the trainer writes inside its output folder (status.output points here): in layout.py,
+# which the output formats (formats/) read without the spec; named here as well.
+from .layout import (  # noqa: F401 (named here as well)
+    ADAPTER_DIR,
+    GGUF_ADAPTER_TYPE,
+    GGUF_DIR,
+    MERGED_DIR,
+    SAMPLES_FILE,
+    gguf_adapter_file,
+    gguf_base_file,
+    gguf_merged_file,
+)
+
 if TYPE_CHECKING:
     from .spec import FineTuneJobSpec, HubSource
     from .status import Phase
@@ -44,35 +57,14 @@ TRAINER_COMMAND: Final = ("python", "-m", "finetune_trainer", "--config", CONFIG
 # Job exists (the fence admits this command only in the pre-flight's shape: no GPU, no token).
 CHECK_INPUTS_FLAG: Final = "--check-inputs"
 PREFLIGHT_COMMAND: Final = (*TRAINER_COMMAND, CHECK_INPUTS_FLAG)
+# `ftjob export NAME`'s run of the trainer: the output formats again from the saved adapter.
+EXPORT_ONLY_FLAG: Final = "--export-only"
 # The pre-flight Job is named after its job with this suffix, labelled with this component.
 PREFLIGHT_SUFFIX: Final = "-preflight"
 COMPONENT_PREFLIGHT: Final = "preflight"
 # Its pods keep component "trainer", so that the chart's trainer NetworkPolicy (no ingress; DNS
 # and the API server only) holds for them too; this label tells them from the trainer's.
 PREFLIGHT_POD_LABEL: Final = "finetune.dev/preflight"
-
-# --- what the trainer writes inside its output folder (status.output points here) -------------
-
-ADAPTER_DIR: Final = "adapter"
-MERGED_DIR: Final = "merged"
-GGUF_DIR: Final = "gguf"
-# The sample answers, beside the adapter (one JSON object a line).
-SAMPLES_FILE: Final = "samples.jsonl"
-# The GGUF adapter is f16 whatever ggufType: llama.cpp applies it to a quantised base as it is.
-GGUF_ADAPTER_TYPE: Final = "f16"
-
-
-def gguf_base_file(gguf_type: str) -> str:
-    """The base model alone as GGUF, what llama-server -m loads under a gguf-lora adapter."""
-    return f"{GGUF_DIR}/base-{gguf_type}.gguf"
-
-
-def gguf_adapter_file() -> str:
-    return f"{GGUF_DIR}/adapter-{GGUF_ADAPTER_TYPE}.gguf"
-
-
-def gguf_merged_file(gguf_type: str) -> str:
-    return f"{GGUF_DIR}/merged-{gguf_type}.gguf"
 
 
 def public_model_name(spec: "FineTuneJobSpec", config_name: str | None, folder: str) -> str:

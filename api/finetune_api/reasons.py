@@ -59,6 +59,24 @@ NON_RETRYABLE: Final = frozenset(
 UNCOUNTED: Final = frozenset({ExitReason.Interrupted, ExitReason.OutOfMemoryRetry})
 
 
+# Not an exit: the trainer exits 0 with its adapter written, and says in its termination message
+# which formats it could not write (`ExportFailed: gguf: <cause>`); the operator sets the job's
+# Exported condition False from it, and the job still ends Succeeded.
+EXPORT_FAILED: Final = "ExportFailed"
+
+
+def export_failed_message(failed: dict[str, str]) -> str:
+    """`ExportFailed: gguf: <cause>; merged: <cause>`, one line within the kubelet's limit."""
+    said = "; ".join(f"{name}: {' '.join(cause.split())}" for name, cause in failed.items())
+    return f"{EXPORT_FAILED}: {said}"[:4000]
+
+
+def export_failure(text: str | None) -> str | None:
+    """What an ended trainer said it could not write (`<format>: <cause>`), or None."""
+    head, sep, rest = (text or "").strip().partition(":")
+    return rest.strip() if sep and head == EXPORT_FAILED else None
+
+
 def termination_message(reason: ExitReason, message: str) -> str:
     """One line, `Reason: message`, short enough for the kubelet's 4 KiB limit."""
     flat = " ".join(message.split())

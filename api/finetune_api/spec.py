@@ -30,6 +30,9 @@ from .base import (
     ResourceName,
     ShortString,
 )
+from .formats import ALWAYS as ALWAYS_WRITTEN
+from .formats import FORMATS, Described
+from .formats import written as written_formats
 from .gpus import (
     HALF_PRECISIONS,
     PASCAL_PRODUCT_PATTERN,
@@ -359,33 +362,15 @@ class OutputStorage(ApiModel):
 
 ONE_OUTPUT = "exactly one of pvc or storage must be set"
 OnExisting = Literal["resume", "fresh", "fail"]
-# What the job writes beside the checkpoints: peft is always written (the others are made from it).
-OutputFormat = Literal["peft", "merged", "gguf-lora", "gguf"]
-OUTPUT_FORMATS: Final[tuple[OutputFormat, ...]] = ("peft", "merged", "gguf-lora", "gguf")
+# One of the output-format registry's names (finetune_api.formats): what the job writes beside
+# the checkpoints.
+FormatName = Annotated[str, FORMATS.choice()]
 # f16 and q8_0 are written by llama.cpp's converter; q4_k_m by its llama-quantize from the f16 file.
 GgufType = Literal["f16", "q8_0", "q4_k_m"]
-# vLLM's default --max-lora-rank: an adapter of a higher rank needs the flag.
-VLLM_DEFAULT_MAX_LORA_RANK: Final = 16
-VLLM_LORA_RANKS: Final = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def vllm_max_lora_rank(r: int) -> int:
-    """The smallest --max-lora-rank vLLM allows that holds rank r."""
-    return next(rank for rank in VLLM_LORA_RANKS if rank >= r)
-
-
-def lora_rank_warning(r: int) -> str | None:
-    """The line `ftjob validate` and the status give for an adapter vLLM refuses by default."""
-    if r <= VLLM_DEFAULT_MAX_LORA_RANK:
-        return None
-    return (
-        f"lora.r is {r}: vLLM serves LoRA ranks up to {VLLM_DEFAULT_MAX_LORA_RANK} by default; "
-        f"serve it with --max-lora-rank {vllm_max_lora_rank(r)}"
-    )
-
-
-def _peft_only() -> list[OutputFormat]:
-    return ["peft"]
+def _peft_only() -> list[str]:
+    return [ALWAYS_WRITTEN]
 
 
 class SamplesSpec(ApiModel):
@@ -412,11 +397,8 @@ class OutputSpec(ApiModel):
     merge: bool = Field(
         default=False, description="Also write the adapter merged into the base model (formats: merged)."
     )
-    formats: Annotated[list[OutputFormat], Field(max_length=4)] = Field(
-        default_factory=_peft_only,
-        description="What to write: peft (the adapter folder, always written), merged (the base with the adapter "
-        "added, safetensors, streamed shard by shard), gguf-lora (the adapter for llama.cpp's --lora, with the base "
-        "as GGUF beside it) and gguf (the merged model as one GGUF of ggufType), with llama.cpp's own converters.",
+    formats: Annotated[list[FormatName], Field(max_length=4), Described("What to write:")] = Field(
+        default_factory=_peft_only
     )
     gguf_type: GgufType = Field(
         default="f16",
@@ -444,10 +426,9 @@ class OutputSpec(ApiModel):
         return self
 
     @property
-    def written(self) -> tuple[OutputFormat, ...]:
-        """The formats written, in the API's order: peft always, merged also for merge: true."""
-        asked = {"peft", *self.formats, *(("merged",) if self.merge else ())}
-        return tuple(f for f in OUTPUT_FORMATS if f in asked)
+    def written(self) -> tuple[str, ...]:
+        """The formats written, in the registry's order: peft always, merged also for merge: true."""
+        return written_formats([*self.formats, *(("merged",) if self.merge else ())])
 
 
 # --- where it runs -------------------------------------------------------------------------

@@ -14,7 +14,11 @@ from .base import ApiModel
 # waiting for quota, admitted but the trainer not running yet, evicted and its pod stopping.
 Phase = Literal["Pending", "Queued", "Admitted", "Preempted", "Running", "Suspended", "Succeeded", "Failed"]
 
-ConditionType = Literal["Validated", "Admitted", "Preempted", "Scheduled", "Running", "Complete", "Failed", "Suspended"]
+# Exported: set False (reason ExportFailed) when a job trained but could not write a format of
+# spec.output.formats; it still ends Succeeded, with its adapter.
+ConditionType = Literal[
+    "Validated", "Admitted", "Preempted", "Scheduled", "Running", "Complete", "Exported", "Failed", "Suspended"
+]
 
 Message = Annotated[str, Field(max_length=32768)]
 Timestamp = Annotated[str, Field(max_length=64, description="RFC 3339 time.")]

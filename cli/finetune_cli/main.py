@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "finetune_cli.watch",
     "finetune_cli.logs",
     "finetune_cli.upload",
+    "finetune_cli.export",
 )
 
 

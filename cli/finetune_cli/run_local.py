@@ -10,6 +10,7 @@ from pathlib import Path
 
 from finetune_api import ManifestError, contract, parse_file
 from finetune_api.problems import format_problems
+from finetune_api.reasons import export_failure
 from finetune_api.spec import FineTuneJobSpec
 from finetune_api.trainer_config import RuntimePaths, TrainerConfig
 
@@ -77,11 +78,14 @@ def run(args: argparse.Namespace) -> int:
     state.mkdir(parents=True, exist_ok=True)
     config_path = state / "config.json"
     config_path.write_text(json.dumps(config.model_dump(by_alias=True, exclude_none=True), indent=2), encoding="utf-8")
+    termination = state / "termination-log"
+    termination.unlink(missing_ok=True)  # an earlier run's words are not this one's
     # Loaded here: `ftjob validate` must not pay for torch.
     code: int = trainer("ftjob run").run_trainer(trainer_args(config_path, state, args.nproc))
+    said = termination.read_text(encoding="utf-8") if termination.exists() else ""
     if code == 0:
-        print(f"done: outputs in {config.paths.output}")
+        unwritten = export_failure(said)
+        print(f"done: outputs in {config.paths.output}" + (f"; not written: {unwritten}" if unwritten else ""))
     else:
-        reason = (state / "termination-log").read_text(encoding="utf-8") if (state / "termination-log").exists() else ""
-        print(f"failed (exit {code}): {reason}")
+        print(f"failed (exit {code}): {said}")
     return code

@@ -23,8 +23,8 @@ import yaml
 
 from finetune_api import ManifestError, ParsedDocument, images, parse_file
 from finetune_api.constants import DEFAULT_IMAGE
+from finetune_api.formats.peft import lora_rank_warning
 from finetune_api.problems import format_problems
-from finetune_api.spec import lora_rank_warning
 from finetune_plan.pod import memory_refusal, pod_plan
 
 from .claim_paths import path_problems

@@ -6,6 +6,9 @@ it is now. Output: the operator's fields of the status (never `progress` or
 only: `transitions`).
 
 Rules that users rely on:
+- A job that trained but could not write a format of spec.output.formats (the trainer exits 0
+  saying `ExportFailed: <format>: <cause>`) is Succeeded, with Exported=False (ExportFailed)
+  naming the format and the cause, the message saying it and one Warning.
 - Failed only when the Job itself has failed: a pod failure while the Job still has retries
   is a restart (counted in `restarts`), not a failure.
 - The Failed reason is the trainer's own (from its termination message or exit code), or
@@ -31,7 +34,13 @@ from typing import Any, Literal, get_args
 
 from finetune_api.contract import CONTAINER, TERMINAL_PHASES
 from finetune_api.multinode import several_nodes
-from finetune_api.reasons import ExitReason, parse_termination_message, reason_for_exit_code
+from finetune_api.reasons import (
+    EXPORT_FAILED,
+    ExitReason,
+    export_failure,
+    parse_termination_message,
+    reason_for_exit_code,
+)
 from finetune_api.status import Condition, ConditionType, Phase, operator_fields
 
 from .guardrails import UNSCHEDULABLE
@@ -201,6 +210,16 @@ def _failure(job: Mapping[str, Any], cond: Mapping[str, Any], pods: Sequence[Map
         detail = f"; last: {last.reason + ': ' if last.reason else ''}{last.message}" if last else ""
         return "BackoffLimitExceeded", f"{attempts} attempt(s) failed{detail}"
     return job_reason, job_message
+
+
+def export_failed(pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """The formats a trainer that ended well could not write, in its words (`gguf: <cause>`)."""
+    for pod in reversed(sorted(pods, key=_created)):
+        term = _terminated(pod) if (pod.get("status") or {}).get("phase") == "Succeeded" else None
+        said = export_failure(term.get("message")) if term else None
+        if said:
+            return said
+    return None
 
 
 def oom_retry(pods: Sequence[Mapping[str, Any]], current: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -485,9 +504,7 @@ def compute(obs: Observation) -> Outcome:
     if complete is not None:
         phase = "Succeeded"
         status["completionTime"] = job_status.get("completionTime") or complete.get("lastTransitionTime") or obs.now
-        conds["Complete"] = _condition("Complete", True, "Succeeded", "training finished", obs)
-        conds["Running"] = _condition("Running", False, "Succeeded", "training finished", obs)
-        message = None
+        message = _succeeded(obs, conds)
     elif failed is not None:
         phase = "Failed"
         reason, text = _failure(job, failed, obs.pods)
@@ -515,6 +532,17 @@ def compute(obs: Observation) -> Outcome:
     if message:
         status["message"] = message
     return _finish(obs, status, conds)
+
+
+def _succeeded(obs: Observation, conds: dict[str, dict[str, Any]]) -> str | None:
+    """A Job that completed: its conditions, and the message when a format was not written."""
+    conds["Complete"] = _condition("Complete", True, "Succeeded", "training finished", obs)
+    conds["Running"] = _condition("Running", False, "Succeeded", "training finished", obs)
+    unwritten = export_failed(obs.pods)
+    if unwritten is None:
+        return None
+    conds["Exported"] = _condition("Exported", False, EXPORT_FAILED, unwritten, obs)
+    return f"{EXPORT_FAILED}: {unwritten}"
 
 
 def _finish(obs: Observation, status: dict[str, Any], conds: dict[str, dict[str, Any]]) -> Outcome:
@@ -559,6 +587,8 @@ def transitions(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Tra
         out.append(
             Transition("Warning", "Preempted", f"by FineTuneJob {last['by']}: {said}" if last.get("by") else said)
         )
+    if _export_failed(after) and not _export_failed(before):
+        out.append(Transition("Warning", EXPORT_FAILED, str(after.get("message") or EXPORT_FAILED)))
     if after.get("phase") == "Failed" and before.get("phase") != "Failed":
         failed = next(
             (c for c in after.get("conditions") or [] if c["type"] == "Failed" and c["status"] == "True"), None
@@ -566,6 +596,10 @@ def transitions(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Tra
         if failed is not None:
             out.append(Transition("Warning", str(failed["reason"]), str(failed["message"]) or "the job failed"))
     return out
+
+
+def _export_failed(status: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Exported" and c.get("status") == "False" for c in status.get("conditions") or [])
 
 
 def hand_over(status: Mapping[str, Any]) -> bool:

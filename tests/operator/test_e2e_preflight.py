@@ -98,3 +98,30 @@ def test_checked_inputs_cost_one_short_cpu_pod_before_the_gpu_job(
     spent = (gpu_job.metadata.creation_timestamp - check.metadata.creation_timestamp).total_seconds()
     print(f"\npre-flight: its Job created -> the GPU Job created: {spent:.1f} s")
     assert spent < 120
+
+
+def test_a_gguf_job_whose_tokenizer_the_converter_refuses_fails_in_the_pre_flight_naming_the_format(
+    core: client.CoreV1Api, jobs: Jobs, training_volumes: dict[str, Path], operator: OperatorProcess
+) -> None:
+    """The tiny model's tokenizer (a byte-level BPE whose pre-tokenizer llama.cpp does not know):
+    llama.cpp's converter, run on it by the pre-flight's CPU pod, refuses it before any GPU Job."""
+    from finetune_trainer.gguf_export import CONVERTERS_ENV
+    from hack import llama_cpp as pinned
+    from tests.support.training import trainer_hooks
+
+    # The image has the converters at /opt/llama.cpp; the node agent's pods are told where they are.
+    trainer_hooks(core, jobs.namespace, preflight_job_name("gguf"), **{CONVERTERS_ENV: str(pinned.converters())})
+    with gpu_jobs_seen(jobs) as gpu_jobs:
+        jobs.create(
+            "gguf", {**p40_job("tiny/alpaca.jsonl"), "output": {"pvc": {"claimName": "outputs"}, "formats": ["gguf"]}}
+        )
+        phases, _, _ = watch_until_done(jobs, "gguf", timeout=180)
+    assert "gguf" not in gpu_jobs, gpu_jobs
+    failed = jobs.condition("gguf", "Failed")
+    said = (
+        "spec.output.formats: gguf: llama.cpp's converter cannot convert this model's tokenizer: "
+        "BPE pre-tokenizer was not recognized - update get_vocab_base_pre()"
+    )
+    assert (failed["reason"], failed["message"]) == ("InvalidConfig", said), failed
+    assert phases == ["Pending", "Failed"], phases
+    assert jobs.pods("gguf") == []

@@ -2,7 +2,7 @@
 
 import pytest
 
-from finetune_api.spec import lora_rank_warning, vllm_max_lora_rank
+from finetune_api.formats.peft import lora_rank_warning, vllm_max_lora_rank
 from finetune_operator.decide import output_status
 from tests.support.specs import OWNER, spec
 

@@ -246,3 +246,22 @@ def test_events_are_for_trouble_only_and_each_is_a_warning():
     end = transitions({"phase": "Running"}, {"phase": "Failed", "conditions": [failed]})
     assert [(t.type, t.reason, t.message) for t in end] == [("Warning", "OOMKilled", "out of memory")]
     assert transitions({"phase": "Failed", "conditions": [failed]}, {"phase": "Failed", "conditions": [failed]}) == []
+
+
+def test_an_export_that_failed_after_training_leaves_the_job_succeeded_with_exported_false():
+    said = "ExportFailed: gguf: llama.cpp's converter failed: the tokenizer"
+    finished = [pod("a", "Succeeded", exit_code=0, term_message=said)]
+    out = observe(current={"phase": "Running"}, job=job(conditions=[cond("Complete")]), pods=finished)
+    exported = conditions(out)["Exported"]
+    assert out.phase == "Succeeded"
+    assert conditions(out)["Complete"]["status"] == "True"
+    assert (exported["status"], exported["reason"]) == ("False", "ExportFailed")
+    assert exported["message"] == "gguf: llama.cpp's converter failed: the tokenizer"
+    assert out.status["message"] == said
+    assert [(t.type, t.reason, t.message) for t in out.transitions] == [("Warning", "ExportFailed", said)]
+    # Kept once the pod is gone (ttl), and said once: no second Event.
+    again = observe(current=out.status, job=job(conditions=[cond("Complete")]), pods=[])
+    assert conditions(again)["Exported"] == exported and again.transitions == []
+    # A trainer that wrote every format says nothing of it: no Exported condition at all.
+    clean = observe(current={"phase": "Running"}, job=job(conditions=[cond("Complete")]), pods=[pod("a", "Succeeded")])
+    assert "Exported" not in conditions(clean) and "message" not in clean.status

@@ -11,15 +11,16 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
-from finetune_api.contract import CHECK_INPUTS_FLAG
+from finetune_api.contract import CHECK_INPUTS_FLAG, EXPORT_ONLY_FLAG
 from finetune_api.problems import problems_from
-from finetune_api.reasons import TERMINATION_LOG, ExitReason, termination_message
+from finetune_api.reasons import TERMINATION_LOG, ExitReason, export_failed_message, termination_message
 from finetune_api.trainer_config import TrainerConfig
 
 from .failures import TrainerFailure
@@ -54,6 +55,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="check the model and dataset (paths, model config, data) on the CPU, then exit: the pre-flight Job",
     )
+    parser.add_argument(
+        EXPORT_ONLY_FLAG,
+        action="store_true",
+        help="write the output formats again from the adapter a finished run saved, on the CPU, then exit "
+        "(`ftjob export`)",
+    )
+    parser.add_argument(
+        "--formats",
+        default="",
+        metavar="NAMES",
+        help=f"with {EXPORT_ONLY_FLAG}: only these of the job's formats (comma-separated; default: all of them)",
+    )
     # Set by the launcher on the processes it starts; not for users.
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -85,12 +98,27 @@ def _termination_path(explicit: str | None) -> Path | None:
 
 
 def _write_termination(path: Path | None, reason: ExitReason, message: str) -> None:
+    _write_termination_text(path, termination_message(reason, message))
+
+
+def _write_termination_text(path: Path | None, text: str) -> None:
     if path is None:
         return
     try:
-        path.write_text(termination_message(reason, message), encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
     except OSError as exc:
         log.warning("cannot write the termination log %s: %s", path, exc)
+
+
+def _say_export(termination: Path | None, config_path: str, since: float) -> None:
+    """A run that trained but could not write a format still exits 0, and says which in its
+    termination message (`ExportFailed: gguf: <cause>`), from the summary it wrote: the operator's
+    Exported condition reads it. Under the launcher too, whose ranks write the summary."""
+    from .export import export_failures
+
+    failed = export_failures(Path(load_config(config_path).paths.output), since)
+    if failed:
+        _write_termination_text(termination, export_failed_message(failed))
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
@@ -232,9 +260,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(termination, ExitReason.InvalidConfig, "--config PATH is required")
     if args.check_inputs:
         return _outcome(termination, lambda: _check_inputs(args.config), worker=False)
+    if args.export_only:
+        only = [name for name in (part.strip() for part in args.formats.split(",")) if name]
+        return _outcome(termination, lambda: _export_only(args.config, only), worker=False)
+    started = time.time()
     code = _outcome(termination, lambda: _run(args), worker=args.worker)
     if args.worker:
         _end_worker(code)
+    if code == 0:
+        _say_export(termination, args.config, started)
     return code
 
 
@@ -258,6 +292,17 @@ def _check_inputs(path: str) -> None:
     from .progress import emit
 
     emit("inputsChecked", **check_inputs(config))
+
+
+def _export_only(path: str, only: list[str]) -> None:
+    config = load_config(path)
+    from .environment import prepare_process_environment
+
+    prepare_process_environment(config)
+    from .export_only import export_again
+    from .progress import emit
+
+    emit("exported", formats=export_again(config, only))
 
 
 def _self_check() -> None:

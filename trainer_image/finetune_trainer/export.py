@@ -1,10 +1,12 @@
-"""End-of-run artefacts: the adapter, the optional merged model, `summary.json` — each written atomically."""
+"""End-of-run artefacts: the adapter, the formats of spec.output.formats (each by its registry
+entry's exporter, finetune_api.formats), `summary.json` — each written atomically."""
 
 import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,11 @@ from finetune_api.contract import (
     gguf_merged_file,
     public_model_name,
 )
+from finetune_api.formats import ALWAYS, FORMATS, FormatError
+from finetune_api.registry import load
 from finetune_api.trainer_config import TrainerConfig
 
+from . import test_hooks
 from .gguf_export import convert_lora, convert_model
 from .merge_stream import merge_folder
 
@@ -123,29 +128,91 @@ def _atomic_file(final: Path, writer: Callable[[Path], object]) -> Path:
     return final
 
 
-def save_formats(config: TrainerConfig, adapter: Path, tokenizer: Any, output: Path) -> dict[str, Path]:
-    """Every format of spec.output.formats from the saved adapter: merged (streamed), the GGUF base
-    and LoRA, the merged GGUF (converted from the streamed merge's folder, which is removed again
-    when merged itself was not asked for). Returns what was written by format."""
-    out = config.spec.output
-    written: dict[str, Path] = {"peft": adapter}
-    if written.keys() >= set(out.written):
-        return written
-    base = base_folder(config)
-    kind = out.gguf_type
-    if "merged" in out.written:
-        written["merged"] = save_merged(config, adapter, tokenizer, output)
-    if "gguf-lora" in out.written:
-        _atomic_file(output / gguf_base_file(kind), lambda temp: convert_model(base, temp, kind))
-        lora = output / gguf_adapter_file()
-        written["gguf-lora"] = _atomic_file(lora, lambda temp: convert_lora(adapter, base, temp, GGUF_ADAPTER_TYPE))
-    if "gguf" in out.written:
-        merged = written.get("merged") or save_merged(config, adapter, tokenizer, output, MERGED_FOR_GGUF)
-        target = output / gguf_merged_file(kind)
-        written["gguf"] = _atomic_file(target, lambda temp: convert_model(merged, temp, kind))
-        if "merged" not in written:
-            shutil.rmtree(merged, ignore_errors=True)
-    return written
+class Export:
+    """What an exporter reads: the job's config, the saved adapter folder, the tokenizer, the output
+    folder and what was written before it (`written`, by format). The base's folder and the merged
+    folder are found or made once for every format that needs them; a merged folder made only for
+    another format is removed by `close`."""
+
+    def __init__(self, config: TrainerConfig, adapter: Path, tokenizer: Any, output: Path) -> None:
+        self.config, self.adapter, self.tokenizer, self.output = config, adapter, tokenizer, output
+        self.written: dict[str, Path] = {ALWAYS: adapter}
+        self._base: Path | None = None
+        self._scratch: Path | None = None
+
+    def base(self) -> Path:
+        if self._base is None:
+            self._base = base_folder(self.config)
+        return self._base
+
+    def merged(self) -> Path:
+        """The merged folder: the merged format's, else one made for the formats that read it."""
+        if "merged" in self.written:
+            return self.written["merged"]
+        if self._scratch is None:
+            self._scratch = save_merged(self.config, self.adapter, self.tokenizer, self.output, MERGED_FOR_GGUF)
+        return self._scratch
+
+    def close(self) -> None:
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+
+
+def export_merged(export: Export) -> Path:
+    return save_merged(export.config, export.adapter, export.tokenizer, export.output)
+
+
+def export_gguf_lora(export: Export) -> Path:
+    """The base as GGUF of ggufType, then the adapter as a GGUF LoRA beside it."""
+    kind, base, adapter = export.config.spec.output.gguf_type, export.base(), export.adapter
+    _atomic_file(export.output / gguf_base_file(kind), lambda temp: convert_model(base, temp, kind))
+    lora = export.output / gguf_adapter_file()
+    return _atomic_file(lora, lambda temp: convert_lora(adapter, base, temp, GGUF_ADAPTER_TYPE))
+
+
+def export_gguf(export: Export) -> Path:
+    """The merged model (the streamed merge's folder) as one GGUF of ggufType."""
+    kind, merged = export.config.spec.output.gguf_type, export.merged()
+    return _atomic_file(export.output / gguf_merged_file(kind), lambda temp: convert_model(merged, temp, kind))
+
+
+@dataclass(frozen=True)
+class Exported:
+    written: dict[str, Path]  # by format, peft (the adapter) first
+    failed: dict[str, str]  # the formats that could not be written, and why (one line each)
+
+
+def _cause(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, FormatError) else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def save_formats(
+    config: TrainerConfig, adapter: Path, tokenizer: Any, output: Path, only: Sequence[str] | None = None
+) -> Exported:
+    """Every written format (spec.output.formats, or `only` of them) from the saved adapter, each by
+    its registry entry's exporter, in the registry's order. One that fails is said and skipped: the
+    adapter and the checkpoints stay, the other formats are still written, and `ftjob export` can
+    write it again once its cause is mended."""
+    export = Export(config, adapter, tokenizer, output)
+    failed: dict[str, str] = {}
+    try:
+        for name in config.spec.output.written:
+            fmt = FORMATS.get(name)
+            if fmt.exporter is None or (only is not None and name not in only):
+                continue
+            try:
+                test_hooks.fail_export(name)
+                export.written[name] = load(fmt.exporter)(export)
+            except Exception as exc:  # any exporter's failure leaves the trained adapter standing
+                if not isinstance(exc, FormatError):
+                    log.exception("exporting %s", name)
+                failed[name] = _cause(exc)
+                log.error("%s: not written: %s", name, failed[name])
+    finally:
+        export.close()
+    return Exported(export.written, failed)
 
 
 def write_summary(output: Path, summary: dict[str, Any]) -> Path:
@@ -156,3 +223,15 @@ def write_summary(output: Path, summary: dict[str, Any]) -> Path:
         os.fsync(handle.fileno())
     temp.rename(path)
     return path
+
+
+def export_failures(output: Path, since: float) -> dict[str, str]:
+    """The formats the summary written since `since` (a run's start) says were not written."""
+    path = output / SUMMARY_FILE
+    try:
+        if path.stat().st_mtime < since:
+            return {}
+        failed = json.loads(path.read_text(encoding="utf-8")).get("exportFailures")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {str(k): str(v) for k, v in failed.items()} if isinstance(failed, dict) else {}

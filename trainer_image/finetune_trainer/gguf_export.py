@@ -16,10 +16,18 @@ same sdist's tree, /opt/llama.cpp/bin; elsewhere `FINETUNE_LLAMA_QUANTIZE` names
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from finetune_api.formats import FormatError
+
+if TYPE_CHECKING:
+    from finetune_api.trainer_config import TrainerConfig
 
 CONVERTERS_ENV = "FINETUNE_LLAMA_CPP"
 IMAGE_CONVERTERS = Path("/opt/llama.cpp")
@@ -32,7 +40,7 @@ CONVERTER_TYPES = ("f16", "q8_0")
 QUANTIZED_TYPES = {"q4_k_m": "Q4_K_M"}
 
 
-class GgufError(RuntimeError):
+class GgufError(FormatError):
     """A converter or the quantiser failed; the message is one line naming what."""
 
 
@@ -63,6 +71,40 @@ def check_tools(gguf_type: str) -> None:
     converters()
     if gguf_type in QUANTIZED_TYPES:
         quantizer()
+
+
+def check_format(config: TrainerConfig) -> None:
+    """The GGUF formats' pre-flight, on the CPU before any GPU time: the converters (and
+    llama-quantize for q4_k_m) are there, and llama.cpp's converter takes the model's own tokenizer
+    (`check_vocabulary`) when the model is a folder here. Imports no torch itself."""
+    try:
+        check_tools(config.spec.output.gguf_type)
+    except GgufError as exc:
+        raise GgufError(str(exc), field="spec.output.ggufType") from None
+    folder = Path(config.paths.model)
+    if folder.is_dir():
+        check_vocabulary(folder)
+
+
+# What the converter says of a tokenizer it cannot take, in its own words (the exception's line).
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception)|NotImplementedError|AssertionError): (?P<said>.+)$")
+
+
+def check_vocabulary(folder: Path) -> None:
+    """Run the converter's own vocabulary pass (`convert_hf_to_gguf.py --vocab-only`: the model
+    class's set_vocab, get_vocab_base_pre's tokenizer hash and all) on the model folder, into a
+    scratch file: a tokenizer it refuses fails here, in one line, not after training. It runs in
+    its own process, which imports torch, so the pre-flight itself stays torch-free."""
+    with tempfile.TemporaryDirectory(prefix="gguf-vocab-") as scratch:
+        outfile = Path(scratch) / "vocab.gguf"
+        command = [sys.executable, str(converters() / "convert_hf_to_gguf.py"), str(folder), "--vocab-only"]
+        result = subprocess.run([*command, "--outfile", str(outfile)], capture_output=True, text=True, check=False)
+    if result.returncode == 0:
+        return
+    lines = [line.strip() for line in (result.stderr or result.stdout).splitlines() if line.strip()]
+    said = next((m["said"] for line in reversed(lines) if (m := _EXCEPTION_LINE.match(line))), None)
+    cause = said or (lines[-1] if lines else f"exit {result.returncode}")
+    raise GgufError(f"llama.cpp's converter cannot convert this model's tokenizer: {cause}")
 
 
 def _failed(name: str, result: subprocess.CompletedProcess[str]) -> GgufError:

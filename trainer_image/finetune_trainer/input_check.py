@@ -6,6 +6,10 @@ LoRA targets it names), and the dataset on its claim through the check `ftjob ch
 without a tokenizer (every record's format, line by line). A bad path or a bad record then costs
 a CPU pod of about a second of work, not a GPU pod after scheduling and an image pull.
 
+Then each output format's own check (finetune_api.formats), on the model folder: for GGUF,
+llama.cpp's converter's vocabulary pass over the model's own tokenizer, in a process of its own
+(it imports torch: only a job that asks for GGUF pays for it).
+
 Left to the GPU pod, which loads them anyway: the tokenizer and the token counts (importing
 torch and transformers would cost the check several seconds on every job), and whatever is on
 the Hub (the pre-flight pod has no network and no token).
@@ -21,6 +25,7 @@ from finetune_api.trainer_config import TrainerConfig
 from finetune_plan.families import ModelConfigError, check_model
 
 from .failures import TrainerFailure
+from .output_checks import check_formats
 
 log = logging.getLogger(__name__)
 WHERE_MODEL = "spec.model.source.pvc"
@@ -69,4 +74,7 @@ def check_inputs(config: TrainerConfig) -> dict[str, Any]:
 
         report = check_dataset(config, tokenizer=None, model_config=None)
         checked.update(dataset=config.paths.dataset, records=report.total, samples=len(report.samples))
+    # Each output format's own check (finetune_api.formats), e.g. llama.cpp's converter on the
+    # model's tokenizer for GGUF: after the inputs, which are the likelier mistake.
+    checked.update(formats=check_formats(config))
     return checked

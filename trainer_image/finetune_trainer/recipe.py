@@ -42,7 +42,6 @@ from .distributed.gradsync import all_equal, sum_figures
 from .distributed.resume import resume_point
 from .distributed.topology import Topology
 from .failures import TrainerFailure
-from .gguf_export import GgufError, check_tools
 from .hardware import (
     apply_memory_cap,
     choose_attention,
@@ -61,6 +60,7 @@ from .model_loading import DTYPES, load_model, load_model_config, load_tokenizer
 from .modes import for_run
 from .oom_retry import at_step
 from .optim import make_optimizer, make_scheduler
+from .output_checks import check_formats
 from .precision_guard import GuardReport, fail_if_half, recast_to_fp32, scan_tensors
 from .preflight import memory_plan
 from .progress import Progress, emit
@@ -192,11 +192,8 @@ class Recipe(Outputs):
         self.precision = precision = resolve_precision(spec.precision, hardware)
         model_config = load_model_config(self.config)
         self.family = families.check(model_config, spec)  # a model it cannot train: InvalidConfig, one line
-        if {"gguf", "gguf-lora"} & set(spec.output.written):
-            try:  # the converters, and llama-quantize for q4_k_m: missing, one line now, not after training
-                check_tools(spec.output.gguf_type)
-            except GgufError as exc:
-                raise TrainerFailure(ExitReason.InvalidConfig, f"spec.output.ggufType: {exc}") from None
+        if self.main:  # e.g. GGUF's tools and tokenizer: one line now, not after training (rank 0 exports)
+            check_formats(self.config)
         self.tokenizer = load_tokenizer(self.config)
         self.data: DataReport = check_dataset(self.config, self.tokenizer, model_config)
         if self.main:

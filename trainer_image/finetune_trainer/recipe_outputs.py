@@ -12,14 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from finetune_api.contract import SAMPLES_FILE
-from finetune_api.reasons import ExitReason
 
 from . import fingerprint, samples, test_hooks
 from .checkpoints import Checkpoint, checkpoint_name
 from .distributed import topology
 from .export import public_name, save_adapter, save_formats, write_summary
-from .failures import TrainerFailure
-from .gguf_export import GgufError
 from .progress import emit
 from .train_state import Partial
 from .train_state import Progress as SavedProgress
@@ -79,7 +76,8 @@ class Outputs:
         try:
             self.adapter_path = save_adapter(self.adapter, self.tokenizer, self.output, public_name(self.config))
             self.samples_path = self._write_samples(rows)
-            self.formats = self._save_formats()
+            exported = save_formats(self.config, self.adapter_path, self.tokenizer, self.output)
+            self.formats, self.export_failures = exported.written, exported.failed
             self.merged = self.formats.get("merged")
             if self.reporter is not None:
                 self.reporter.progress(self.progress.status_progress())
@@ -119,14 +117,6 @@ class Outputs:
             self.reporter.sample(samples.status_sample(rows, path))
         return path
 
-    def _save_formats(self) -> dict[str, Path]:
-        """spec.output.formats beyond the adapter; a converter's failure is one line, not retried
-        (the same input fails again), with the adapter already written."""
-        try:
-            return save_formats(self.config, self.adapter_path, self.tokenizer, self.output)
-        except (GgufError, ValueError) as exc:
-            raise TrainerFailure(ExitReason.InvalidConfig, f"spec.output.formats: {exc}") from None
-
     # --- summary -------------------------------------------------------------------------------
     def _memory_parts(self) -> dict[str, Any] | None:
         """This GPU's plan, part by part, beside the parts the probe measured (memory_phases.py);
@@ -153,6 +143,8 @@ class Outputs:
             "adapterPath": str(self.adapter_path),
             "mergedPath": str(self.merged) if self.merged else None,
             "formats": {name: str(path) for name, path in self.formats.items()},
+            # The formats not written, and why: the job still succeeds with its adapter.
+            "exportFailures": self.export_failures or None,
             "samplesPath": str(self.samples_path) if self.samples_path else None,
             "resumedFrom": checkpoint_ref(self.resume_from) if self.resume_from else None,
             "lastCheckpoint": checkpoint_ref(latest) if latest else None,

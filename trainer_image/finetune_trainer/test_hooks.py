@@ -29,6 +29,8 @@ MICRO_DELAY = "FINETUNE_TEST_MICRO_DELAY"
 # OOM_AGAIN_AT: the same on the tighter plan of the retry after an OOM (oom_retry.py)
 OOM_AT = "FINETUNE_TEST_OOM_AT"
 OOM_AGAIN_AT = "FINETUNE_TEST_OOM_AGAIN_AT"
+# "FORMAT": that output format's exporter fails after training, as a converter that refuses would
+EXPORT_FAIL = "FINETUNE_TEST_EXPORT_FAIL"
 # "N": on the CPU, which no plan sizes, gradientCheckpointing auto keeps N layers' activations
 KEEP_LAYERS = "FINETUNE_TEST_KEEP_LAYERS"
 # "1": on the CPU, the recomputing layers' inputs go to host memory as a plan that needs it says
@@ -74,6 +76,13 @@ def die_after_step(step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if _names_this_rank(EXIT_RANK_AT, step):
         os._exit(0)
+
+
+def fail_export(name: str) -> None:
+    if name and os.environ.get(EXPORT_FAIL) == name:
+        from finetune_api.formats import FormatError
+
+        raise FormatError(f"injected export failure ({EXPORT_FAIL})")
 
 
 def keep_layers() -> int | None:

@@ -51,9 +51,11 @@ MAX_BACKOFF_SECONDS = 30
 # Mount points of the staged sources (see ContainerPlan.staging); empty folders on the host.
 STAGING_ROOT = Path("/run/finetune-node-agent")
 # Not a kubelet's: a test's fault hooks reach the pods of its namespace through this ConfigMap
-# (keys starting with TEST_ENV_PREFIX only).
+# (keys starting with TEST_ENV_PREFIX only, and where llama.cpp's tools are: the trainer image
+# has them at /opt/llama.cpp, a pod on this node finds them where the tests unpacked them).
 TEST_ENV_CONFIGMAP = "node-agent-test-env"
 TEST_ENV_PREFIX = "FINETUNE_TEST_"
+TEST_ENV_TOOLS = ("FINETUNE_LLAMA_CPP", "FINETUNE_LLAMA_QUANTIZE")
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ class PodRun(threading.Thread):
         if not job:
             return {}
         data = self.ctx.kube.lookup("configmap", self.namespace, f"{TEST_ENV_CONFIGMAP}-{job}") or {}
-        return {k: v for k, v in data.items() if k.startswith(TEST_ENV_PREFIX)}
+        return {k: v for k, v in data.items() if k.startswith(TEST_ENV_PREFIX) or k in TEST_ENV_TOOLS}
 
     def _write_kubeconfig(self, mount: str, path: Path) -> None:
         """A kubeconfig that reads the pod's own mounted token and CA, as in-cluster config would."""

@@ -1,6 +1,6 @@
 """The trainer's paths inside the pod: each claim at its role's mount (finetune_api.contract)."""
 
-from finetune_api import contract
+from finetune_api import contract, layout
 from finetune_api.spec import FineTuneJobSpec
 from finetune_api.trainer_config import RuntimePaths
 
@@ -18,8 +18,8 @@ def output_dir(job: str, spec: FineTuneJobSpec) -> str:
 
 
 def adapter_path(job: str, spec: FineTuneJobSpec) -> str:
-    return f"{output_dir(job, spec)}/{contract.ADAPTER_DIR}"
+    return f"{output_dir(job, spec)}/{layout.ADAPTER_DIR}"
 
 
 def merged_path(job: str, spec: FineTuneJobSpec) -> str | None:
-    return f"{output_dir(job, spec)}/{contract.MERGED_DIR}" if "merged" in spec.output.written else None
+    return f"{output_dir(job, spec)}/{layout.MERGED_DIR}" if "merged" in spec.output.written else None

@@ -7,7 +7,9 @@ claim at the same folder runs the commands as they are.
 from typing import Any
 
 from finetune_api import contract
-from finetune_api.spec import FineTuneJobSpec, OutputFormat, lora_rank_warning, vllm_max_lora_rank
+from finetune_api.formats import FORMATS, Where
+from finetune_api.formats.peft import lora_rank_warning
+from finetune_api.spec import FineTuneJobSpec
 
 from . import paths
 
@@ -18,37 +20,15 @@ def base_model(job: str, spec: FineTuneJobSpec) -> str:
     return contract.public_model_name(spec, None, paths.runtime_paths(job, spec).model)
 
 
-def _serve(fmt: OutputFormat, job: str, spec: FineTuneJobSpec, files: dict[str, str]) -> str:
-    rank = vllm_max_lora_rank(spec.lora.r)
-    if fmt == "peft":
-        return (
-            f"vllm serve {base_model(job, spec)} --enable-lora --lora-modules {job}={files['path']} "
-            f"--max-lora-rank {rank}"
-        )
-    if fmt == "merged":
-        return f"vllm serve {files['path']}"
-    if fmt == "gguf-lora":
-        return f"llama-server -m {files['basePath']} --lora {files['path']}"
-    return f"llama-server -m {files['path']}"
-
-
-def _files(fmt: OutputFormat, out: str, spec: FineTuneJobSpec) -> dict[str, str]:
-    kind = spec.output.gguf_type
-    if fmt == "peft":
-        return {"path": f"{out}/{contract.ADAPTER_DIR}"}
-    if fmt == "merged":
-        return {"path": f"{out}/{contract.MERGED_DIR}"}
-    if fmt == "gguf-lora":
-        return {"path": f"{out}/{contract.gguf_adapter_file()}", "basePath": f"{out}/{contract.gguf_base_file(kind)}"}
-    return {"path": f"{out}/{contract.gguf_merged_file(kind)}"}
-
-
 def output_formats(job: str, spec: FineTuneJobSpec, claim: str) -> list[dict[str, Any]]:
-    out = paths.output_dir(job, spec)
+    """Each written format's files and serve command, as its registry entry makes them."""
+    out, lora_rank, gguf_type = paths.output_dir(job, spec), spec.lora.r, spec.output.gguf_type
+    where = Where(job, out, base_model(job, spec), lora_rank, gguf_type)
     entries = []
-    for fmt in spec.output.written:
-        files = _files(fmt, out, spec)
-        entries.append({"format": fmt, "claimName": claim, **files, "serve": _serve(fmt, job, spec, files)})
+    for name in spec.output.written:
+        fmt = FORMATS.get(name)
+        files = fmt.files(where)
+        entries.append({"format": name, "claimName": claim, **files, "serve": fmt.serve(where, files)})
     return entries
 
 
