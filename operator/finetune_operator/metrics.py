@@ -78,21 +78,27 @@ class Metrics:
 
 
 class PhaseBook:
-    """The last phase of every job, so the gauge counts each job once."""
+    """The last phase of every job, so the gauge counts each job once. A change moves one job
+    between two counts: recounting every job on each reconcile cost O(jobs), and at 5,000 jobs
+    a restart's resync (5,000 reconciles) walked 25 million entries under this lock."""
 
     def __init__(self, gauge: Gauge) -> None:
         self._gauge = gauge
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str], str] = {}
+        self._counts: dict[str, int] = dict.fromkeys(PHASES, 0)
+        for phase in PHASES:
+            gauge.labels(phase=phase).set(0)
 
     def set(self, namespace: str, name: str, phase: str | None) -> None:
+        key = (namespace, name)
         with self._lock:
-            if phase is None:
-                self._phases.pop((namespace, name), None)
-            else:
-                self._phases[(namespace, name)] = phase
-            counts: dict[str, int] = dict.fromkeys(PHASES, 0)
-            for value in self._phases.values():
-                counts[value] = counts.get(value, 0) + 1
-        for key, count in counts.items():
-            self._gauge.labels(phase=key).set(count)
+            before = self._phases.pop(key, None) if phase is None else self._phases.get(key)
+            if before == phase:
+                return
+            if phase is not None:
+                self._phases[key] = phase
+            for changed, step in ((before, -1), (phase, 1)):
+                if changed is not None:
+                    self._counts[changed] = self._counts.get(changed, 0) + step
+                    self._gauge.labels(phase=changed).set(self._counts[changed])

@@ -69,7 +69,7 @@ class Reconciler:
         try:
             self.reconcile(namespace, name)
         except TRANSIENT as exc:
-            priority = NEW if self.cache.job(namespace, name) is None else UPDATE
+            priority = UPDATE if self.cache.has_job(namespace, name) else NEW
             failures, delay = self.queue.add_rate_limited(key, priority)
             self.metrics.reconcile_retries.inc()
             logger.warning(
@@ -91,7 +91,7 @@ class Reconciler:
 
     def needs_job(self, namespace: str, name: str, body: Body) -> bool:
         """Whether this event's job is still waiting for its Job: the urgent kind of work."""
-        return not (body.get("status") or {}).get("phase") and self.cache.job(namespace, name) is None
+        return not (body.get("status") or {}).get("phase") and not self.cache.has_job(namespace, name)
 
     def forget(self, namespace: str, name: str) -> None:
         key = (namespace, name)

@@ -255,6 +255,27 @@ def test_the_load_soak_after_the_cuts_is_its_record() -> None:
     assert_stated(f"the p50 ratios' median, {data['latency_p50_ratio']}x")
 
 
+def test_the_load_soak_after_the_event_on_kopfs_loop_is_its_record() -> None:
+    data = record("2026-12-05-load-500-event-on-kopf-loop.json")
+    rounds = [r["ours"] for r in data["rounds"]]
+    per_job = [r["requests_per_job"] for r in rounds]
+    assert max(per_job) <= 4.0 and all(r["jobs_finished"] == 500 and r["duplicates"] == 0 for r in rounds)
+    assert all(r["floor"]["jobs_finished"] == 500 and r["floor"]["duplicates"] == 0 for r in data["rounds"])
+    assert data["p99_to_floor_median"] <= 1.0
+    assert_stated(f"{min(per_job)}-{max(per_job)} API requests per job")
+    kinds = [r["requests_per_job_by_kind"] for r in rounds]
+    patches = [k["patch FineTuneJob/status"] for k in kinds]
+    assert_stated(f"{min(patches)}-{max(patches)} status patches")
+    assert_stated(f"Ours' p99 CR-to-Job {' / '.join(str(r['p99_s']) for r in rounds)}")
+    assert_stated(f"against the floor's {' / '.join(str(r['floor']['p99_s']) for r in data['rounds'])} s")
+    floor_p99 = statistics.median(r["floor"]["p99_s"] for r in data["rounds"])
+    ours_p99 = statistics.median(r["p99_s"] for r in rounds)
+    assert_stated(f"{data['p99_to_floor_median']}x the floor's median round ({ours_p99} s against {floor_p99} s)")
+    assert_stated(f"the p50 ratios' median {data['latency_p50_ratio']}x; RSS {data['rss_ratio']}x")
+    machine = data["machine"]
+    assert_stated(f"load average {machine['load_average_start'][0]} at the start, {machine['load_average_end'][0]}")
+
+
 def test_the_fleet_soak_is_its_record() -> None:
     data = record("2026-12-05-fleet-5000.json")
     run = data["run"]
@@ -265,6 +286,24 @@ def test_the_fleet_soak_is_its_record() -> None:
     assert_stated(f"{run['peak_rss_mib']} MiB peak RSS and {run['cpu_s']} s of CPU")
     patches = run["requests_per_job_by_kind"]["patch FineTuneJob/status"]
     assert_stated(f"{run['requests_per_job']} API requests per job ({patches} status patches)")
+
+
+def test_the_fleet_soak_with_the_resync_is_its_record() -> None:
+    data = record("2026-12-05-fleet-5000-resync.json")
+    run, restart = data["run"], data["restart"]
+    assert run["completed"] and run["jobs_created"] == run["jobs_finished"] == run["terminal"] == 5000
+    assert run["duplicates"] == 0 and restart["status_writes"] == 0 and restart["all_reconciled_s"] < 300
+    assert_stated(f"all 5,000 submitted in {run['submit_s']} s")
+    assert_stated(f"all {run['succeeded']:,} Succeeded {run['all_terminal_s']} s after the first create")
+    assert_stated(f"{run['peak_rss_mib']} MiB peak RSS and {run['cpu_s']} s of CPU")
+    patches = run["requests_per_job_by_kind"]["patch FineTuneJob/status"]
+    assert_stated(f"{run['requests_per_job']} API requests per job ({patches} status patches)")
+    assert_stated(f"led {restart['process_ready_s']} s after its start and had reconciled every one")
+    assert_stated(f"{restart['all_reconciled_s']} s after it (the bound is 300 s), with {restart['requests']} requests")
+    assert restart["metrics_scrapes_over_5s"] == 0
+    assert_stated(f"{restart['cpu_s']} s of CPU, and {restart['peak_rss_mib']} MiB peak RSS")
+    loads = [p["load_1m"] for p in run["progress"]]
+    assert_stated(f"load average {min(loads)} to {max(loads)} at the run's samples")
 
 
 @pytest.mark.parametrize("day", ["2026-11-30", "2026-12-01"])

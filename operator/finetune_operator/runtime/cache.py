@@ -26,7 +26,9 @@ Bodies are trimmed to what the status logic reads (no managedFields, no pod temp
 spec but its node) and held as compact JSON text, not as trees of dicts: a parsed body costs
 several times its JSON in Python objects, and at 500 jobs the trees were the largest part of
 the operator's memory. Every read parses a fresh copy, so no caller can change what another
-one reads.
+one reads. A body is packed before the lock is taken: the lock is shared by every stream, the
+reconcile workers and kopf's event handler (on its event loop), and is held only to compare
+versions and store.
 """
 
 import json
@@ -142,10 +144,10 @@ class WatchCache:
     # --- FineTuneJobs ---------------------------------------------------------------------
 
     def put_finetunejob(self, body: Body) -> None:
-        key = _key(body)
+        key, packed = _key(body), _Packed.of(trim_finetunejob(body))
         with self._guard:
             if _newer_or_equal(body, self._finetunejobs.get(key)):
-                self._finetunejobs[key] = _Packed.of(trim_finetunejob(body))
+                self._finetunejobs[key] = packed
 
     def finetunejob(self, namespace: str, name: str) -> Body | None:
         with self._guard:
@@ -164,10 +166,10 @@ class WatchCache:
     # --- Jobs (named as their FineTuneJob) ----------------------------------------------------
 
     def put_job(self, body: Body) -> None:
-        key = _key(body)
+        key, packed = _key(body), _Packed.of(trim_job(body))
         with self._guard:
             if _newer_or_equal(body, self._jobs.get(key)):
-                self._jobs[key] = _Packed.of(trim_job(body))
+                self._jobs[key] = packed
 
     def drop_job(self, body: Body) -> None:
         key = _key(body)
@@ -197,6 +199,11 @@ class WatchCache:
         with self._guard:
             held = self._jobs.get((namespace, name))
         return held.body() if held is not None else None
+
+    def has_job(self, namespace: str, name: str) -> bool:
+        """Whether a Job of this name is held: asked for every FineTuneJob event, unparsed."""
+        with self._guard:
+            return (namespace, name) in self._jobs
 
     def job_key_by_uid(self, uid: str) -> Key | None:
         """(namespace, name) of the Job with this UID, if it is one of ours (a preemptor's)."""
@@ -238,11 +245,11 @@ class WatchCache:
     def _put_grouped(
         self, groups: dict[Key, dict[str, _Packed]], owner: str, body: Body, trim: Callable[[Body], Body]
     ) -> None:
-        namespace, name = _key(body)
+        (namespace, name), packed = _key(body), _Packed.of(trim(body))
         with self._guard:
             held = groups.setdefault((namespace, owner), {})
             if _newer_or_equal(body, held.get(name)):
-                held[name] = _Packed.of(trim(body))
+                held[name] = packed
 
     def _drop_grouped(self, groups: dict[Key, dict[str, _Packed]], owner: str, body: Body) -> None:
         namespace, name = _key(body)
