@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -60,7 +61,12 @@ class Registry(Generic[E]):
     package: str
     field_path: str  # the spec field that names an entry, for messages
     _entries: dict[str, E] = field(default_factory=dict)
-    _found: bool = False
+    _found: bool = False  # every module found and imported
+    _in_progress: bool = False  # the finding thread is importing them (it may ask again)
+    # The operator's workers validate specs on several threads at once: one finds the entries
+    # while the others wait, or they would read a registry half found (a valid spec refused).
+    # Re-entrant: the modules found register, and may ask the registry, on the finding thread.
+    _finding: threading.RLock = field(default_factory=threading.RLock)
 
     def register(self, entry: E) -> E:
         known = self._entries.get(entry.name)
@@ -75,11 +81,18 @@ class Registry(Generic[E]):
     def _discover(self) -> None:
         if self._found:
             return
-        self._found = True
-        package = importlib.import_module(self.package)
-        for module in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"{self.package}.{module.name}")
-        load_plugins()
+        with self._finding:  # another thread waits here until every entry is in
+            if self._found or self._in_progress:
+                return
+            self._in_progress = True
+            try:
+                package = importlib.import_module(self.package)
+                for module in pkgutil.iter_modules(package.__path__):
+                    importlib.import_module(f"{self.package}.{module.name}")
+                load_plugins()
+                self._found = True
+            finally:
+                self._in_progress = False
 
     def entries(self) -> tuple[E, ...]:
         self._discover()
@@ -106,6 +119,8 @@ class Registry(Generic[E]):
 
 def _expected(names: tuple[str, ...]) -> str:
     quoted = [f"'{name}'" for name in names]
+    if not quoted:
+        return "a registered name (none is registered)"
     return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
