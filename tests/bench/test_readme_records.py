@@ -288,8 +288,9 @@ def test_the_fleet_soak_is_its_record() -> None:
     assert_stated(f"{run['requests_per_job']} API requests per job ({patches} status patches)")
 
 
-def test_the_fleet_soak_with_the_resync_is_its_record() -> None:
-    data = record("2026-12-05-fleet-5000-resync.json")
+@pytest.mark.parametrize("name", ["2026-12-05-fleet-5000-resync.json", "2026-12-05-fleet-5000-lists-as-bytes.json"])
+def test_a_fleet_soak_with_the_resync_is_its_record(name: str) -> None:
+    data = record(name)
     run, restart = data["run"], data["restart"]
     assert run["completed"] and run["jobs_created"] == run["jobs_finished"] == run["terminal"] == 5000
     assert run["duplicates"] == 0 and restart["status_writes"] == 0 and restart["all_reconciled_s"] < 300
@@ -467,18 +468,3 @@ def test_the_streamed_loader_paragraph_is_its_record() -> None:
         assert figure in text, figure
     assert rank["bytesRead"] == data["streamed_loader"]["checkpointTensorBytes"]
     assert data["streamed_gpu_test"]["passed"] is True
-
-
-def test_the_fleet_soak_with_lists_as_bytes_is_its_record() -> None:
-    data = record("2026-12-05-fleet-5000-lists-as-bytes.json")
-    run, restart = data["run"], data["restart"]
-    assert run["completed"] and run["jobs_created"] == run["jobs_finished"] == run["terminal"] == 5000
-    assert run["duplicates"] == 0 and restart["status_writes"] == 0 and restart["all_reconciled_s"] < 300
-    assert_stated(f"all 5,000 submitted in {run['submit_s']} s")
-    assert_stated(f"all {run['succeeded']:,} Succeeded {run['all_terminal_s']} s after the first create")
-    assert_stated(f"{run['peak_rss_mib']} MiB peak RSS and {run['cpu_s']} s of CPU")
-    patches = run["requests_per_job_by_kind"]["patch FineTuneJob/status"]
-    assert_stated(f"{run['requests_per_job']} API requests per job ({patches} status patches)")
-    assert_stated(f"led {restart['process_ready_s']} s after its start and had reconciled every one")
-    assert_stated(f"{restart['all_reconciled_s']} s after it (the bound is 300 s), with {restart['requests']} requests")
-    assert_stated(f"{restart['cpu_s']} s of CPU, and {restart['peak_rss_mib']} MiB peak RSS")
