@@ -289,9 +289,13 @@ def test_a_high_priority_job_preempts_the_trainer_which_resumes_from_its_checkpo
     # the checkpoint took over 30 s once on a 2-core machine running a load soak beside the suite.)
     stop = wait_for(lambda: trainer_event(cluster, namespace, low_pod["metadata"]["name"], "stopped"), 90, "low's stop")
 
-    high_phases, _, high = watch_until_done(jobs, "high")
+    high = watch_until_done(jobs, "high")[2]
     assert high["phase"] == "Succeeded", high
-    assert "Running" in high_phases
+    # high ran while low waited. Its Running phase is no evidence: a 16-step run can end inside
+    # the operator's coalescing window, so the status may go from Admitted to Succeeded in one
+    # write (CI saw ['Succeeded'] once). What it trained and when its Job started are.
+    assert high["queue"]["admitted"] is True and high.get("startTime"), high
+    assert summary(training_volumes, "high")["finalStep"] == HIGH_TRAINING["maxSteps"]
 
     later_phases, _, final = watch_until_done(jobs, "low")
     assert final["phase"] == "Succeeded", final
