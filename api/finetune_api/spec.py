@@ -43,7 +43,10 @@ from .modes import Parallelism
 from .multinode import several_nodes
 from .objectives import DEFAULT as DEFAULT_METHOD
 from .objectives import OBJECTIVES, dataset_format_choice, describe_formats, describe_methods
+from .objectives import packs as objective_packs
 from .objectives import reads as objective_reads
+from .objectives.dpo import DpoSpec
+from .objectives.orpo import OrpoSpec
 from .objectives.sft import CONVERSATION_FORMATS as SFT_CONVERSATION_FORMATS
 from .objectives.sft import FORMATS as SFT_FORMATS
 from .objectives.sft import SftFormat
@@ -248,10 +251,24 @@ BoolOrAuto = Annotated[
 ]
 
 
+# The methods with a settings block of their own, named as the method (`training.dpo`).
+METHOD_BLOCKS: Final = ("dpo", "orpo")
+
+
+def _block_message(block: str) -> str:
+    return f"training.{block} is for training.method {block}"
+
+
 class TrainingSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
-            "x-kubernetes-validations": [_cel("!(has(self.epochs) && has(self.maxSteps))", BOTH_LENGTHS)]
+            "x-kubernetes-validations": [
+                _cel("!(has(self.epochs) && has(self.maxSteps))", BOTH_LENGTHS),
+                *(
+                    _cel(f"!has(self.{block}) || self.method == '{block}'", _block_message(block), f".{block}")
+                    for block in METHOD_BLOCKS
+                ),
+            ]
         }
     )
 
@@ -293,6 +310,8 @@ class TrainingSpec(ApiModel):
     )
     optimizer: OptimizerName = Field(default=DEFAULT_OPTIMIZER, description="Optimizer.")
     method: Annotated[str, OBJECTIVES.choice(describe_methods)] = Field(default=DEFAULT_METHOD)
+    dpo: DpoSpec | None = Field(default=None, description="DPO's settings (method dpo; the defaults when unset).")
+    orpo: OrpoSpec | None = Field(default=None, description="ORPO's settings (method orpo; the defaults when unset).")
     parallelism: Parallelism = Field(
         default="auto",
         description="How the pod's GPUs share the work: dataParallel = a whole NF4 copy per GPU with LoRA "
@@ -312,6 +331,24 @@ class TrainingSpec(ApiModel):
         if self.epochs is not None and self.max_steps is not None:
             raise ValueError(BOTH_LENGTHS)
         return self
+
+    @model_validator(mode="after")
+    def _blocks_of_the_method(self) -> Self:
+        for block in METHOD_BLOCKS:
+            if getattr(self, block) is not None and self.method != block:
+                raise ValueError(_block_message(block))
+        refusal = None if not self.packing else objective_packs(self.method)
+        if refusal is not None:
+            raise ValueError(refusal)
+        return self
+
+    @property
+    def dpo_settings(self) -> DpoSpec:
+        return self.dpo or DpoSpec()
+
+    @property
+    def orpo_settings(self) -> OrpoSpec:
+        return self.orpo or OrpoSpec()
 
 
 class CheckpointSpec(ApiModel):

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, get_args
 
-from finetune_api.spec import CONVERSATION_FORMATS, DATASET_FORMATS, TrainOn
+from finetune_api.objectives import dataset_formats
+from finetune_api.spec import CONVERSATION_FORMATS, TrainOn
 
 from .errors import CliError
 from .family import family_line
@@ -33,7 +34,7 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     )
     parser.add_argument("file", metavar="FILE")
     parser.add_argument(
-        "--format", required=True, choices=tuple(DATASET_FORMATS), help="spec.dataset.format (required)"
+        "--format", required=True, choices=tuple(dataset_formats()), help="spec.dataset.format (required)"
     )
     parser.add_argument("--tokenizer", metavar="PATH", help="model folder: also count tokens, check lengths")
     parser.add_argument(

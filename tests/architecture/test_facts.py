@@ -8,6 +8,7 @@ import argparse
 from typing import Any, get_args
 
 from finetune_api.multinode import several_nodes
+from finetune_api.objectives import dataset_formats
 from finetune_api.spec import DATASET_FORMATS, DatasetFormat, DatasetSpec, ResourcesSpec, TrainOn
 from finetune_api.status import FineTuneJobStatus
 from finetune_cli.main import build_parser
@@ -32,12 +33,13 @@ def test_the_dataset_format_table_names_every_format_of_the_api_in_its_order() -
 
 
 def test_check_data_offers_the_formats_of_the_api() -> None:
-    assert _choices("check-data", "--format") == tuple(DATASET_FORMATS)
+    assert _choices("check-data", "--format") == tuple(dataset_formats())
+    assert set(DATASET_FORMATS) < set(dataset_formats())
     assert _choices("check-data", "--train-on") == get_args(TrainOn)
 
 
 def test_the_trainer_parses_every_format_of_the_api_and_no_other() -> None:
-    assert set(formats.PARSERS) == set(DATASET_FORMATS)
+    assert set(formats.PARSERS) == set(dataset_formats())
     assert not hasattr(formats, "FORMATS")
 
 

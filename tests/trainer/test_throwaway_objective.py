@@ -57,10 +57,10 @@ def __getattr__(name):
     from finetune_trainer.objectives.sft import Sft
 
     class Halved(Sft):
-        def loss_sum(self, model, head, batch):
-            return super().loss_sum(model, head, batch) * 0.5
+        def loss_sum(self, model, head, batch, totals):
+            return super().loss_sum(model, head, batch, totals) * 0.5
 
-        def step_metrics(self, loss, trained):
+        def step_metrics(self, loss, trained, sums=()):
             return {"halvedLoss": loss}
 
     return Halved

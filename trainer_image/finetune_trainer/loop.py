@@ -28,7 +28,6 @@ from finetune_api.reasons import ExitReason
 
 from . import test_hooks
 from .data.batches import Row, Schedule, eval_slots
-from .data.tokens import IGNORE
 from .distributed.gradsync import sum_figures
 from .distributed.topology import Topology
 from .failures import TrainerFailure
@@ -63,6 +62,7 @@ class StepFigures:
     tokens: int
     lr: float
     trained: int = 0  # the step's targets of the loss, over every rank
+    sums: list[float] = field(default_factory=list)  # the objective's figures, over every rank
 
 
 @dataclass
@@ -93,9 +93,8 @@ class Loop:
     # elsewhere no hook is put on the loss head's input).
     probe: PhaseProbe | None = None
 
-    def _padding(self, rows: list[Row]) -> list[Row]:
-        first = rows[0]
-        return [Row(first.input_ids, [IGNORE] * len(first.labels), first.position_ids)]
+    def _padding(self, rows: list[Any]) -> list[Any]:
+        return [self.objective.padding(rows[0])]
 
     @contextmanager
     def _first_step_guard(self) -> Iterator[None]:
@@ -121,12 +120,13 @@ class Loop:
         world = self.topology.world_size
         slots = self.schedule.slots(step, self.topology.rank)
         micro = [(number, [self.rows[i] for i in ids]) for number, ids in slots]
-        local_targets = sum(r.targets for _, rows in micro for r in rows)
-        (targets,) = sum_figures([local_targets], world, self.device)
+        totals = sum_figures(self.objective.counts([r for _, rows in micro for r in rows]), world, self.device)
+        targets = totals[0]
         scale = 1.0 / max(targets, 1.0)
         start = resume.micro_done if resume is not None else 0
         carried = resume if resume is not None and self.topology.rank == 0 else None
         restore_gradients(self.adapter, carried)
+        self.objective.start_step(carried.sums if carried is not None else ())
         local_loss = carried.loss if carried is not None else 0.0
         local_tokens = carried.tokens if carried is not None else 0.0
         guard = self._first_step_guard()
@@ -142,7 +142,7 @@ class Loop:
                         self.probe.forward_starts()
                     self.head.probe = self.probe
                     try:
-                        total = self.objective.loss_sum(self.model, self.head, batch)
+                        total = self.objective.loss_sum(self.model, self.head, batch, totals)
                     finally:
                         self.head.probe = None
                     if test_hooks.nonfinite_at(step + 1):
@@ -151,18 +151,22 @@ class Loop:
                     if self.probe is not None:
                         self.probe.backward_done()
                     local_loss += float(total.detach())
-                    local_tokens += sum(len(r.input_ids) for r in chosen)
+                    local_tokens += sum(r.tokens for r in chosen)
                 test_hooks.signal_after_micro(step + 1, index + 1)
                 if delay := test_hooks.micro_delay():
                     time.sleep(delay)
                 if stop is not None and index + 1 < len(micro) and self.agree(stop())[0]:
-                    figures = self.mode.reduce(self.adapter.params, [local_loss, float(local_tokens)], world)
+                    figures = self.mode.reduce(
+                        self.adapter.params, [local_loss, float(local_tokens), *self.objective.sums], world
+                    )
                     partial = partial_of(
                         self.adapter, step, index + 1, figures, world_size=world, accumulation=len(micro)
                     )
                     self.optimizer.zero_grad(set_to_none=True)
                     return partial
-        loss_total, tokens = self.mode.reduce(self.adapter.params, [local_loss, float(local_tokens)], world)
+        loss_total, tokens, *sums = self.mode.reduce(
+            self.adapter.params, [local_loss, float(local_tokens), *self.objective.sums], world
+        )
         loss = loss_total / max(targets, 1.0)
         if not math.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
@@ -177,7 +181,7 @@ class Loop:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepFigures(loss=loss, tokens=int(tokens), lr=lr, trained=int(targets))
+        return StepFigures(loss=loss, tokens=int(tokens), lr=lr, trained=int(targets), sums=sums)
 
     def evaluate(self) -> float | None:
         """Token-weighted eval loss over the held-out rows, split over the ranks.
@@ -193,7 +197,9 @@ class Loop:
         """
         if not self.eval_rows:
             return None
-        total, targets = 0.0, 0
+        total = 0.0
+        totals = self.objective.counts(self.eval_rows)  # every rank holds every eval row
+        self.objective.start_step()
         try:
             with dropout_off(self.model), torch.enable_grad():  # type: ignore[no-untyped-call]
                 for ids in eval_slots(
@@ -203,11 +209,10 @@ class Loop:
                         continue
                     rows = [self.eval_rows[i] for i in ids] or self._padding(self.eval_rows)
                     batch = self.objective.collate(rows, self.pad_id, self.device, self.packed)
-                    value = self.objective.loss_sum(self.model, self.head, batch)
+                    value = self.objective.loss_sum(self.model, self.head, batch, totals)
                     (value * 0.0).backward()  # type: ignore[no-untyped-call]
                     total += float(value.detach())
-                    targets += sum(r.targets for r in rows)
         finally:
             self.optimizer.zero_grad(set_to_none=True)
-        total, count = sum_figures([total, float(targets)], self.topology.world_size, self.device)
-        return total / max(count, 1.0)
+        (total,) = sum_figures([total], self.topology.world_size, self.device)
+        return total / max(totals[0], 1.0)

@@ -36,6 +36,10 @@ class LossHead(nn.Module):
         self.chunk_tokens = chunk_tokens
         self.transform = transform
         self.labels: torch.Tensor | None = None
+        # Set with `labels` for a per-sequence pass (the preference objectives): masks (K, B,
+        # T - 1) over the shifted targets, and the forward returns (K, B, 1): each sequence's
+        # cross-entropy summed under each mask, instead of one sum over the micro-batch.
+        self.row_masks: torch.Tensor | None = None
         # Set while sample answers are generated (samples.py): the forward returns the last
         # position's logits instead of a loss. A flag, not a module swapped in: under fsdp this
         # module is the FSDP unit's own, and its forward is what gathers the head's weights.
@@ -56,6 +60,38 @@ class LossHead(nn.Module):
             logits = self.transform(logits)
         return F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
 
+    def _chunk_rows(
+        self, hidden: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor, masks: torch.Tensor, count: int
+    ) -> torch.Tensor:
+        logits = self.head(hidden).float()
+        if self.transform is not None:
+            logits = self.transform(logits)
+        each = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="none")
+        out = masks.new_zeros((masks.shape[0], count))
+        return out.index_add(1, rows, masks * each.unsqueeze(0))
+
+    def _per_sequence(self, states: torch.Tensor, targets: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        count, width = masks.shape[1], masks.shape[2]
+        flat = masks.reshape(masks.shape[0], -1).to(states.device, torch.float32)
+        rows = torch.arange(count * width, device=states.device) // width
+        size = self.chunk_tokens or states.shape[0]
+        if size >= states.shape[0]:
+            return self._chunk_rows(states, targets, rows, flat, count).unsqueeze(-1)
+        total = flat.new_zeros((flat.shape[0], count))
+        for start in range(0, states.shape[0], size):
+            end = start + size
+            piece = checkpoint(
+                self._chunk_rows,
+                states[start:end],
+                targets[start:end],
+                rows[start:end],
+                flat[:, start:end],
+                count,
+                use_reentrant=False,
+            )
+            total = total + piece
+        return total.unsqueeze(-1)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.last_logits:
             logits = self.head(hidden[:, -1:, :]).float()
@@ -63,7 +99,7 @@ class LossHead(nn.Module):
         labels = self.labels
         if labels is None:
             raise RuntimeError("LossHead: labels were not set before the forward")
-        self.labels = None
+        masks, self.labels, self.row_masks = self.row_masks, None, None
         if self.probe is not None:
             self.probe.loss_starts()
             if hidden.requires_grad:
@@ -72,6 +108,8 @@ class LossHead(nn.Module):
         # Position t predicts token t + 1.
         states = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
         targets = labels.to(hidden.device)[:, 1:].reshape(-1)
+        if masks is not None:
+            return self._per_sequence(states, targets, masks)
         size = self.chunk_tokens or states.shape[0]
         if size >= states.shape[0]:
             return self._chunk(states, targets).reshape(1, 1, 1)

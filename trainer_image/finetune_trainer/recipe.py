@@ -449,7 +449,7 @@ class Recipe(Outputs):
                 trained=figures.trained,
                 epoch=self.schedule.epoch_of(step),
                 report=report,
-                metrics=self.objective.step_metrics(figures.loss, figures.trained),
+                metrics=self.objective.step_metrics(figures.loss, figures.trained, figures.sums),
             )
         test_hooks.die_after_step(step)
         delay = test_hooks.step_delay()

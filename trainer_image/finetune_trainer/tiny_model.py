@@ -173,3 +173,43 @@ def write_alpaca(path: Path, count: int = 256, seed: int = 0) -> Path:
         for record in alpaca_records(count, seed):
             handle.write(json.dumps(record) + "\n")
     return path
+
+
+def preference_records(count: int = 256, seed: int = 0, chat: bool = False) -> list[dict[str, Any]]:
+    """Pairs with a rule a tiny model learns in a few dozen steps: the chosen answer is the
+    right one (the opposite word, the animal's own sound), the rejected one a wrong one. As
+    strings, or (`chat`) as messages rendered with the model's chat template."""
+    rng = random.Random(seed)
+    out: list[dict[str, Any]] = []
+    for index in range(count):
+        if index % 2 == 0:
+            word, opposite = rng.choice(OPPOSITES)
+            if rng.random() < 0.5:
+                word, opposite = opposite, word
+            prompt, chosen, rejected = f"The opposite of {word} is", f" {opposite}.", f" {word}."
+        else:
+            (animal, sound), (_, wrong) = rng.sample(ANIMALS, 2)
+            prompt, chosen, rejected = (
+                f"What does a {animal} say?",
+                f" A {animal} says {sound}.",
+                f" A {animal} says {wrong}.",
+            )
+        if chat:
+            out.append(
+                {
+                    "prompt": [{"role": "user", "content": prompt}],
+                    "chosen": [{"role": "assistant", "content": chosen.strip()}],
+                    "rejected": [{"role": "assistant", "content": rejected.strip()}],
+                }
+            )
+        else:
+            out.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    return out
+
+
+def write_preference(path: Path, count: int = 256, seed: int = 0, chat: bool = False) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for record in preference_records(count, seed, chat):
+            handle.write(json.dumps(record) + "\n")
+    return path

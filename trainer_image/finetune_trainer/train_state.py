@@ -90,6 +90,7 @@ class Partial:
     world_size: int
     accumulation: int
     grads: dict[str, torch.Tensor]  # PEFT's saved names, summed over ranks, on the CPU
+    sums: tuple[float, ...] = ()  # the objective's figures so far, summed over ranks
 
     def fits(self, world_size: int, accumulation: int) -> bool:
         """Its micro-batches are numbered for one process count and accumulation only."""
@@ -104,7 +105,7 @@ def partial_of(
         _saved_name(name): (p.grad if p.grad is not None else torch.zeros_like(p)).detach().to("cpu", copy=True)
         for name, p in adapter.named
     }
-    return Partial(step, micro_done, figures[0], figures[1], world_size, accumulation, grads)
+    return Partial(step, micro_done, figures[0], figures[1], world_size, accumulation, grads, tuple(figures[2:]))
 
 
 def restore_gradients(adapter: Adapter, partial: Partial | None) -> None:
@@ -154,6 +155,7 @@ def save(
                 "worldSize": partial.world_size,
                 "accumulation": partial.accumulation,
                 "grads": partial.grads,
+                "sums": list(partial.sums),
             },
             folder / PARTIAL,
         )
@@ -181,5 +183,6 @@ def load(
             int(saved["worldSize"]),
             int(saved["accumulation"]),
             dict(saved["grads"]),
+            tuple(float(v) for v in saved.get("sums", ())),
         )
     return int(state["step"]), int(state.get("tokens", 0)), state, partial

@@ -31,6 +31,11 @@ class Objective:
     dataset_formats: dict[str, str]  # format -> what a record holds (empty: the name says it)
     trainer: str  # `module:Class` of the trainer's implementation
     sequences_per_row: int = 1
+    # Forwards of each sequence without gradients beside the trained one (DPO's reference: 1):
+    # the planner's time, not its memory (no activations are kept).
+    reference_forwards: int = 0
+    # Whether `training.packing` may put several rows in one sequence (a pair's answers cannot).
+    packs: bool = True
     tracked: tuple[str, ...] = ()
     order: int = 100
     # Dataset formats whose conversations `dataset.trainOn` chooses the loss of.
@@ -70,6 +75,13 @@ def describe_methods() -> str:
     """`spec.training.method`'s description: each objective and what it does."""
     listed = "; ".join(f"{o.name} = {o.description}" for o in OBJECTIVES)
     return f"The training objective: {listed}. Each reads its own dataset formats."
+
+
+def packs(method: str) -> str | None:
+    """None when objective `method` may pack its rows, else the one-line refusal."""
+    if OBJECTIVES.get(method).packs:
+        return None
+    return f"training.packing is not for training.method {method}: a pair's answers are scored one sequence each"
 
 
 def reads(method: str, dataset_format: str) -> str | None:

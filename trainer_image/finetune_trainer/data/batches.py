@@ -33,6 +33,11 @@ class Row:
         """Tokens that count in the loss (a label, shifted by one for next-token prediction)."""
         return trained(self.labels)
 
+    @property
+    def tokens(self) -> int:
+        """Tokens the row puts through the model."""
+        return len(self.input_ids)
+
 
 def make_rows(
     samples: Sequence[dict[str, Any]], tokenizer: Any, max_length: int, packing: bool, train_on: str | None = None

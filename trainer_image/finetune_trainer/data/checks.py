@@ -12,9 +12,11 @@ from typing import Any
 
 from .chat import DEFAULT_TRAIN_ON, TEMPLATE_FIELD
 from .formats import normalise
+from .pairs import SIDES, tokenize_pairs
 from .records import Record
 from .tokens import Tokens, pieces, tokenize, trained
 
+PREFERENCE = "preference"
 # Samples named in one warning line; the rest are counted.
 MAX_LISTED = 20
 UNCUT = 2**62
@@ -228,6 +230,9 @@ def check_records(
     if tokenizer is not None and report.samples and not any(p.where == "tokenizer" for p in report.problems):
         # No maxLength given: nothing is cut.
         length = max_length if max_length is not None else UNCUT
+        if fmt == PREFERENCE:
+            _check_pairs(report, wheres, tokenizer, max_length=length)
+            return report
         _check_tokens(
             report, wheres, tokenizer, max_length=length, packing=packing, train_on=train_on or DEFAULT_TRAIN_ON
         )
@@ -297,4 +302,40 @@ def _check_tokens(
         report.warnings.append(
             f"{report.over_length} of {len(keep)} samples are longer than maxLength {max_length} tokens "
             f"(longest {report.longest}): {fate}"
+        )
+
+
+def _check_pairs(report: DataReport, wheres: list[str], tokenizer: Any, *, max_length: int) -> None:
+    """A preference pair as the trainer cuts it: each answer keeps at least one scored token.
+    Each of its two sequences is cut at maxLength on its own (the start kept)."""
+    keep: list[dict[str, Any]] = []
+    for where, sample, pair in zip(wheres, report.samples, tokenize_pairs(report.samples, tokenizer), strict=True):
+        problems = [(side, tokens.problem) for side, tokens in zip(SIDES, pair, strict=True) if tokens.problem]
+        if problems:
+            _sample_problem(where, problems[0][1], report)
+            continue
+        kept = [trained(tokens.labels[:max_length]) for tokens in pair]
+        report.counts.append(SampleCount(where, sum(min(len(t.input_ids), max_length) for t in pair), sum(kept)))
+        report.longest = max(report.longest, *(len(t.input_ids) for t in pair))
+        lost = [side for side, count in zip(SIDES, kept, strict=True) if count == 0]
+        if lost:
+            side = lost[0]
+            tokens = pair[SIDES.index(side)]
+            report.problems.append(
+                DataProblem(
+                    where,
+                    side,
+                    f"maxLength {max_length} cuts every token of the answer (the prompt is {tokens.prompt} tokens, "
+                    f"the {side} sequence {len(tokens.input_ids)})",
+                )
+            )
+            continue
+        if any(len(t.input_ids) > max_length for t in pair):
+            report.over_length += 1
+        keep.append(sample)
+    report.samples = keep
+    if report.over_length:
+        report.warnings.append(
+            f"{report.over_length} of {len(keep)} pairs have an answer longer than maxLength {max_length} tokens "
+            f"(longest {report.longest}): its end is cut"
         )

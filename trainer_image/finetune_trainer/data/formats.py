@@ -1,4 +1,5 @@
-"""The dataset formats of the API (finetune_api.spec.DATASET_FORMATS), each turned into one of TRL's shapes.
+"""The dataset formats of the API (every objective's: finetune_api.objectives.dataset_formats), each
+turned into one of TRL's shapes.
 
 alpaca and completion become prompt/completion (loss on the answer only); sharegpt and
 messages become conversations rendered with the model's chat template; text stays text.
@@ -144,13 +145,78 @@ def _messages(r: _Reader) -> dict[str, Any] | None:
     return _turns(r, "messages", "role", "content", {role: role for role in MESSAGE_ROLES})
 
 
-# One parser per format of the API's table (finetune_api.spec.DATASET_FORMATS), by its name.
+def _message_list(r: _Reader, name: str, value: Any) -> list[dict[str, str]] | None:
+    """Messages (role/content) under `name`, or None with the problem noted."""
+    if not isinstance(value, list) or not value:
+        r.out.problems.append((name, "expected a string or a non-empty list of messages"))
+        return None
+    messages: list[dict[str, str]] = []
+    for index, turn in enumerate(value):
+        where = f"{name}[{index}]"
+        if not isinstance(turn, dict):
+            r.out.problems.append((where, "expected an object"))
+            return None
+        role = turn.get("role")
+        if role not in MESSAGE_ROLES:
+            r.out.problems.append(
+                (f"{where}.role", f"expected one of {', '.join(sorted(MESSAGE_ROLES))}, got {role!r}")
+            )
+            return None
+        content = r.text("content", source=turn, path=f"{where}.content")
+        if content is None:
+            return None
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def _answer(r: _Reader, name: str) -> str | list[dict[str, str]] | None:
+    """An answer of a pair: a string, or the assistant turn that ends its messages (an object or
+    a list); the turns before that one join the prompt."""
+    value = r.record.get(name)
+    if value is None:
+        r.out.problems.append((name, "missing field"))
+        return None
+    if isinstance(value, str):
+        return r.text(name)
+    messages = _message_list(r, name, [value] if isinstance(value, dict) else value)
+    if messages is None:
+        return None
+    if messages[-1]["role"] != "assistant":
+        r.out.problems.append((name, "the last message must be the assistant's answer"))
+        return None
+    return messages
+
+
+def _preference(r: _Reader) -> dict[str, Any] | None:
+    raw = r.record.get("prompt")
+    prompt: str | list[dict[str, str]] | None
+    if raw is None:
+        r.out.problems.append(("prompt", "missing field"))
+        prompt = None
+    elif isinstance(raw, str):
+        prompt = r.text("prompt")
+    else:
+        prompt = _message_list(r, "prompt", raw)
+    chosen, rejected = _answer(r, "chosen"), _answer(r, "rejected")
+    if prompt is None or chosen is None or rejected is None:
+        return None
+    if isinstance(prompt, str) != isinstance(chosen, str) or isinstance(chosen, str) != isinstance(rejected, str):
+        r.out.problems.append(("prompt", "prompt, chosen and rejected must be all strings or all messages"))
+        return None
+    if chosen == rejected:
+        r.out.problems.append(("rejected", "the same as chosen: nothing to prefer"))
+        return None
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+
+
+# One parser per format of the API's objectives (finetune_api.objectives.dataset_formats), by its name.
 PARSERS: dict[str, Callable[[_Reader], dict[str, Any] | None]] = {
     "alpaca": _alpaca,
     "sharegpt": _sharegpt,
     "messages": _messages,
     "text": _text,
     "completion": _completion,
+    "preference": _preference,
 }
 
 

@@ -20,6 +20,7 @@ from finetune_api.registry import load
 from finetune_api.spec import FineTuneJobSpec
 
 from ..data.batches import Row
+from ..data.tokens import IGNORE
 from ..loss_head import LossHead
 
 
@@ -28,18 +29,43 @@ class TrainingObjective:
 
     def __init__(self, entry: Objective) -> None:
         self.entry = entry
+        self.sums: list[float] = [0.0] * len(self.figure_names)
+
+    def configure(self, spec: FineTuneJobSpec) -> None:
+        """Read the objective's own settings from the spec (DPO's `training.dpo`)."""
 
     def rows(self, samples: Sequence[dict[str, Any]], tokenizer: Any, spec: FineTuneJobSpec) -> list[Row]:
         raise NotImplementedError
 
-    def collate(self, rows: Sequence[Row], pad_id: int, device: torch.device, packed: bool) -> dict[str, torch.Tensor]:
+    def collate(self, rows: Sequence[Any], pad_id: int, device: torch.device, packed: bool) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def loss_sum(self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The micro-batch's loss summed over its targets (the loop divides by the step's count)."""
+    def padding(self, row: Any) -> Any:
+        """A row like `row` that adds nothing to the loss: what a rank past the data's end runs
+        when every rank must run every forward (fsdp)."""
+        assert isinstance(row, Row)
+        return Row(row.input_ids, [IGNORE] * len(row.labels), row.position_ids)
+
+    def counts(self, rows: Sequence[Any]) -> list[float]:
+        """What the rows add to the step's totals, summed over the ranks before its first
+        micro-batch. The first total is what the loss is a mean over (the loop divides each
+        micro-batch's `loss_sum` by it); an objective may add others its loss reads."""
+        return [float(sum(r.targets for r in rows))]
+
+    def loss_sum(
+        self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor], totals: Sequence[float]
+    ) -> torch.Tensor:
+        """The micro-batch's loss summed over its targets (the loop divides by `totals[0]`)."""
         raise NotImplementedError
 
-    def step_metrics(self, loss: float, trained: int) -> dict[str, float]:
+    # Names of the figures `loss_sum` adds up in `sums` (the loop sums them over the ranks and
+    # keeps them in a step stopped part-way); `step_metrics` turns them into the step's figures.
+    figure_names: tuple[str, ...] = ()
+
+    def start_step(self, sums: Sequence[float] = ()) -> None:
+        self.sums = list(sums) if sums else [0.0] * len(self.figure_names)
+
+    def step_metrics(self, loss: float, trained: int, sums: Sequence[float] = ()) -> dict[str, float]:
         """Figures of a finished step beside the loss, for the progress line and TensorBoard."""
         return {}
 
@@ -50,4 +76,5 @@ def for_spec(spec: FineTuneJobSpec) -> TrainingObjective:
     implementation = load(entry.trainer)
     objective = implementation(entry)
     assert isinstance(objective, TrainingObjective), entry.trainer
+    objective.configure(spec)
     return objective

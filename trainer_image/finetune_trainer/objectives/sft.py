@@ -33,5 +33,7 @@ class Sft(TrainingObjective):
     def collate(self, rows: Sequence[Row], pad_id: int, device: torch.device, packed: bool) -> dict[str, torch.Tensor]:
         return collate(rows, pad_id, device, packed)
 
-    def loss_sum(self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def loss_sum(
+        self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor], totals: Sequence[float]
+    ) -> torch.Tensor:
         return loss_sum(model, head, batch)

@@ -1,0 +1,219 @@
+"""Preference tuning (`training.method: dpo` and `orpo`, finetune_api.objectives): rows are pairs.
+
+A micro-batch of B pairs is one forward of 2B sequences, the B chosen answers then the B
+rejected ones (TRL's order), right-padded. The LM head (loss_head.LossHead) returns each
+sequence's cross-entropy summed under the objective's masks, never the logits, so the vocabulary
+is held a chunk at a time as in SFT. DPO's reference is the same model with every LoRA layer
+switched off, a forward without gradients before the trained one (so the two never hold
+activations at once): no second copy of the weights.
+
+Both losses are means over the step's pairs, over every rank and micro-batch (the loop divides
+by the step's pair count, `counts()[0]`), so 2 processes with accumulation k train what 1 with
+2k does; ORPO's cross-entropy term is a mean over the step's chosen tokens, its second total.
+A padding pair (fsdp, past the data's end) has weight 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from finetune_api.spec import FineTuneJobSpec
+
+from ..data.batches import Row, collate
+from ..data.pairs import tokenize_pairs
+from ..data.tokens import IGNORE, trained
+from ..loss_head import LossHead
+from . import TrainingObjective
+
+
+@dataclass(frozen=True)
+class PairRow:
+    chosen: Row
+    rejected: Row
+    weight: int = 1  # 0: a padding pair, which adds nothing
+
+    @property
+    def targets(self) -> int:
+        """Pairs: what the preference losses are a mean over."""
+        return self.weight
+
+    @property
+    def tokens(self) -> int:
+        return self.chosen.tokens + self.rejected.tokens
+
+
+def _row(ids: list[int], labels: list[int], max_length: int) -> Row:
+    ids, labels = ids[:max_length], labels[:max_length]  # keep the start, as TRL's keep_start
+    return Row(ids, labels, list(range(len(ids))))
+
+
+def pair_rows(samples: Sequence[dict[str, Any]], tokenizer: Any, max_length: int) -> list[PairRow]:
+    out: list[PairRow] = []
+    for number, pair in enumerate(tokenize_pairs(samples, tokenizer), start=1):
+        for side in pair:
+            if side.problem is not None:  # the data check refuses these before any row is made
+                raise ValueError(f"sample {number}: {side.problem[0]}: {side.problem[1]}")
+        chosen = _row(pair.chosen.input_ids, pair.chosen.labels, max_length)
+        rejected = _row(pair.rejected.input_ids, pair.rejected.labels, max_length)
+        if not chosen.targets or not rejected.targets:
+            raise ValueError(f"sample {number}: maxLength {max_length} leaves an answer of the pair no token")
+        out.append(PairRow(chosen, rejected))
+    return out
+
+
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - exp(x)) for x < 0, without cancellation on either side of -ln 2."""
+    return torch.where(x < -math.log(2), torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
+
+
+@contextmanager
+def adapters_off(model: nn.Module) -> Iterator[None]:
+    """Every LoRA layer passes its base layer's output alone: the reference model. Only PEFT's
+    flag is flipped (no requires_grad change), so FSDP's flat parameters are left as they are."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer) and not m._disable_adapters]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._disable_adapters = False
+
+
+def sequence_sums(
+    model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor], masks: torch.Tensor
+) -> torch.Tensor:
+    """(K, S): each sequence's next-token cross-entropy on `batch["targets"]`, summed under each
+    of the K masks (over the shifted positions)."""
+    head.labels = batch["targets"]
+    head.row_masks = masks
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    out: torch.Tensor = model(**inputs, use_cache=False).logits
+    return out.reshape(masks.shape[0], masks.shape[1])
+
+
+class Preference(TrainingObjective):
+    """What DPO and ORPO share: pair rows, their batches and their progress figures."""
+
+    figure_names = ("rewardChosen", "rewardRejected", "rewardAccuracy", "rewardMargin", "logpChosen", "logpRejected")
+
+    def rows(self, samples: Sequence[dict[str, Any]], tokenizer: Any, spec: FineTuneJobSpec) -> list[Any]:
+        return list(pair_rows(samples, tokenizer, spec.training.max_length))
+
+    def collate(self, rows: Sequence[Any], pad_id: int, device: torch.device, packed: bool) -> dict[str, torch.Tensor]:
+        sequences = [r.chosen for r in rows] + [r.rejected for r in rows]
+        batch = collate(sequences, pad_id, device, packed=False)
+        # The answers' targets (labels) and every token's (ORPO's cross-entropy): padding is IGNORE.
+        batch["targets"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE)
+        batch["weight"] = torch.tensor([float(r.weight) for r in rows], device=device)
+        return batch
+
+    def padding(self, row: Any) -> Any:
+        return PairRow(row.chosen, row.rejected, weight=0)
+
+    def answer_mask(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return (batch["labels"][:, 1:] != IGNORE).float()
+
+    def record(
+        self, weight: torch.Tensor, chosen_reward: torch.Tensor, rejected_reward: torch.Tensor, logps: torch.Tensor
+    ) -> None:
+        """Add the micro-batch's pairs to the step's figures (TRL's names: rewards/chosen, ...)."""
+        count = len(weight)
+        with torch.no_grad():
+            figures = torch.stack(
+                [
+                    chosen_reward,
+                    rejected_reward,
+                    (chosen_reward > rejected_reward).float(),
+                    chosen_reward - rejected_reward,
+                    logps[:count],
+                    logps[count:],
+                ]
+            )
+            for index, value in enumerate((figures * weight).sum(dim=1).tolist()):
+                self.sums[index] += float(value)
+
+    def step_metrics(self, loss: float, trained: int, sums: Sequence[float] = ()) -> dict[str, float]:
+        pairs = max(trained, 1)
+        return {name: value / pairs for name, value in zip(self.figure_names, sums, strict=False)}
+
+
+class Dpo(Preference):
+    def loss_sum(
+        self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor], totals: Sequence[float]
+    ) -> torch.Tensor:
+        settings = self.settings
+        weight = batch["weight"]
+        count = len(weight)
+        mask = self.answer_mask(batch).unsqueeze(0)
+        probe, head.probe = head.probe, None
+        try:
+            with torch.no_grad(), adapters_off(model):
+                reference = -sequence_sums(model, head, batch, mask)[0]
+        finally:
+            head.probe = probe
+        policy = -sequence_sums(model, head, batch, mask)[0]
+        ratios = policy - reference
+        chosen, rejected = ratios[:count], ratios[count:]
+        if settings.loss_type == "ipo":
+            # TRL's IPO: the log-ratios per answer token, so beta reads alike for any length.
+            lengths = mask[0].sum(dim=1).clamp(min=1.0)
+            delta = chosen / lengths[:count] - rejected / lengths[count:]
+            losses = (delta - 1 / (2 * settings.beta)) ** 2
+        else:
+            losses = -F.logsigmoid(settings.beta * (chosen - rejected))
+        self.record(weight, settings.beta * chosen.detach(), settings.beta * rejected.detach(), policy.detach())
+        return (losses * weight).sum()
+
+    def configure(self, spec: FineTuneJobSpec) -> None:
+        self.settings = spec.training.dpo_settings
+
+
+class Orpo(Preference):
+    figure_names = (*Preference.figure_names, "nllLoss", "logOddsRatio", "logOddsChosen")
+
+    def counts(self, rows: Sequence[Any]) -> list[float]:
+        """Pairs, then the chosen sequences' tokens that are targets of the cross-entropy term."""
+        pairs = float(sum(r.targets for r in rows))
+        tokens = float(sum(trained(r.chosen.input_ids) for r in rows if r.weight))
+        return [pairs, tokens]
+
+    def configure(self, spec: FineTuneJobSpec) -> None:
+        self.settings = spec.training.orpo_settings
+
+    def loss_sum(
+        self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor], totals: Sequence[float]
+    ) -> torch.Tensor:
+        beta = self.settings.beta
+        weight = batch["weight"]
+        count = len(weight)
+        answers = self.answer_mask(batch)
+        every = (batch["targets"][:, 1:] != IGNORE).float()
+        sums = sequence_sums(model, head, batch, torch.stack([answers, every]))
+        # Mean log-probability per answer token (TRL's average_log_prob).
+        logps = -sums[0] / answers.sum(dim=1).clamp(min=1.0)
+        chosen, rejected = logps[:count], logps[count:]
+        log_odds = (chosen - rejected) - (log1mexp(chosen) - log1mexp(rejected))
+        ratio = F.logsigmoid(log_odds)
+        # The cross-entropy of every token of the chosen sequences, a mean over the step's such
+        # tokens; the loop divides the whole by the step's pairs, so it is scaled by pairs / tokens.
+        nll = (sums[1][:count] * weight).sum()
+        pairs, tokens = totals[0], max(totals[1], 1.0)
+        self.record(weight, beta * chosen.detach(), beta * rejected.detach(), logps.detach())
+        with torch.no_grad():
+            for index, value in enumerate(
+                (float(nll) * pairs / tokens, float((ratio * weight).sum()), float((log_odds * weight).sum())),
+                start=len(Preference.figure_names),
+            ):
+                self.sums[index] += value
+        return nll * (pairs / tokens) - beta * (ratio * weight).sum()
