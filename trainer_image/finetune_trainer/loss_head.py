@@ -74,6 +74,12 @@ class LossHead(nn.Module):
         count, width = masks.shape[1], masks.shape[2]
         flat = masks.reshape(masks.shape[0], -1).to(states.device, torch.float32)
         rows = torch.arange(count * width, device=states.device) // width
+        # Only the positions a mask counts go through the head (as TRL's fused head does): a
+        # prompt's positions, which DPO does not score, cost no vocabulary-wide matmul.
+        keep = ((flat != 0).any(dim=0) & (targets != IGNORE)).nonzero().squeeze(1)
+        states, targets, rows, flat = states[keep], targets[keep], rows[keep], flat[:, keep]
+        if states.shape[0] == 0:  # nothing scored (a padding pair cut to its prompt): zeros with a graph
+            return (states.sum() * 0.0 + flat.new_zeros((flat.shape[0], count))).unsqueeze(-1)
         size = self.chunk_tokens or states.shape[0]
         if size >= states.shape[0]:
             return self._chunk_rows(states, targets, rows, flat, count).unsqueeze(-1)
