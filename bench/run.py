@@ -32,7 +32,10 @@ process so one's memory never shows in the other's peak:
      (bench/heldout.py): <date>-<gpu>-heldout.json;
   10. `multinode` (not in the default list): the launch path of a job of 2 nodes on one 2-GPU
      machine, two launchers of one GPU each meeting over TCP on 127.0.0.1 with the Indexed Job's
-     environment, against the 1-GPU reference in the same call: <date>-<gpu>-2node.json.
+     environment, against the 1-GPU reference in the same call: <date>-<gpu>-2node.json;
+  11. `dpo` (not in the default list; one GPU): our DPO through the pod's command against TRL's
+     DPOTrainer with the seed recipe's settings on the slice, pairs per second and our peak
+     against our plan, and our ORPO beside it (bench/preference.py): <date>-<gpu>-dpo.json.
 
     python -m bench.run --shared DIR_WITH_seed_baseline.py [--gpus 1,2] [--phases ...]
 """
@@ -69,9 +72,10 @@ PHASES = (
     "parts",
     "long",
     "heldout",
+    "dpo",
 )
 # Phases that need no FP32 matmul peak: run alone, they only name the GPU (saves the peak's time).
-NO_PEAK_PHASES = frozenset({"recompute", "parts", "boundary", "long", "heldout"})
+NO_PEAK_PHASES = frozenset({"recompute", "parts", "boundary", "long", "heldout", "dpo"})
 # What runs without --phases: `multinode` (2 GPUs of their own), `boundary`, `families` and
 # `streamed` are asked for by name.
 DEFAULT_PHASES = ("compare", "nockpt", "large", "layers", "calibration")
@@ -406,6 +410,41 @@ class Bench(PlanPhases):
         )
         self.write(f"{self.date}-{gpu_slug(peaks)}-{nodes}node.json", record)
 
+    def dpo(self, peaks: list[dict[str, Any]], versions: dict[str, Any]) -> None:
+        """TRL's DPOTrainer, then ours (DPO, then ORPO), on the slice, one pair per step."""
+        from bench import preference
+        from bench.trainer_job import prepare
+
+        self.build(self.model, self.args.layers)
+        steps = self.args.steps + self.args.warm
+        work = self.args.work / "dpo"
+        spec = {"path": str(self.model), "work": str(work), "seq": self.args.seq, "steps": steps, "method": "dpo"}
+        prepare(spec)  # the model links, the tokenizer and the pairs both sides read
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.trl_dpo",
+            json.dumps({**spec, "steps": self.args.steps, "warm": self.args.warm}),
+        ]
+        trl = next((x for x in reversed(self.child("trl-dpo", argv, 1)) if x.get("event") == "trl-dpo"), None)
+        ours = self.ours(1, "ours-dpo", work=str(work), method="dpo") if self.left_s() > 60 else None
+        orpo = (
+            self.ours(1, "ours-orpo", work=str(self.args.work / "orpo"), method="orpo") if self.left_s() > 60 else None
+        )
+        record = preference.record(
+            date=self.date,
+            gpu=peaks[0].get("gpu"),
+            seq=self.args.seq,
+            steps=self.args.steps,
+            warm=self.args.warm,
+            versions=versions,
+            trl=trl,
+            dpo=ours,
+            orpo=orpo,
+        )
+        self.write(f"{self.date}-{gpu_slug(peaks)}-dpo.json", record)
+        print(f"[bench] dpo: ratio {record['ratio']}, ours {record['ours']}", flush=True)
+
     def layers(self, peaks: list[dict[str, Any]]) -> None:
         spec = {"path": str(self.model), "seqs": [1024, 2048]}
         lines = self.child("layer-memory", [sys.executable, "-m", "bench.layer_memory", json.dumps(spec)], 1)
@@ -462,6 +501,7 @@ class Bench(PlanPhases):
             ("recompute", lambda: self.recompute(peaks, versions)),
             ("heldout", lambda: self.heldout(peaks, versions)),
             ("parts", lambda: self.parts(peaks, versions)),
+            ("dpo", lambda: self.dpo(peaks, versions)),
             ("layers", lambda: self.layers(peaks)),
             ("calibration", self.calibration),
         ):

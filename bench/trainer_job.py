@@ -80,6 +80,19 @@ def sample_text(rng: random.Random, words: int, vocab: int, tokenizer: str) -> s
     return " ".join(f"t{rng.randrange(len(SPECIALS), vocab)}" for _ in range(words))
 
 
+def preference_record(rng: random.Random, words: int, vocab: int, tokenizer: str) -> dict[str, str]:
+    """A pair whose two sequences are each BOS + `words` tokens + EOS: half the words the prompt's,
+    the rest each answer's (a leading space keeps the word-level tokens apart when TRL joins the
+    prompt and the answer into one string)."""
+    prompt = max(1, words // 2)
+    answer = words - prompt
+    return {
+        "prompt": sample_text(rng, prompt, vocab, tokenizer),
+        "chosen": " " + sample_text(rng, answer, vocab, tokenizer),
+        "rejected": " " + sample_text(rng, answer, vocab, tokenizer),
+    }
+
+
 def spec_for(
     *,
     seq: int,
@@ -94,11 +107,14 @@ def spec_for(
     offload: bool | str | None = None,
     dropout: float = 0.0,
     lora: dict[str, Any] | None = None,
+    method: str = "sft",
 ) -> dict[str, Any]:
     """The FineTuneJob spec of a bench run (`every`: checkpoint steps, default the last step;
     `eval_fraction`: a held-out share evaluated at each checkpoint; `dropout`: LoRA's; `lora`: the
-    whole `lora` block instead, for runs of other ranks and targets)."""
-    dataset: dict[str, Any] = {"source": {"pvc": {"claimName": "data", "path": "train.jsonl"}}, "format": "text"}
+    whole `lora` block instead, for runs of other ranks and targets; `method`: the training
+    objective, dpo and orpo reading the preference pairs `prepare` writes)."""
+    data_format = "text" if method == "sft" else "preference"
+    dataset: dict[str, Any] = {"source": {"pvc": {"claimName": "data", "path": "train.jsonl"}}, "format": data_format}
     if eval_fraction:
         dataset["evalFraction"] = eval_fraction
     return {
@@ -119,6 +135,7 @@ def spec_for(
             "lrScheduler": "constant",
             "warmupRatio": 0.0,
             "loggingSteps": 1,
+            **({} if method == "sft" else {"method": method}),
         },
         "checkpoints": {"everySteps": every or steps, "keep": 2},
         "output": {"pvc": {"claimName": "out"}},
@@ -145,10 +162,14 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
     rng = random.Random(0)
     data = work / "data" / "train.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
+    method = spec.get("method", "sft")
     with data.open("w") as handle:
         for _ in range(max(16, spec["steps"] * 2 * spec.get("batch", 1))):
-            text = sample_text(rng, words, config["vocab_size"], kind)
-            handle.write(json.dumps({"text": text}) + "\n")
+            if method == "sft":
+                record = {"text": sample_text(rng, words, config["vocab_size"], kind)}
+            else:
+                record = preference_record(rng, words, config["vocab_size"], kind)
+            handle.write(json.dumps(record) + "\n")
     trainer_config = {
         "jobName": "bench-slice",
         "namespace": None,
@@ -165,6 +186,7 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
             offload=spec.get("offload"),
             dropout=spec.get("dropout", 0.0),
             lora=spec.get("lora"),
+            method=method,
         ),
         "paths": {"model": str(model), "dataset": str(data), "output": str(work / "output")},
     }
@@ -273,6 +295,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         result["reason"], result["message"] = parse_termination_message(log.read_text())
         result["message"] = result["message"][:400]
     result.update(summary_figures(Path(spec["work"]) / "output" / "summary.json"))
+    if spec.get("method", "sft") != "sft" and result.get("timed_steps"):
+        # Pairs per optimizer step: batchSize on each process (accumulation 1), over every process.
+        pairs = int(spec.get("batch", 1)) * int(result.get("worldSize") or 1)
+        result["pairs_s"] = round(pairs / result["step_s"], 4)
     return result
 
 
