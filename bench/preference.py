@@ -3,7 +3,7 @@
 Both train the 70B-shaped slice with the seed recipe's settings (NF4 with double quantisation,
 fp32 compute, LoRA r=8/alpha=16 on q/k/v/o without dropout, PagedAdamW8bit at 1e-4, gradient
 checkpointing on every layer, TF32 off), one pair per optimizer step, each of its two sequences
-`seq` tokens (half prompt, half answer), beta 0.1, sigmoid loss, the reference being the model
+`seq` tokens (a sixteenth prompt, the rest answer), beta 0.1, sigmoid loss, the reference being the model
 with its adapter off. TRL's side is `bench/trl_dpo.py`; ours is `bench.trainer_job` with
 `"method": "dpo"` (the Job's command). The same data file and tokenizer serve both.
 
@@ -25,9 +25,9 @@ def ours_row(ours: dict[str, Any] | None) -> dict[str, Any]:
     if ours is None:
         return {"ran": False}
     peaks = ours.get("peak_gib") or []
-    plan = ours.get("plan") or []
+    plan = ours.get("plan") or {}  # the trainer's plan: GiB per GPU, by device
     measured = max(peaks) if peaks else None
-    planned = max(plan) if plan else None
+    planned = max(plan.values() if isinstance(plan, dict) else plan) if plan else None
     allocated = round(plan_allocated_gib(planned), 2) if planned else None
     return {
         "ran": True,

@@ -81,10 +81,12 @@ def sample_text(rng: random.Random, words: int, vocab: int, tokenizer: str) -> s
 
 
 def preference_record(rng: random.Random, words: int, vocab: int, tokenizer: str) -> dict[str, str]:
-    """A pair whose two sequences are each BOS + `words` tokens + EOS: half the words the prompt's,
-    the rest each answer's (a leading space keeps the word-level tokens apart when TRL joins the
+    """A pair whose two sequences are each BOS + `words` tokens + EOS: a sixteenth of the words the
+    prompt's, the rest each answer's (a leading space keeps the word-level tokens apart when TRL joins the
     prompt and the answer into one string)."""
-    prompt = max(1, words // 2)
+    # Answers fill the sequence, the prompt a sixteenth (preference sets hold short prompts and
+    # long answers; it is also the plan's case, every position but the prompt's scored).
+    prompt = max(1, words // 16)
     answer = words - prompt
     return {
         "prompt": sample_text(rng, prompt, vocab, tokenizer),
@@ -138,7 +140,8 @@ def spec_for(
             **({} if method == "sft" else {"method": method}),
         },
         "checkpoints": {"everySteps": every or steps, "keep": 2},
-        "output": {"pvc": {"claimName": "out"}},
+        # A preference run writes no sample answers: minutes of generation on the slice's vocabulary.
+        "output": {"pvc": {"claimName": "out"}, **({} if method == "sft" else {"samples": {"count": 0}})},
         "resources": {"gpus": gpus, "gpuProduct": "NVIDIA-H200", "nodes": nodes},
     }
 

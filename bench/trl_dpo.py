@@ -122,6 +122,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 losses.append(float(logs["loss"]))
 
     trainer = DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer, callbacks=[Timer()])
+    # TRL casts some of the model to bf16 behind bf16=False (a Pascal card would stop on it): they
+    # go back to float32, so both sides run the seed recipe's pure fp32 compute, and the record
+    # says what TRL cast.
+    cast = [n for n, p in trainer.model.named_parameters() if p.dtype in (torch.float16, torch.bfloat16)]
+    for _, param in ((n, p) for n, p in trainer.model.named_parameters() if n in set(cast)):
+        param.data = param.data.float()
     half = sorted({str(p.dtype) for p in trainer.model.parameters() if p.dtype in (torch.float16, torch.bfloat16)})
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -139,6 +145,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "tok_s": round(2 * spec["seq"] * len(timed) / sum(timed), 1) if timed else None,
         "load_s": round(load_s, 1),
         "half_params": half,
+        "half_params_cast_by_trl": {"count": len(cast), "first": cast[:4]},
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "metrics_last": {k: v[-1] for k, v in trainer._metrics["train"].items() if v} if trainer._metrics else None,
