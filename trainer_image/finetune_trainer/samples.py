@@ -52,6 +52,8 @@ def prompt_of(sample: dict[str, Any], tokenizer: Any) -> str | None:
     last assistant turn; None for plain text."""
     if isinstance(sample.get("prompt"), str):
         return str(sample["prompt"])
+    if isinstance(sample.get("prompt"), list) and sample["prompt"]:  # a preference pair's conversation
+        return str(tokenizer.apply_chat_template(sample["prompt"], tokenize=False, add_generation_prompt=True))
     messages = sample.get("messages")
     if isinstance(messages, list) and messages:
         last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=len(messages))
