@@ -23,7 +23,7 @@ from finetune_api.modes import to_spec
 from finetune_api.problems import format_problems
 from finetune_api.quantities import to_bytes
 from finetune_api.spec import EFFECTIVE_BATCH_FACTORS, FineTuneJobSpec
-from finetune_plan import GIB, ActivationAsk, LaunchPlan, ModelConfigError, choose, known_model, lookup
+from finetune_plan import GIB, ActivationAsk, LaunchPlan, ModelConfigError, choose, known_model, lookup, pairs
 from finetune_plan.gpu_products import known_names
 from finetune_plan.grace import clock_steps, grace_of
 from finetune_plan.host import host_need
@@ -322,10 +322,14 @@ def longest_line(plan: Plan, spec: FineTuneJobSpec) -> str:
     (`training.activationOffload` not false, some layers recomputing)."""
     inputs = ActivationAsk.of(spec.training).may_offload and plan.recipe.gradient_checkpointing
     recipe = replace(plan.recipe, loss_chunk_tokens=0, offload=False, offload_inputs=inputs)
+    # A pair's sequences one micro-batch each where the plan would split them: the longest it fits.
+    split = pairs.splittable(recipe)
+    recipe = pairs.split(recipe) if split else recipe
     found = longest_per_mode(plan.shape, recipe, plan.hardware, TRAINER_LOSS_CHUNKS)
     shown = ", ".join(f"{to_spec(mode)} {length if length else 'none'}" for mode, length in found.items())
     where = "; the recomputing layers' inputs in host memory where needed" if inputs else ""
-    return f"longest   maxLength that fits, per mode (batch {plan.recipe.batch_size}{where}): {shown}"
+    where += "; pairs split where needed" if split or plan.recipe.pair_split else ""
+    return f"longest   maxLength that fits, per mode (batch {plan.recipe.rows}{where}): {shown}"
 
 
 def run(args: argparse.Namespace) -> int:

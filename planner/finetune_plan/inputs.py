@@ -28,7 +28,9 @@ def recipe_from_spec(spec: FineTuneJobSpec, product: GpuProduct, attention: Atte
     asked = ActivationAsk.of(training)
     # The objective's term: a row of its data is this many sequences through the model (a
     # preference pair two), so a micro-batch of batchSize rows holds that many times the tokens.
-    sequences = OBJECTIVES.get(training.method).sequences_per_row
+    # The planner may send them through one pass each instead, when only that fits (`pairs`).
+    objective = OBJECTIVES.get(training.method)
+    sequences = objective.sequences_per_row
     return Recipe(
         max_length=training.max_length,
         batch_size=training.batch_size * sequences,
@@ -45,6 +47,9 @@ def recipe_from_spec(spec: FineTuneJobSpec, product: GpuProduct, attention: Atte
         compute_bytes=compute_bytes(spec.precision, product),
         attention=attention,
         packing=training.packing,
+        sequences_per_row=sequences,
+        sequence_names=objective.sequence_names,
+        reference_forwards=objective.reference_forwards,
     )
 
 

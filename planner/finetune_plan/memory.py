@@ -64,10 +64,37 @@ class Recipe:
     attention: Attention = "materialised"
     packing: bool = False  # packed samples: the fused kernel gets a mask (`attention_mask_bytes`)
     loss_chunk_tokens: int = 0  # 0: logits of the whole sequence at once
+    # The objective's terms (`finetune_api.objectives.Objective`). A row of its data is
+    # `sequences_per_row` sequences (a preference pair: 2); `batch_size` counts the sequences one
+    # forward and backward holds: the micro-batch's rows x sequences_per_row, or with `pair_split`
+    # (`pairs`: only for an objective that names its sequences) the rows alone, a row's sequences
+    # then going through one pass each.
+    sequences_per_row: int = 1
+    sequence_names: tuple[str, ...] = ()
+    pair_split: bool = False
+    # Forwards of each sequence without gradients beside the trained one (DPO's reference: 1).
+    reference_forwards: int = 0
 
     @property
     def tokens(self) -> int:
+        """Tokens one forward and backward holds: what memory is planned for."""
         return self.batch_size * self.max_length
+
+    @property
+    def rows(self) -> int:
+        """Rows of the objective's data per micro-batch: `training.batchSize`."""
+        return self.batch_size if self.pair_split else self.batch_size // self.sequences_per_row
+
+    @property
+    def grad_passes(self) -> int:
+        """Forwards with gradients (each with its backward) per micro-batch: one, or with the
+        pair split one per sequence of a row."""
+        return self.sequences_per_row if self.pair_split else 1
+
+    @property
+    def micro_tokens(self) -> int:
+        """Tokens a micro-batch trains: what speed is counted in."""
+        return self.tokens * self.grad_passes
 
 
 def packed_bytes_per_param(recipe: Recipe) -> float:

@@ -20,6 +20,7 @@ from finetune_api.modes import MODES, processes, to_spec
 
 from . import calibration as cal
 from . import memory as mem
+from . import pairs
 from .gpu_products import GpuProduct
 from .host_limit import HostLimit
 from .memory import GIB, GpuMemory, Recipe
@@ -93,6 +94,8 @@ class Plan:
     host_limit: HostLimit | None = None
     # Why the pod does not fit a node's host memory (a GPU plan that fits, but too much pinned).
     host_refusal: str | None = None
+    # With the pair split: the closest the unsplit micro-batch came (what it would need).
+    unsplit: Layout | None = None
 
     @property
     def pinned_host_gib_per_process(self) -> float:
@@ -139,8 +142,25 @@ class Plan:
             "whole_load_host_gib_per_process": _rounded(self.whole_load_host_gib_per_process),
             "tokens_per_second": None if self.speed is None else round(self.speed.tokens_per_second, 1),
             **self.activation_summary,
+            **self.pair_summary,
             "message": self.message,
         }
+
+    @property
+    def pair_summary(self) -> dict[str, Any]:
+        """How a row's sequences go through the model and what the forwards without gradients
+        cost (an objective of one sequence a row without them: nothing)."""
+        recipe, speed = self.recipe, self.speed
+        out: dict[str, Any] = {}
+        if recipe.sequences_per_row > 1:
+            out["pair_split"] = recipe.pair_split
+            out["sequences_per_pass"] = recipe.batch_size
+        if recipe.reference_forwards:
+            out["reference_forwards"] = recipe.reference_forwards
+            out["reference_seconds"] = None if speed is None else round(speed.reference_seconds, 3)
+        if recipe.pair_split:
+            out["split_forward_seconds"] = None if speed is None else round(speed.split_seconds, 3)
+        return out
 
     @property
     def layers(self) -> LayerLayout:
@@ -177,6 +197,8 @@ class Plan:
                 "seconds_per_epoch": None
                 if self.speed.seconds_per_epoch is None
                 else round(self.speed.seconds_per_epoch, 1),
+                "reference_seconds": round(self.speed.reference_seconds, 3),
+                "split_forward_seconds": round(self.speed.split_seconds, 3),
             }
         return {
             "fits": self.fits,
@@ -192,8 +214,10 @@ class Plan:
                 "hidden": self.shape.hidden,
             },
             "max_length": self.recipe.max_length,
-            "batch_size": self.recipe.batch_size,
+            "batch_size": self.recipe.rows,
             **self.activation_summary,
+            **self.pair_summary,
+            "pairs": pairs.describe(self.recipe),
             "loss_chunk_tokens": self.layout.loss_chunk_tokens,
             "shortfall_gib": round(self.shortfall_gib, 2),
             "host_gib_per_process": _rounded(self.host_gib_per_process),
@@ -671,7 +695,7 @@ def _suggestions(
             f"{weights / GIB:.1f} of {hw.gpus * hw.memory_gib:.1f} GiB; at maxLength {low} GPU "
             f"{shortest.fullest.index} still needs {_gib(shortest.fullest.total)})"
         )
-    if recipe.batch_size > 1 and fits_in(shape, replace(recipe, batch_size=1), hw, modes, chunks):
+    if recipe.rows > 1 and fits_in(shape, pairs.with_rows(recipe, 1), hw, modes, chunks):
         out.append("fits with batchSize 1 (raise gradientAccumulation to keep the effective batch)")
     if not recipe.gradient_checkpointing and fits_in(
         shape, replace(recipe, gradient_checkpointing=True), hw, modes, chunks
@@ -714,6 +738,62 @@ def _inputs_in_host(
         )
         return recipe, found[0], found[1], refused
     return recipe, found[0], found[1], None
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """What a layout is sought among: the modes, the loss chunks, the pod's host memory."""
+
+    modes: list[Mode]
+    chunks: Sequence[int]
+    host_limit: HostLimit | None
+
+
+def _one_pass(
+    shape: ModelShape, recipe: Recipe, hardware: Hardware, found: tuple[Layout, list[Layout]], fit: _Fit, *, holds: bool
+) -> tuple[Recipe, Layout, list[Layout], str | None]:
+    """`found`, or where it does not fit and every layer may recompute with `holds`, the
+    recomputing layers' inputs in host memory (`_inputs_in_host`)."""
+    if found[0].fits or not holds or not recipe.gradient_checkpointing:
+        return recipe, found[0], found[1], None
+    return _inputs_in_host(
+        shape, recipe, hardware, found, modes=fit.modes, chunks=fit.chunks, host_limit=fit.host_limit
+    )
+
+
+def _fitted(
+    shape: ModelShape, recipe: Recipe, hardware: Hardware, fit: _Fit, *, holds: bool
+) -> tuple[Layout | None, Recipe, Layout, list[Layout], str | None]:
+    """The recipe as planned, its closest layout and each mode's, and the refusal of its
+    recomputing layers' inputs in host memory where the host alone stood in the way (`holds`:
+    they may wait there). First the micro-batch in one pass (`_one_pass`); where that fits no way,
+    the pair split (`pairs`), with first the closest the unsplit micro-batch came (None: no split).
+
+    The split comes after every saver that keeps one pass (all layers recomputing, their inputs
+    in host memory: copies that hide under compute) and before the verdict that nothing fits: it
+    costs one more forward of every sequence, about what recomputing every layer costs, so it is
+    taken only where nothing else fits. The layers kept are then sized on the split micro-batch,
+    as on any other. A split that does not fit either is still the closest the plan comes: the
+    verdict and its suggestions are of it (a refusal of the unsplit inputs in host memory is moot:
+    the split holds fewer of them)."""
+    found = _best_layout(shape, recipe, hardware, fit.modes, fit.chunks)
+    recipe, unsplit, per_mode, refused = _one_pass(shape, recipe, hardware, found, fit, holds=holds)
+    if unsplit.fits or not pairs.splittable(recipe):
+        return None, recipe, unsplit, per_mode, refused
+    if holds and recipe.gradient_checkpointing:
+        held = _best_layout(shape, replace(recipe, offload_inputs=True), hardware, fit.modes, fit.chunks)[0]
+        unsplit = min((unsplit, held), key=lambda t: t.shortfall)
+    split = pairs.split(recipe)
+    found = _best_layout(shape, split, hardware, fit.modes, fit.chunks)
+    return (unsplit, *_one_pass(shape, split, hardware, found, fit, holds=holds))
+
+
+def _decided(activations: Activations | None, chosen: Recipe, layout: Layout) -> str:
+    """The plan's decisions beyond the mode, for its message: the layers' activations, the pair split."""
+    out = "" if activations is None else f"; {activations.checkpointing}; activation offload {activations.offload}"
+    if chosen.pair_split and layout.fits:
+        out += f"; {pairs.describe(chosen)} (one micro-batch of both does not fit)"
+    return out
 
 
 def _alternatives(
@@ -806,7 +886,8 @@ def make_plan(
     (`training.activationOffload`) decide which layers keep, recompute or offload their
     activations (`recompute`); `auto` plans the mode all-recompute, then keeps what fits;
     `host_limit` (`resources.memory`, or what a node offers) bounds what offload may pin, and a
-    pod above a node's offer does not fit.
+    pod above a node's offer does not fit. A micro-batch of rows of several sequences (preference
+    pairs) that fits no way in one pass goes through one pass per sequence (`_fitted`).
     """
     if hardware.gpus < 1:
         raise ValueError("the planner needs at least one GPU")
@@ -818,12 +899,10 @@ def make_plan(
         # The mode is planned all-recompute (auto) or as asked; the kept layers are sized after.
         recipe = replace(recipe, gradient_checkpointing=ask.recomputes, kept_layers=0, offload=False)
     modes = _modes(mode, hardware, allowed_modes)
-    layout, per_mode = _best_layout(shape, recipe, hardware, modes, chunks)
-    inputs_refused = None
-    if not layout.fits and sizing and ask.may_offload and recipe.gradient_checkpointing:
-        recipe, layout, per_mode, inputs_refused = _inputs_in_host(
-            shape, recipe, hardware, (layout, per_mode), modes=modes, chunks=chunks, host_limit=host_limit
-        )
+    fit = _Fit(modes, chunks, host_limit)
+    unsplit, recipe, layout, per_mode, inputs_refused = _fitted(
+        shape, recipe, hardware, fit, holds=sizing and ask.may_offload
+    )
     alternatives = _alternatives(shape, recipe, hardware, layout, per_mode, mode=mode, modes=modes, chunks=chunks)
     activations = None
     if layout.fits and sizing:
@@ -839,9 +918,7 @@ def make_plan(
         suggestions = _suggestions(shape, recipe, hardware, choice=mode, allowed=allowed_modes, chunks=chunks)
         if inputs_refused is not None:
             suggestions.insert(0, inputs_refused)
-    message = _verdict(layout, alternatives, hardware, suggestions)
-    if activations is not None:
-        message += f"; {activations.checkpointing}; activation offload {activations.offload}"
+    message = _verdict(layout, alternatives, hardware, suggestions) + _decided(activations, chosen, layout)
     host_refusal = _host_refusal(shape, chosen, layout, hardware, host_limit, ask=ask) if layout.fits else None
     if host_refusal is not None:
         suggestions = [host_refusal]
@@ -863,4 +940,5 @@ def make_plan(
         activations=activations,
         host_limit=host_limit,
         host_refusal=host_refusal,
+        unsplit=unsplit,
     )

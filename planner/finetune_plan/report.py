@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import calibration as cal
+from . import pairs
 from .families import describe
 from .host import host_need
 from .memory import GIB, GpuMemory
@@ -54,7 +55,7 @@ def render(plan: Plan, processes: int | None = None) -> str:
         *([f"family    {describe(shape.family, recipe.lora_targets)}"] if shape.family is not None else []),
         f"recipe    {quant} weights, {compute} compute, LoRA r={recipe.lora_r} on {','.join(recipe.lora_targets)}, "
         f"{recipe.optimizer}",
-        f"          maxLength {recipe.max_length} x batch {recipe.batch_size}, activations: {activations}, "
+        f"          maxLength {recipe.max_length} x batch {recipe.rows}, activations: {activations}, "
         f"attention {recipe.attention}"
         + ", loss "
         + (
@@ -95,6 +96,38 @@ def render(plan: Plan, processes: int | None = None) -> str:
                 f"layers    {act.checkpointing}" + ("" if compared else f"; all-recompute {against:,.0f} tok/s")
             )
             lines.append(f"offload   {act.offload}")
+        lines.extend(pair_lines(plan))
         if speed.seconds_per_epoch is not None and speed.epoch_tokens is not None:
             lines.append(f"epoch     {speed.epoch_tokens:,} tokens: {duration(speed.seconds_per_epoch)}")
     return "\n".join(lines)
+
+
+def pair_lines(plan: Plan) -> list[str]:
+    """How a row's sequences go through the model (`pairs`), and the forwards without gradients
+    each micro-batch runs beside the trained ones, with their share of its time."""
+    recipe, speed = plan.recipe, plan.speed
+    if speed is None:
+        return []
+    step = f"of {speed.step_seconds:.2f} s per micro-batch"
+    lines = []
+    described = pairs.describe(recipe)
+    if described is not None:
+        if recipe.pair_split:
+            described += " (memory"
+            unsplit = plan.unsplit
+            if unsplit is not None:
+                fullest = unsplit.fullest
+                described += (
+                    f": one of {recipe.sequences_per_row} x {recipe.rows} sequences needs {fullest.total / GIB:.1f} "
+                    f"GiB on GPU {fullest.index}, {unsplit.shortfall / GIB:.1f} GiB more than its "
+                    f"{plan.hardware.memory_gib:.1f} GiB"
+                )
+            described += f"); each side first once without gradients: {speed.split_seconds:.2f} s {step}"
+        lines.append(f"pairs     {described}")
+    if recipe.reference_forwards:
+        count = recipe.reference_forwards
+        lines.append(
+            f"reference {count} no-grad forward{'' if count == 1 else 's'} per sequence (the model without its "
+            f"adapter): {speed.reference_seconds:.2f} s {step}"
+        )
+    return lines

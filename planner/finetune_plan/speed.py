@@ -32,6 +32,10 @@ class Speed:
     step_seconds: float  # one micro-batch on one GPU
     bound: Literal["compute", "communication"]
     epoch_tokens: int | None = None
+    # Of step_seconds: the forwards without gradients (`no_grad_seconds`), DPO's reference ones and
+    # the pair split's policy ones.
+    reference_seconds: float = 0.0
+    split_seconds: float = 0.0
 
     @property
     def seconds_per_epoch(self) -> float | None:
@@ -131,8 +135,10 @@ def adapter_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct, *, b
     return (forwards * forward + shape.layers * back) * per_float
 
 
-def layer_forward_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
-    """One decoder layer's forward over one micro-batch: its matmuls, its dequantisation, its launches."""
+def layer_forward_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct, *, adapters: bool = True) -> float:
+    """One decoder layer's forward over one pass's tokens: its matmuls, its dequantisation, its
+    launches, and the adapters' traffic (`adapters` False: a LoRA layer switched off runs its base
+    layer alone)."""
     one = replace(recipe, gradient_checkpointing=False, offload=False)
     layer = replace(shape, layers=1)
     width = recipe.max_length * layer.attention_width
@@ -142,7 +148,43 @@ def layer_forward_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct
     compute = flops * recipe.tokens / (peak * cal.COMPUTE_UTILISATION)
     compute += 0.0 if matrix else 2 * width * recipe.tokens / (peak * cal.FUSED_ATTENTION_UTILISATION)
     memory = memory_traffic_bytes(layer, one) / 2 / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
-    return compute + memory + adapter_seconds(layer, one, product, backward=False) + cal.LAYER_PASS_SECONDS
+    lora = adapter_seconds(layer, one, product, backward=False) if adapters else 0.0
+    return compute + memory + lora + cal.LAYER_PASS_SECONDS
+
+
+def forward_flops_per_token(shape: ModelShape, recipe: Recipe, *, adapters: bool) -> float:
+    """A forward without gradients: every frozen weight once, the adapters' matmuls where they
+    are on, attention's forward and the LM head once (no chunk is recomputed: nothing goes back)."""
+    width = recipe.max_length * shape.attention_width
+    attention = (4 if keeps_attention_matrix(recipe) else 2) * width
+    lora = 2 * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets) if adapters else 0
+    return float(shape.layers * (2 * shape.linear_params_per_layer + lora + attention) + 2 * shape.vocab * shape.hidden)
+
+
+def forward_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct, *, adapters: bool) -> float:
+    """One forward without gradients over one pass's tokens: every layer's forward (no recompute,
+    no activations kept, no backward), the adapters' matmuls where on, and the LM head once."""
+    peak = product.fp32_tflops * 1e12 * cal.COMPUTE_UTILISATION
+    lora = 2 * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets) if adapters else 0
+    extra = (shape.layers * lora + 2 * shape.vocab * shape.hidden) * recipe.tokens / peak
+    return shape.layers * layer_forward_seconds(shape, recipe, product, adapters=adapters) + extra
+
+
+def reference_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
+    """A micro-batch's reference forwards (DPO: each sequence once more through the model with
+    its adapters off, without gradients), in as many passes as the trained forwards."""
+    if not recipe.reference_forwards:
+        return 0.0
+    one = forward_seconds(shape, recipe, product, adapters=False)
+    return recipe.reference_forwards * recipe.grad_passes * one
+
+
+def split_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
+    """The pair split's forwards without gradients: each side once through the trained model
+    before its forward with gradients, since a pair's loss needs both sides first (`pairs`)."""
+    if not recipe.pair_split:
+        return 0.0
+    return recipe.grad_passes * forward_seconds(shape, recipe, product, adapters=True)
 
 
 def offload_stall_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
@@ -166,6 +208,8 @@ def offload_stall_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct
 
 
 def compute_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> float:
+    """One micro-batch: each forward and backward (one, or one per side of a split pair), the
+    step's share, and the forwards without gradients (`reference_seconds`, `split_seconds`)."""
     flops = flops_per_token(shape, recipe) * recipe.tokens
     compute = flops / (product.fp32_tflops * 1e12 * cal.COMPUTE_UTILISATION)
     memory = memory_traffic_bytes(shape, recipe) / (product.memory_gbps * 1e9 * cal.BANDWIDTH_UTILISATION)
@@ -176,20 +220,30 @@ def compute_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct) -> f
     # gradient clip, the step's bookkeeping), shared by the step's micro-batches.
     step = cal.STEP_SECONDS / recipe.gradient_accumulation
     stall = offload_stall_seconds(shape, recipe, product)
-    return compute + memory + adapters + launches + attention + step + stall
+    passes = recipe.grad_passes
+    trained = (compute + memory + adapters + launches + attention) * passes + step + stall * passes
+    return trained + reference_seconds(shape, recipe, product) + split_seconds(shape, recipe, product)
 
 
 def gather_bytes(shape: ModelShape, recipe: Recipe, gpus: int) -> float:
     """FSDP: bytes each GPU receives per micro-batch. Every layer is gathered twice (forward;
     backward, whose recompute runs inside the same gather), the embedding once and the FP32
-    head twice (forward and backward); the adapters' gathers and gradient reduce-scatters are
-    too small to count. A tied matrix stays whole in the root: gathered once."""
+    head twice (forward and backward), in each trained pass; the adapters' gathers and gradient
+    reduce-scatters are too small to count. A tied matrix stays whole in the root: gathered once."""
     if gpus <= 1:
         return 0.0
     share = (gpus - 1) / gpus
-    layers = 2 * shape.layers * layer_packed_bytes(shape, recipe)
-    embed_head = shape.embedding_params * recipe.compute_bytes + 2 * shape.head_params * 4
-    return share * (layers + embed_head)
+    layers = shape.layers * layer_packed_bytes(shape, recipe)
+    embedding, head = shape.embedding_params * recipe.compute_bytes, shape.head_params * 4
+    trained = 2 * layers + (embedding + 2 * head)
+    # Each forward without gradients (`no_grad_forwards`) gathers every layer and the head once more.
+    forwards = no_grad_forwards(recipe) * (layers + embedding + head)
+    return share * recipe.grad_passes * (trained + forwards)
+
+
+def no_grad_forwards(recipe: Recipe) -> int:
+    """Forwards of each sequence without gradients: the reference's, and the split pair's one."""
+    return recipe.reference_forwards + (1 if recipe.pair_split else 0)
 
 
 def estimate(
@@ -197,6 +251,7 @@ def estimate(
 ) -> Speed:
     step = compute_seconds(shape, recipe, product)
     bound: Literal["compute", "communication"] = "compute"
+    passes = recipe.grad_passes
     parallel = 1
     if mode == "data_parallel":
         parallel = gpus
@@ -208,11 +263,16 @@ def estimate(
     if mode == "device_map":
         # The layers run one GPU after another (N GPUs give one GPU's speed), plus a hand-over
         # of the hidden states at each boundary.
-        step += (gpus - 1) * cal.DEVICE_HOP_SECONDS
+        step += (gpus - 1) * cal.DEVICE_HOP_SECONDS * passes
+    # Per token trained: the trained passes' FLOPs and the forwards' without gradients.
+    reference = recipe.reference_forwards * forward_flops_per_token(shape, recipe, adapters=False)
+    split = forward_flops_per_token(shape, recipe, adapters=True) if recipe.pair_split else 0.0
     return Speed(
-        flops_per_token=flops_per_token(shape, recipe),
-        tokens_per_second=parallel * recipe.tokens / step,
+        flops_per_token=flops_per_token(shape, recipe) + reference + split,
+        tokens_per_second=parallel * recipe.micro_tokens / step,
         step_seconds=step,
         bound=bound,
         epoch_tokens=epoch_tokens,
+        reference_seconds=reference_seconds(shape, recipe, product),
+        split_seconds=split_seconds(shape, recipe, product),
     )

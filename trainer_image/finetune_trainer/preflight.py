@@ -10,6 +10,7 @@ from typing import Any
 from finetune_plan import LayerLayout
 from finetune_plan.parallelism import LaunchPlan
 
+from . import test_hooks
 from .hardware import Hardware
 
 
@@ -25,6 +26,14 @@ class MemoryPlan:
     layers: LayerLayout | None = None  # which layers keep, recompute or offload; None: no plan sized them
     # fsdp: one process's host memory were the checkpoint loaded whole (`Plan.whole_load_host_gib_per_process`).
     whole_load_host_gib_per_process: float | None = None
+    # A pair's sequences one forward each (`finetune_plan.pairs`); None: no plan decided it.
+    pair_split: bool | None = None
+
+    @property
+    def splits_pairs(self) -> bool:
+        """The plan's pair split, or on the CPU, which no plan sizes, a test's
+        (`test_hooks.SPLIT_PAIRS`)."""
+        return test_hooks.split_pairs() if self.pair_split is None else self.pair_split
 
 
 def memory_plan(launch: LaunchPlan, hardware: Hardware) -> MemoryPlan:
@@ -39,4 +48,5 @@ def memory_plan(launch: LaunchPlan, hardware: Hardware) -> MemoryPlan:
         plan.device_map,
         layers=plan.layers,
         whole_load_host_gib_per_process=plan.whole_load_host_gib_per_process,
+        pair_split=plan.recipe.pair_split,
     )

@@ -210,6 +210,11 @@ class Recipe(Outputs):
         self.mode = for_run(launch.parallelism, ranks.world_size)
         self.mode.check_world(launch, ranks.local_world_size)
         self.plan = memory_plan(launch, hardware)
+        self.objective.split = self.plan.splits_pairs and bool(self.objective.entry.sequence_names)
+        if self.objective.split:
+            log.info(
+                "pairs: %s one forward each (the plan's pair split)", " and ".join(self.objective.entry.sequence_names)
+            )
         self.device = ranks.device(hardware.on_gpu)
         self.probe = PhaseProbe(self.mode.loop_device(self.device))
         if hardware.on_gpu:

@@ -35,6 +35,9 @@ EXPORT_FAIL = "FINETUNE_TEST_EXPORT_FAIL"
 KEEP_LAYERS = "FINETUNE_TEST_KEEP_LAYERS"
 # "1": on the CPU, the recomputing layers' inputs go to host memory as a plan that needs it says
 OFFLOAD_INPUTS = "FINETUNE_TEST_OFFLOAD_INPUTS"
+# "1": on the CPU, a preference pair's chosen and rejected sequences go through the model one
+# forward each, as a plan does where one forward of both does not fit (finetune_plan.pairs)
+SPLIT_PAIRS = "FINETUNE_TEST_SPLIT_PAIRS"
 
 
 def _int(name: str) -> int | None:
@@ -91,6 +94,10 @@ def keep_layers() -> int | None:
 
 def offload_inputs() -> bool:
     return os.environ.get(OFFLOAD_INPUTS) == "1"
+
+
+def split_pairs() -> bool:
+    return os.environ.get(SPLIT_PAIRS) == "1"
 
 
 def plant_half() -> str | None:

@@ -6,7 +6,9 @@ part needs of it without the trainer's code:
   a format another objective reads is refused naming both fields);
 - the planner's terms: how many sequences one row of its data puts through the model
   (`sequences_per_row`: a micro-batch of `batchSize` rows is that many times as many sequences,
-  in memory and in time);
+  in memory and in time), the forwards without gradients beside the trained one
+  (`reference_forwards`: time only) and whether a row's sequences may go through one micro-batch
+  each when memory needs it (`sequence_names`);
 - its part of the checkpoint's fingerprint (`tracked`: the spec fields its state depends on
   beyond the model, adapter, data source and schedule every objective shares);
 - the trainer's implementation (`module:Class`, a `finetune_trainer.objectives.TrainingObjective`):
@@ -36,6 +38,10 @@ class Objective:
     reference_forwards: int = 0
     # Whether `training.packing` may put several rows in one sequence (a pair's answers cannot).
     packs: bool = True
+    # The names of a row's sequences where the trainer can also run them one micro-batch each,
+    # when memory needs it (the planner decides: `finetune_plan.pairs`; a preference pair's
+    # chosen and rejected); empty: a row's sequences always go through the model together.
+    sequence_names: tuple[str, ...] = ()
     tracked: tuple[str, ...] = ()
     order: int = 100
     # Dataset formats whose conversations `dataset.trainOn` chooses the loss of.

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from finetune_api.base import ApiModel
 from finetune_api.objectives import Objective, register
-from finetune_api.objectives.preference import FORMATS, SEQUENCES_PER_ROW
+from finetune_api.objectives.preference import FORMATS, SEQUENCE_NAMES, SEQUENCES_PER_ROW
 
 DpoLossType = Literal["sigmoid", "ipo"]
 
@@ -38,6 +38,7 @@ DPO: Final = register(
         dataset_formats=dict(FORMATS),
         trainer="finetune_trainer.objectives.preference:Dpo",
         sequences_per_row=SEQUENCES_PER_ROW,
+        sequence_names=SEQUENCE_NAMES,
         reference_forwards=1,
         tracked=("spec.dataset.format", "spec.training.dpo"),
         packs=False,

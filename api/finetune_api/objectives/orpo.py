@@ -14,7 +14,7 @@ from pydantic import Field
 
 from finetune_api.base import ApiModel
 from finetune_api.objectives import Objective, register
-from finetune_api.objectives.preference import FORMATS, SEQUENCES_PER_ROW
+from finetune_api.objectives.preference import FORMATS, SEQUENCE_NAMES, SEQUENCES_PER_ROW
 
 
 class OrpoSpec(ApiModel):
@@ -31,6 +31,7 @@ ORPO: Final = register(
         dataset_formats=dict(FORMATS),
         trainer="finetune_trainer.objectives.preference:Orpo",
         sequences_per_row=SEQUENCES_PER_ROW,
+        sequence_names=SEQUENCE_NAMES,
         tracked=("spec.dataset.format", "spec.training.orpo"),
         packs=False,
         order=30,

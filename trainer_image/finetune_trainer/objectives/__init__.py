@@ -30,6 +30,9 @@ class TrainingObjective:
     def __init__(self, entry: Objective) -> None:
         self.entry = entry
         self.sums: list[float] = [0.0] * len(self.figure_names)
+        # The plan's pair split (`finetune_plan.pairs`): a row's sequences through the model one
+        # forward each, for an objective whose entry names them (`Objective.sequence_names`).
+        self.split = False
 
     def configure(self, spec: FineTuneJobSpec) -> None:
         """Read the objective's own settings from the spec (DPO's `training.dpo`)."""

@@ -11,6 +11,12 @@ Both losses are means over the step's pairs, over every rank and micro-batch (th
 by the step's pair count, `counts()[0]`), so 2 processes with accumulation k train what 1 with
 2k does; ORPO's cross-entropy term is a mean over the step's chosen tokens, its second total.
 A padding pair (fsdp, past the data's end) has weight 0.
+
+Where one forward of 2B sequences does not fit, the plan splits the pair (`finetune_plan.pairs`):
+the B chosen sequences go through, then the B rejected ones (`Preference.split_loss_sum`). A
+pair's loss needs both sides' log-probabilities before either side's gradient, so each side runs
+once without gradients first; the loss's gradient with respect to each sequence's sum then
+weights that side's forward with gradients, whose backward gives the unsplit gradient.
 """
 
 from __future__ import annotations
@@ -102,10 +108,102 @@ def sequence_sums(
     return out.reshape(masks.shape[0], masks.shape[1])
 
 
+def side(batch: dict[str, torch.Tensor], start: int, end: int) -> dict[str, torch.Tensor]:
+    """Sequences `start:end` of a pair batch (its chosen or its rejected ones), as wide as their
+    longest: right padding the other side needed is no part of this side's forward."""
+    mask = batch["attention_mask"][start:end]
+    width = int(mask.sum(dim=1).max())
+    out = {k: v[start:end, :width] for k, v in batch.items() if k != "weight"}
+    out["weight"] = batch["weight"]
+    return out
+
+
+def rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """The generators dropout draws from: the CPU's, and every GPU's where CUDA is in use."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
 class Preference(TrainingObjective):
-    """What DPO and ORPO share: pair rows, their batches and their progress figures."""
+    """What DPO and ORPO share: pair rows, their batches, their progress figures, and the pair
+    split's micro-batch. Each objective says which sums of a sequence it reads (`masks`), which it
+    holds fixed (`fixed_sums`: DPO's reference) and its loss of them (`loss_of`)."""
 
     figure_names = ("rewardChosen", "rewardRejected", "rewardAccuracy", "rewardMargin", "logpChosen", "logpRejected")
+
+    def masks(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(K, S, T - 1): the masks each sequence's cross-entropy is summed under."""
+        raise NotImplementedError
+
+    def fixed_sums(
+        self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor], masks: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Sums the loss reads without training them (DPO's reference), or None."""
+        return None
+
+    def loss_of(
+        self, sums: torch.Tensor, fixed: torch.Tensor | None, batch: dict[str, torch.Tensor], totals: Sequence[float]
+    ) -> torch.Tensor:
+        """The micro-batch's summed loss from its sequences' sums (chosen ones first); records
+        the step's figures."""
+        raise NotImplementedError
+
+    def loss_sum(
+        self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor], totals: Sequence[float]
+    ) -> torch.Tensor:
+        if self.split:
+            return self.split_loss_sum(model, head, batch, totals)
+        masks = self.masks(batch)
+        fixed = self.fixed_sums(model, head, batch, masks)
+        return self.loss_of(sequence_sums(model, head, batch, masks), fixed, batch, totals)
+
+    def split_loss_sum(
+        self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor], totals: Sequence[float]
+    ) -> torch.Tensor:
+        """The pair split: the chosen sequences and the rejected ones as two forwards of B.
+
+        Each side's sums without gradients first, then the loss of the whole micro-batch on
+        copies of them, and its gradient with respect to each sequence's sum (autograd on that
+        small function). Each side then runs again with gradients, its dropout masks the same
+        (the generators restored), and the backward of (that gradient x the side's sums) gives
+        the side's part of the unsplit gradient. The chosen side's backward runs here, scaled as
+        the loop scales (1 / the step's pairs); the rejected side's is left to the loop: what
+        comes back is that side's weighted sums, plus a constant making its value the pairs'
+        summed loss, which the loop adds to the step's."""
+        count = len(batch["weight"])
+        sides = [side(batch, 0, count), side(batch, count, 2 * count)]
+        masks = [self.masks(s) for s in sides]
+        fixed = [self.fixed_sums(model, head, s, m) for s, m in zip(sides, masks, strict=True)]
+        probe, head.probe = head.probe, None
+        states, sums = [], []
+        try:
+            with torch.no_grad():
+                for part, mask in zip(sides, masks, strict=True):
+                    states.append(rng_state())
+                    sums.append(sequence_sums(model, head, part, mask))
+        finally:
+            head.probe = probe
+        leaves = [s.detach().requires_grad_() for s in sums]
+        whole = None if fixed[0] is None or fixed[1] is None else torch.cat([fixed[0], fixed[1]], dim=1)
+        with torch.enable_grad():  # type: ignore[no-untyped-call]
+            total = self.loss_of(torch.cat(leaves, dim=1), whole, batch, totals)
+            weights = torch.autograd.grad(total, leaves)
+        set_rng_state(states[0])
+        chosen = (weights[0] * sequence_sums(model, head, sides[0], masks[0])).sum()
+        (chosen * (1.0 / max(totals[0], 1.0))).backward()  # type: ignore[no-untyped-call]
+        if probe is not None:  # the chosen side's pass is cut into phases as any other
+            probe.backward_done()
+            probe.forward_starts()
+        set_rng_state(states[1])
+        rejected = (weights[1] * sequence_sums(model, head, sides[1], masks[1])).sum()
+        return rejected - rejected.detach() + total.detach()
 
     def rows(self, samples: Sequence[dict[str, Any]], tokenizer: Any, spec: FineTuneJobSpec) -> list[Any]:
         return list(pair_rows(samples, tokenizer, spec.training.max_length))
@@ -149,25 +247,34 @@ class Preference(TrainingObjective):
 
 
 class Dpo(Preference):
-    def loss_sum(
-        self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor], totals: Sequence[float]
-    ) -> torch.Tensor:
-        settings = self.settings
-        weight = batch["weight"]
-        count = len(weight)
-        mask = self.answer_mask(batch).unsqueeze(0)
+    def masks(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.answer_mask(batch).unsqueeze(0)
+
+    def fixed_sums(
+        self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor], masks: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The reference's sums: the model with its adapter off, without gradients."""
         probe, head.probe = head.probe, None
         try:
             with torch.no_grad(), adapters_off(model):
-                reference = -sequence_sums(model, head, batch, mask)[0]
+                return sequence_sums(model, head, batch, masks)
         finally:
             head.probe = probe
-        policy = -sequence_sums(model, head, batch, mask)[0]
+
+    def loss_of(
+        self, sums: torch.Tensor, fixed: torch.Tensor | None, batch: dict[str, torch.Tensor], totals: Sequence[float]
+    ) -> torch.Tensor:
+        assert fixed is not None
+        settings = self.settings
+        weight = batch["weight"]
+        count = len(weight)
+        reference = -fixed[0]
+        policy = -sums[0]
         ratios = policy - reference
         chosen, rejected = ratios[:count], ratios[count:]
         if settings.loss_type == "ipo":
             # TRL's IPO: the log-ratios per answer token, so beta reads alike for any length.
-            lengths = mask[0].sum(dim=1).clamp(min=1.0)
+            lengths = self.answer_mask(batch).sum(dim=1).clamp(min=1.0)
             delta = chosen / lengths[:count] - rejected / lengths[count:]
             losses = (delta - 1 / (2 * settings.beta)) ** 2
         else:
@@ -191,15 +298,18 @@ class Orpo(Preference):
     def configure(self, spec: FineTuneJobSpec) -> None:
         self.settings = spec.training.orpo_settings
 
-    def loss_sum(
-        self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor], totals: Sequence[float]
+    def masks(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        answers = self.answer_mask(batch)
+        every = (batch["targets"][:, 1:] != IGNORE).float()
+        return torch.stack([answers, every])
+
+    def loss_of(
+        self, sums: torch.Tensor, fixed: torch.Tensor | None, batch: dict[str, torch.Tensor], totals: Sequence[float]
     ) -> torch.Tensor:
         beta = self.settings.beta
         weight = batch["weight"]
         count = len(weight)
         answers = self.answer_mask(batch)
-        every = (batch["targets"][:, 1:] != IGNORE).float()
-        sums = sequence_sums(model, head, batch, torch.stack([answers, every]))
         # Mean log-probability per answer token (TRL's average_log_prob).
         logps = -sums[0] / answers.sum(dim=1).clamp(min=1.0)
         chosen, rejected = logps[:count], logps[count:]
