@@ -61,10 +61,79 @@ def load_seed_recipe(model_path: Path, device: str) -> Any:
     return get_peft_model(model, lora)
 
 
+def dpo_config(work: Path, seq: int, steps: int, device: str) -> Any:
+    """TRL's settings for the seed recipe: fp32 (bf16 and TF32 off), paged 8-bit AdamW at a
+    constant 1e-4, gradient checkpointing, one pair per step, sigmoid loss with beta 0.1."""
+    from trl import DPOConfig
+
+    return DPOConfig(
+        output_dir=str(work / "trl-output"),
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=1,
+        max_steps=steps,
+        learning_rate=1e-4,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        optim="paged_adamw_8bit" if device == "cuda" else "adamw_torch",
+        gradient_checkpointing=True,
+        bf16=False,
+        fp16=False,
+        tf32=False if device == "cuda" else None,
+        beta=0.1,
+        loss_type=["sigmoid"],
+        max_length=seq,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=device == "cpu",
+        dataloader_num_workers=0,
+        seed=0,
+    )
+
+
+def timer(device: str, times: list[float], losses: list[float]) -> Any:
+    """A TrainerCallback timing each optimizer step (the GPU synchronised at both ends) and
+    keeping each logged loss."""
+    from transformers import TrainerCallback
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    class Timer(TrainerCallback):  # type: ignore[misc]
+        began = 0.0
+
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            sync()
+            self.began = time.perf_counter()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            sync()
+            times.append(time.perf_counter() - self.began)
+
+        def on_log(
+            self, _args: Any, _state: Any, _control: Any, logs: dict[str, float] | None = None, **__: Any
+        ) -> None:
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+
+    return Timer()
+
+
+def back_to_fp32(model: Any) -> list[str]:
+    """TRL casts some of the model to bf16 behind bf16=False (a Pascal card would stop on it): they
+    go back to float32, so both sides run the seed recipe's pure fp32 compute; returns their names."""
+    cast = [n for n, p in model.named_parameters() if p.dtype in (torch.float16, torch.bfloat16)]
+    for name, param in model.named_parameters():
+        if name in set(cast):
+            param.data = param.data.float()
+    return cast
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     from datasets import load_dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import DPOConfig, DPOTrainer
+    from transformers import AutoTokenizer
+    from trl import DPOTrainer
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -76,58 +145,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     load_s = time.time() - start
     tokenizer = AutoTokenizer.from_pretrained(str(work / "model"))
     data = load_dataset("json", data_files=str(work / "data" / "train.jsonl"), split="train")
-    args = DPOConfig(
-        output_dir=str(work / "trl-output"),
-        per_device_train_batch_size=1,
-        gradient_accumulation_steps=1,
-        max_steps=warm + steps,
-        learning_rate=1e-4,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        optim="paged_adamw_8bit" if device == "cuda" else "adamw_torch",
-        gradient_checkpointing=True,
-        bf16=False,
-        fp16=False,
-        tf32=False if device == "cuda" else None,
-        beta=0.1,
-        loss_type=["sigmoid"],
-        max_length=spec["seq"],
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=device == "cpu",
-        dataloader_num_workers=0,
-        seed=0,
-    )
     times: list[float] = []
     losses: list[float] = []
-
-    class Timer(TrainerCallback):  # type: ignore[misc]
-        began = 0.0
-
-        def on_step_begin(self, *_: Any, **__: Any) -> None:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            self.began = time.perf_counter()
-
-        def on_step_end(self, *_: Any, **__: Any) -> None:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - self.began)
-
-        def on_log(
-            self, _args: Any, _state: Any, _control: Any, logs: dict[str, float] | None = None, **__: Any
-        ) -> None:
-            if logs and "loss" in logs:
-                losses.append(float(logs["loss"]))
-
-    trainer = DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer, callbacks=[Timer()])
-    # TRL casts some of the model to bf16 behind bf16=False (a Pascal card would stop on it): they
-    # go back to float32, so both sides run the seed recipe's pure fp32 compute, and the record
-    # says what TRL cast.
-    cast = [n for n, p in trainer.model.named_parameters() if p.dtype in (torch.float16, torch.bfloat16)]
-    for _, param in ((n, p) for n, p in trainer.model.named_parameters() if n in set(cast)):
-        param.data = param.data.float()
+    args = dpo_config(work, spec["seq"], warm + steps, device)
+    callback = timer(device, times, losses)
+    trainer = DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer, callbacks=[callback])
+    cast = back_to_fp32(trainer.model)
     half = sorted({str(p.dtype) for p in trainer.model.parameters() if p.dtype in (torch.float16, torch.bfloat16)})
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -148,7 +171,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "half_params_cast_by_trl": {"count": len(cast), "first": cast[:4]},
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
-        "metrics_last": {k: v[-1] for k, v in trainer._metrics["train"].items() if v} if trainer._metrics else None,
     }
     if device == "cuda":
         result["peak_gib"] = [
