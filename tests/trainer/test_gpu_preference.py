@@ -5,7 +5,10 @@ CUDA kernels (CI has no GPU; the CPU tests cover the math against TRL).
   `disable_adapter()`, on 4-bit LoRA layers;
 - the LM head's per-sequence sums in chunks give the whole-sequence sums and gradients;
 - a DPO micro-batch (reference and policy forward, backward) makes no half tensor: the
-  precision guard watches every module's output.
+  precision guard watches every module's output;
+- the pair split (chosen, then rejected) gives the unsplit micro-batch's loss and gradients, and
+  with LoRA dropout on, each side's forward with gradients draws the masks of its forward
+  without (the CUDA generators restored between).
 
 Needs a GPU; run on a GPU machine with `make test-gpu` or `python -m pytest -m gpu` on this file.
 """
@@ -20,7 +23,7 @@ needs_gpu = pytest.mark.gpu  # skipped where no CUDA GPU is visible (tests/conft
 PAIRS = 3
 
 
-def _model(folder: Path, chunk_tokens: int) -> tuple[Any, Any]:
+def _model(folder: Path, chunk_tokens: int, dropout: float = 0.0) -> tuple[Any, Any]:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
 
@@ -48,7 +51,7 @@ def _model(folder: Path, chunk_tokens: int) -> tuple[Any, Any]:
         str(folder), quantization_config=quant, dtype=torch.float32, device_map={"": 0}
     )
     torch.manual_seed(1)
-    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     model = get_peft_model(base, lora)
     # LoRA's B starts at zero: move it, or the adapter-off pass would equal the adapter-on one anyway.
     with torch.no_grad():
@@ -144,6 +147,62 @@ def test_chunked_per_sequence_sums_equal_the_whole_sequence_and_the_micro_batch_
     assert sorted(whole_grads) == sorted(chunked_grads) and whole_grads
     for name, grad in whole_grads.items():
         assert torch.allclose(grad, chunked_grads[name], rtol=1e-4, atol=1e-6), name
+
+
+def _micro_batch(objective: Any, model: Any, head: Any, batch: dict[str, torch.Tensor]) -> tuple[float, dict]:
+    """One micro-batch as the loop runs it: its loss sum, then the backward of that scaled."""
+    model.zero_grad(set_to_none=True)
+    objective.start_step()
+    torch.manual_seed(7)
+    total = objective.loss_sum(model, head, batch, [float(PAIRS)])
+    (total * (1.0 / PAIRS)).backward()
+    return float(total), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@needs_gpu
+def test_the_pair_split_trains_as_one_forward_of_both_sides_on_the_gpu(tmp_path: Path) -> None:
+    objective = _dpo()
+    model, head = _model(tmp_path / "tiny", 0)
+    batch = _batch(objective)
+    whole_loss, whole = _micro_batch(objective, model, head, batch)
+    objective.split = True
+    split_loss, split = _micro_batch(objective, model, head, batch)
+    assert split_loss == pytest.approx(whole_loss, rel=1e-5)
+    assert sorted(split) == sorted(whole) and whole
+    for name, grad in whole.items():
+        assert torch.allclose(split[name], grad, rtol=1e-4, atol=1e-6), name
+
+
+@needs_gpu
+def test_each_split_side_trains_with_the_dropout_masks_of_its_sums_on_the_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from finetune_trainer.objectives import preference
+
+    objective = _dpo()
+    objective.split = True
+    model, head = _model(tmp_path / "tiny", 0, dropout=0.5)
+    batch = _batch(objective)
+    seen: list[tuple[bool, torch.Tensor]] = []
+    original = preference.sequence_sums
+
+    def recorded(*args: Any) -> torch.Tensor:
+        out = original(*args)
+        seen.append((torch.is_grad_enabled(), out.detach().clone()))
+        return out
+
+    monkeypatch.setattr(preference, "sequence_sums", recorded)
+    _micro_batch(objective, model, head, batch)
+    without = [sums for grad, sums in seen if not grad][-2:]  # the policy's sides (the reference's before)
+    with_grad = [sums for grad, sums in seen if grad]
+    assert len(with_grad) == 2
+    for before, after in zip(without, with_grad, strict=True):
+        assert torch.allclose(before, after, rtol=1e-6, atol=1e-6)
+    torch.manual_seed(8)  # another draw of the masks gives other sums: the masks matter here
+    with torch.no_grad():
+        part = preference.side(batch, 0, PAIRS)
+        again = original(model, head, part, objective.masks(part))
+    assert not torch.allclose(again, without[0], rtol=1e-6, atol=1e-6)
 
 
 if __name__ == "__main__":
