@@ -49,6 +49,13 @@ PRINTER_COLUMNS: list[Schema] = [
         "priority": 1,
         "description": "Loss on the held-out split at the last evaluation (every checkpoint, and the end).",
     },
+    {
+        "name": "Metrics",
+        "type": "string",
+        "jsonPath": ".status.progress.metricsText",
+        "priority": 1,
+        "description": "The training method's own figures at the last report (dpo, orpo: reward accuracy and margin).",
+    },
     {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpus"},
     {
         "name": "Nodes",

@@ -105,7 +105,7 @@ def test_the_spec_the_crd_and_the_reference_follow_the_registry(plugin: Path) ->
         FineTuneJob.model_validate(body)
     version = crd.crd()["spec"]["versions"][0]
     training = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["training"]
-    assert training["properties"]["method"]["enum"] == ["sft", "halved"]
+    assert training["properties"]["method"]["enum"] == ["sft", "dpo", "orpo", "halved"]
     assert "halved = SFT with the loss halved" in training["properties"]["method"]["description"]
     assert "`halved`" in reference.render()
 
