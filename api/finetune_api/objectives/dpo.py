@@ -39,7 +39,8 @@ DPO: Final = register(
         trainer="finetune_trainer.objectives.preference:Dpo",
         sequences_per_row=SEQUENCES_PER_ROW,
         reference_forwards=1,
-        tracked=("spec.dataset.format", "spec.training.dpo"),
+        # The method too: another one's checkpoint is named as such, not only by its settings block.
+        tracked=("spec.training.method", "spec.dataset.format", "spec.training.dpo"),
         packs=False,
         order=20,
     )

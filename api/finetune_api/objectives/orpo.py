@@ -31,7 +31,8 @@ ORPO: Final = register(
         dataset_formats=dict(FORMATS),
         trainer="finetune_trainer.objectives.preference:Orpo",
         sequences_per_row=SEQUENCES_PER_ROW,
-        tracked=("spec.dataset.format", "spec.training.orpo"),
+        # The method too: another one's checkpoint is named as such, not only by its settings block.
+        tracked=("spec.training.method", "spec.dataset.format", "spec.training.orpo"),
         packs=False,
         order=30,
     )
