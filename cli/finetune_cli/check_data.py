@@ -32,7 +32,9 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         description="Check a dataset file (JSON Lines, JSON or Parquet) the way the trainer does before training: "
         "every bad line with its number and field, exit 1. With --tokenizer: samples, tokens and trained "
         "tokens, samples with 0 trained tokens as errors, replies that maxLength cuts as warnings (see "
-        "Training data); a tokenizer folder of a family the trainer does not train is refused in one line.",
+        "Training data; for preference: pairs, both sequences' tokens and both answers' scored tokens, a pair "
+        "that maxLength leaves an answer without a token as an error); a tokenizer folder of a family the "
+        "trainer does not train is refused in one line.",
     )
     parser.add_argument("file", metavar="FILE")
     parser.add_argument(

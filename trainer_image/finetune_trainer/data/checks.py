@@ -365,11 +365,12 @@ def _check_pairs(report: DataReport, wheres: list[str], tokenizer: Any, *, max_l
             continue
         if any(len(t.input_ids) > max_length for t in pair):
             report.over_length += 1
-            cut.extend(
-                f"{where} ({side} {count} of {trained(tokens.labels)})"
+            sides = [
+                f"{side} {count} of {trained(tokens.labels)}"
                 for side, tokens, count in zip(SIDES, pair, kept, strict=True)
                 if count < trained(tokens.labels)
-            )
+            ]
+            cut.append(f"{where} ({', '.join(sides)})")
         keep.append(sample)
     report.samples = keep
     if report.over_length:
