@@ -22,7 +22,7 @@ from .constants import (
     SINGULAR,
     VERSION,
 )
-from .spec import MUTABLE_AFTER_START, FineTuneJobSpec
+from .spec import METHOD_BLOCKS, MUTABLE_AFTER_START, FineTuneJobSpec
 from .status import FineTuneJobStatus
 
 Schema = dict[str, Any]
@@ -48,6 +48,13 @@ PRINTER_COLUMNS: list[Schema] = [
         "jsonPath": ".status.progress.evalLossText",
         "priority": 1,
         "description": "Loss on the held-out split at the last evaluation (every checkpoint, and the end).",
+    },
+    {
+        "name": "Metrics",
+        "type": "string",
+        "jsonPath": ".status.progress.metricsText",
+        "priority": 1,
+        "description": "The training method's own figures at the last report (dpo, orpo: reward accuracy and margin).",
     },
     {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpus"},
     {
@@ -197,6 +204,10 @@ def _immutability(spec: Schema) -> None:
 def spec_schema() -> Schema:
     schema = structural_schema(FineTuneJobSpec)
     _default_empty_objects(schema)
+    # A method's own block (`training.dpo`) is there only when written: its rule refuses it beside
+    # another method, so a `{}` default would refuse every job. Its defaults still apply inside it.
+    for block in METHOD_BLOCKS:
+        del schema["properties"]["training"]["properties"][block]["default"]
     _immutability(schema)
     return schema
 

@@ -6,7 +6,9 @@ the operator, the trainer) and as CEL rules in `x-kubernetes-validations` (admis
 carry the same message text, and tests feed the same wrong specs to both.
 """
 
-from typing import Annotated, Final, Literal, Self
+import json
+import re
+from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import (
     BeforeValidator,
@@ -42,7 +44,15 @@ from .gpus import (
 from .modes import Parallelism
 from .multinode import several_nodes
 from .objectives import DEFAULT as DEFAULT_METHOD
-from .objectives import OBJECTIVES, dataset_format_choice, describe_formats, describe_methods
+from .objectives import (
+    NO_PACKING,
+    NOT_READ,
+    OBJECTIVES,
+    dataset_format_choice,
+    describe_formats,
+    describe_methods,
+    known_formats,
+)
 from .objectives import packs as objective_packs
 from .objectives import reads as objective_reads
 from .objectives.dpo import DpoSpec
@@ -59,6 +69,13 @@ def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     if field_path:
         entry["fieldPath"] = field_path
     return entry
+
+
+def _cel_text(template: str, **values: str) -> str:
+    """A CEL message expression for a Python format `template`: each `{name}` the CEL expression
+    `values[name]`, the text between them string literals (so admission says what Python says)."""
+    parts = re.split(r"\{(\w+)\}", template)
+    return " + ".join(values[part] if index % 2 else json.dumps(part) for index, part in enumerate(parts) if part)
 
 
 ONE_SOURCE = "exactly one of pvc or hub must be set"
@@ -259,18 +276,33 @@ def _block_message(block: str) -> str:
     return f"training.{block} is for training.method {block}"
 
 
-class TrainingSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel("!(has(self.epochs) && has(self.maxSteps))", BOTH_LENGTHS),
-                *(
-                    _cel(f"!has(self.{block}) || self.method == '{block}'", _block_message(block), f".{block}")
-                    for block in METHOD_BLOCKS
-                ),
-            ]
-        }
+def _packing_rules() -> list[JsonDict]:
+    """`training.packing` with a method whose rows cannot be packed (the registry's, when the
+    schema is made): the CEL side of `objectives.packs`."""
+    unpacked = [o.name for o in OBJECTIVES if not o.packs]
+    if not unpacked:
+        return []
+    # The CRD's defaults are checked against these rules before any field of theirs is defaulted.
+    rule = _cel(
+        f"!has(self.packing) || !self.packing || !has(self.method) || !(self.method in {unpacked})",
+        NO_PACKING.format(method=" or ".join(unpacked)),
     )
+    return [{**rule, "messageExpression": _cel_text(NO_PACKING, method="self.method"), "fieldPath": ".packing"}]
+
+
+def _training_rules(schema: JsonDict, _: Any = None) -> None:
+    schema["x-kubernetes-validations"] = [
+        _cel("!(has(self.epochs) && has(self.maxSteps))", BOTH_LENGTHS),
+        *(
+            _cel(f"!has(self.{block}) || self.method == '{block}'", _block_message(block), f".{block}")
+            for block in METHOD_BLOCKS
+        ),
+        *_packing_rules(),
+    ]
+
+
+class TrainingSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=_training_rules)
 
     epochs: Annotated[float, Field(gt=0, le=1000)] | None = Field(
         default=None, description="Passes over the data (1 when neither epochs nor maxSteps is set)."
@@ -594,21 +626,38 @@ _PASCAL_RULE = (
 )
 
 
-class FineTuneJobSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    _PASCAL_RULE,
-                    "precision bf16/fp16 is not supported on Pascal GPUs (no bf16; fp16 mixed "
-                    "precision breaks QLoRA there); use precision: fp32 or auto",
-                    ".precision",
-                ),
-                _cel(_DEVICE_MAP_RULE, DEVICE_MAP_ONE_PROCESS, ".resources.processes"),
-                _cel(_DEVICE_MAP_NODES_RULE, DEVICE_MAP_ONE_NODE, ".resources.nodes"),
-            ]
-        }
+def _format_rule() -> JsonDict:
+    """`dataset.format` is one `training.method` reads (the registry's, when the schema is made):
+    the CEL side of `objectives.reads`."""
+    reads = {o.name: list(o.dataset_formats) for o in OBJECTIVES}
+    known = {o.name: known_formats(o) for o in OBJECTIVES}
+    listed = "; ".join(f"{name} reads {text}" for name, text in known.items())
+    method = f"(has(self.training) && has(self.training.method) ? self.training.method : '{DEFAULT_METHOD}')"
+    rule = _cel(
+        f"self.dataset.format in {reads}[{method}]",
+        f"dataset.format must be one training.method reads: {listed}",
+        ".dataset.format",
     )
+    message = _cel_text(NOT_READ, format="self.dataset.format", method=method, known=f"{known}[{method}]")
+    return {**rule, "messageExpression": message}
+
+
+def _spec_rules(schema: JsonDict, _: Any = None) -> None:
+    schema["x-kubernetes-validations"] = [
+        _cel(
+            _PASCAL_RULE,
+            "precision bf16/fp16 is not supported on Pascal GPUs (no bf16; fp16 mixed "
+            "precision breaks QLoRA there); use precision: fp32 or auto",
+            ".precision",
+        ),
+        _cel(_DEVICE_MAP_RULE, DEVICE_MAP_ONE_PROCESS, ".resources.processes"),
+        _cel(_DEVICE_MAP_NODES_RULE, DEVICE_MAP_ONE_NODE, ".resources.nodes"),
+        _format_rule(),
+    ]
+
+
+class FineTuneJobSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=_spec_rules)
 
     model: ModelSpec = Field(description="The base model.")
     dataset: DatasetSpec = Field(description="The training data.")

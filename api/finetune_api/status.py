@@ -58,7 +58,24 @@ class Progress(ApiModel):
     eta_seconds: float | None = None
     tokens: int | None = Field(default=None, description="Tokens processed so far (what tokensPerSecond counts).")
     trained_tokens: int | None = Field(
-        default=None, description="Of those, the targets of the loss (dataset.trainOn; answers only for completion)."
+        default=None,
+        description="Of those, the targets of the loss (dataset.trainOn; answers only for completion). "
+        "Methods whose loss is a mean over pairs (dpo, orpo) report pairs instead.",
+    )
+    pairs: int | None = Field(
+        default=None, description="dpo, orpo: preference pairs trained so far (what their loss is a mean over)."
+    )
+    metrics: Annotated[dict[Annotated[str, Field(max_length=64)], float], Field(max_length=16)] | None = Field(
+        default=None,
+        description="The training method's own figures at the last report, means over that step's pairs: dpo "
+        "and orpo give rewardAccuracy (the share of pairs whose chosen answer earns the higher reward), "
+        "rewardMargin, rewardChosen, rewardRejected (beta x the log-probability ratio to the reference for "
+        "dpo, beta x the mean log-probability for orpo) and logpChosen, logpRejected; orpo adds nllLoss, "
+        "logOddsRatio and logOddsChosen.",
+    )
+    metrics_text: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None,
+        description="metrics as kubectl -o wide and ftjob status show them, e.g. reward acc 0.93 margin 1.2.",
     )
     updated_at: Timestamp | None = None
     lora_modules: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=64)] | None = Field(

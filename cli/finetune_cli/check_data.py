@@ -5,7 +5,8 @@ Prints every bad record as `FILE: line N: field: problem` and exits 1; a clean f
 one-line summary (samples, tokens, and the trained tokens: the targets of the loss, by the
 trainer's own rule and `--train-on`) plus its warnings, and exits 0. `--json` prints one object
 per sample on stdout instead (`{"line": N, "tokens": T, "trainedTokens": K}`); the problems, the
-warnings and the summary then go to stderr.
+warnings and the summary then go to stderr. A preference record is a pair: its tokens are both
+sequences', its trained tokens both answers' (the tokens DPO and ORPO score).
 """
 
 import argparse
@@ -14,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, get_args
 
-from finetune_api.objectives import dataset_formats
+from finetune_api.objectives import OBJECTIVES, dataset_formats
+from finetune_api.objectives.preference import PREFERENCE
 from finetune_api.spec import CONVERSATION_FORMATS, TrainOn
 
 from .errors import CliError
@@ -30,7 +32,9 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         description="Check a dataset file (JSON Lines, JSON or Parquet) the way the trainer does before training: "
         "every bad line with its number and field, exit 1. With --tokenizer: samples, tokens and trained "
         "tokens, samples with 0 trained tokens as errors, replies that maxLength cuts as warnings (see "
-        "Training data); a tokenizer folder of a family the trainer does not train is refused in one line.",
+        "Training data; for preference: pairs, both sequences' tokens and both answers' scored tokens, a pair "
+        "that maxLength leaves an answer without a token as an error); a tokenizer folder of a family the "
+        "trainer does not train is refused in one line.",
     )
     parser.add_argument("file", metavar="FILE")
     parser.add_argument(
@@ -75,15 +79,24 @@ def _load_tokenizer(path: str) -> tuple[object, object | None]:
 def _options(args: argparse.Namespace) -> None:
     if args.train_on is not None and args.format not in CONVERSATION_FORMATS:
         raise CliError(f"--train-on is for the conversation formats ({', '.join(CONVERSATION_FORMATS)})")
+    if args.packing and not any(o.packs for o in OBJECTIVES if args.format in o.dataset_formats):
+        raise CliError(
+            f"--packing: the methods that read format {args.format} never pack (a pair's answers are "
+            "scored one sequence each)"
+        )
     if args.json and not args.tokenizer:
         raise CliError("--json prints each sample's tokens: it needs --tokenizer")
 
 
 def _summary(args: argparse.Namespace, report: Any) -> str:
-    line = f"{args.file}: {len(report.samples)} samples OK ({args.format})"
+    # A preference record is a pair: two sequences, each answer's tokens scored.
+    pairs = args.format == PREFERENCE
+    line = f"{args.file}: {len(report.samples)} {'pairs' if pairs else 'samples'} OK ({args.format})"
     if not args.tokenizer:
         return line
     rule = f", trainOn {args.train_on or 'assistant'}" if args.format in CONVERSATION_FORMATS else ""
+    if pairs:
+        rule = " (the answers' tokens, chosen and rejected)"
     return f"{line}: {report.tokens} tokens, {report.trained_tokens} trained{rule}"
 
 

@@ -41,7 +41,8 @@ def _number(value: Any) -> float | None:
 
 
 def progress_parts(progress: dict[str, Any] | None) -> list[str]:
-    """`step 12/30 (40%)`, `loss 2.310`, `1,234 tok/s`, `ETA 1m05s`: whatever is known."""
+    """`step 12/30 (40%)`, `loss 2.310`, `reward acc 0.93 margin 1.2`, `1,234 tok/s`, `ETA 1m05s`:
+    whatever is known."""
     if not progress:
         return []
     parts: list[str] = []
@@ -58,6 +59,10 @@ def progress_parts(progress: dict[str, Any] | None) -> list[str]:
     loss = _number(progress.get("loss"))
     if loss is not None:
         parts.append(f"loss {loss:.4f}")
+    # The method's own figures in the trainer's words (dpo, orpo: `reward acc 0.93 margin 1.2`).
+    metrics = progress.get("metricsText")
+    if isinstance(metrics, str) and metrics:
+        parts.append(metrics)
     rate = _number(progress.get("tokensPerSecond"))
     if rate is not None:
         parts.append(f"{rate:,.0f} tok/s")

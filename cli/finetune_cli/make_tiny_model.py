@@ -12,11 +12,18 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "make-tiny-model",
         help="write a tiny random-init Llama (for tests and demos)",
         description="Write a tiny random-init Llama with a locally trained tokenizer into DIR; "
-        "optionally a small learnable Alpaca dataset too. Nothing is downloaded.",
+        "optionally a small learnable Alpaca dataset and preference set too. Nothing is downloaded.",
     )
     parser.add_argument("dir", metavar="DIR")
     parser.add_argument("--dataset", metavar="FILE", help="also write a learnable Alpaca JSON Lines file here")
-    parser.add_argument("--samples", type=int, default=256, metavar="N", help="records in --dataset (default 256)")
+    parser.add_argument(
+        "--preference",
+        metavar="FILE",
+        help="also write a learnable preference set (prompt/chosen/rejected strings, for dpo and orpo) here",
+    )
+    parser.add_argument(
+        "--samples", type=int, default=256, metavar="N", help="records in --dataset and --preference (default 256)"
+    )
     parser.add_argument("--hidden", type=int, default=64, metavar="N", help="hidden size (default 64)")
     parser.add_argument("--layers", type=int, default=2, metavar="N", help="decoder layers (default 2)")
     parser.add_argument("--vocab", type=int, default=512, metavar="N", help="tokenizer vocabulary (default 512)")
@@ -36,4 +43,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {folder}")
     if args.dataset:
         print(f"dataset: {seam.write_alpaca(Path(args.dataset), args.samples, args.seed)}")
+    if args.preference:
+        print(f"preference: {seam.write_preference(Path(args.preference), args.samples, args.seed)}")
     return 0

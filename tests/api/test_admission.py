@@ -116,6 +116,54 @@ def test_defaults_are_applied_by_the_server(
     assert spec["resources"]["nodes"] == 1
 
 
+@pytest.mark.parametrize(
+    ("training", "expected"),
+    [
+        ({"method": "dpo"}, None),
+        ({"method": "dpo", "dpo": {}}, {"beta": 0.1, "lossType": "sigmoid"}),
+        ({"method": "orpo", "orpo": {"beta": 0.5}}, {"beta": 0.5}),
+    ],
+    ids=["dpo unset", "dpo defaulted", "orpo"],
+)
+def test_a_preference_job_is_admitted_with_its_methods_block_only_when_written(
+    crd_installed: None,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+    training: dict[str, Any],
+    expected: dict[str, Any] | None,
+) -> None:
+    spec = _create(custom, namespace, tiny_with({"training": training, "dataset": {"format": "preference"}}))["spec"]
+    block = training["method"]
+    assert spec["training"].get(block) == expected
+    other = {"dpo": "orpo", "orpo": "dpo"}[block]
+    assert other not in spec["training"]
+    # What the operator reads of it: the method's settings, its defaults where unset.
+    parsed, error = parse_spec({"spec": spec})
+    assert error is None and parsed is not None
+    assert parsed.training.method == block
+
+
+def test_the_server_words_a_method_and_format_refusal_as_ftjob_validate_does(
+    crd_installed: None, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    for change, field in (
+        ({"training": {"method": "orpo"}, "dataset": {"format": "messages"}}, "spec.dataset.format"),
+        (
+            {"training": {"method": "dpo", "packing": True}, "dataset": {"format": "preference"}},
+            "spec.training.packing",
+        ),
+    ):
+        body = tiny_with(change)
+        _, offline = parse_spec(body)
+        assert offline is not None
+        with pytest.raises(ApiException) as failure:
+            _create(custom, namespace, body)
+        (cause,) = json.loads(failure.value.body)["details"]["causes"]
+        assert cause["field"] == field
+        # The offline line is `spec...: <message>`; the server's cause ends with the same message.
+        assert cause["message"].endswith(offline.split(": ", 1)[1]), (cause, offline)
+
+
 def test_spec_is_immutable_but_suspend_is_not(
     crd_installed: None, custom: client.CustomObjectsApi, namespace: str
 ) -> None:

@@ -87,6 +87,7 @@ def test_crd_names_and_columns() -> None:
         "Step",
         "Loss",
         "EvalLoss",
+        "Metrics",
         "GPUs",
         "Nodes",
         "Ready",
@@ -107,5 +108,15 @@ def test_crd_names_and_columns() -> None:
         ".status.progress.evalLossText",
         1,
     )
+    # The training method's figures (dpo, orpo) in short, also only with -o wide.
+    metrics_column = columns["Metrics"]
+    assert (metrics_column["type"], metrics_column["jsonPath"], metrics_column["priority"]) == (
+        "string",
+        ".status.progress.metricsText",
+        1,
+    )
     progress = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert {"evalLoss", "evalLossText", "evalStep"} <= set(progress["progress"]["properties"])
+    kept = progress["progress"]["properties"]
+    assert {"pairs", "metrics", "metricsText"} <= set(kept)
+    assert kept["metrics"]["additionalProperties"] == {"type": "number"} and kept["metrics"]["maxProperties"] == 16

@@ -39,6 +39,23 @@ def test_wrong_specs_name_the_field(
     assert expected in out, out
 
 
+PREFERENCE_CASES = [
+    c
+    for c in WRONG_SPECS
+    if c[0] in {"preference method on alpaca", "sft on preference data", "dpo settings with sft", "packing with orpo"}
+]
+
+
+@pytest.mark.parametrize(("case", "change", "expected"), PREFERENCE_CASES, ids=[c[0] for c in PREFERENCE_CASES])
+def test_a_method_its_data_and_its_settings_are_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, change: dict[str, Any], expected: str
+) -> None:
+    path = _write(tmp_path, tiny_with(change))
+    assert main(["validate", str(path)]) == 1
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"{path}: spec") and line.endswith(expected), line
+
+
 @pytest.mark.parametrize(
     "change",
     [

@@ -201,6 +201,55 @@ def test_status_shows_conditions_progress_checkpoint_and_output(
     assert '"totalSteps": 30' in as_json.stdout
 
 
+def test_a_preference_jobs_figures_survive_the_schema_and_read_in_short(
+    finetune_crd: str, namespace: str, custom: client.CustomObjectsApi, tmp_path: Path
+):
+    """What the trainer of a DPO job patches (tests/trainer/test_preference_progress.py makes it):
+    pairs and the method's figures are kept by the CRD's schema, and `ftjob status` and
+    `kubectl get -o wide` (the Metrics column) show the short text."""
+    from hack.cluster import binaries
+
+    submitted(
+        tmp_path,
+        namespace,
+        "prefers",
+        dataset={**spec_body()["dataset"], "format": "preference"},
+        training={**spec_body()["training"], "method": "dpo", "dpo": {"beta": 0.2}},
+    )
+    metrics = {"rewardAccuracy": 0.9375, "rewardMargin": 1.2345, "rewardChosen": 0.61, "logpRejected": -41.5}
+    progress = {"step": 12, "totalSteps": 30, "loss": 0.2345, "tokens": 9000, "pairs": 96}
+    patch_status(
+        custom,
+        namespace,
+        "prefers",
+        {
+            "phase": "Running",
+            "progress": {**progress, "metrics": metrics, "metricsText": "reward acc 0.94 margin 1.23"},
+        },
+    )
+    job = get(custom, namespace, "prefers")
+    assert job is not None and job["spec"]["training"]["dpo"] == {"beta": 0.2, "lossType": "sigmoid"}
+    kept = job["status"]["progress"]
+    assert kept["metrics"] == metrics and kept["pairs"] == 96
+    shown = ftjob("status", "prefers", "-n", namespace)
+    assert shown.returncode == 0, shown.stderr
+    assert "loss 0.2345, reward acc 0.94 margin 1.23" in shown.stdout
+    kubectl = binaries.resolve("kubectl")
+    assert kubectl is not None
+    table = subprocess.run(
+        [str(kubectl), "get", "ftj", "prefers", "-n", namespace, "-o", "wide"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    header, row = table.splitlines()
+    assert "METRICS" in header.split() and "reward acc 0.94 margin 1.23" in row
+    narrow = subprocess.run(
+        [str(kubectl), "get", "ftj", "prefers", "-n", namespace], capture_output=True, text=True, check=True
+    ).stdout
+    assert "METRICS" not in narrow and "reward" not in narrow
+
+
 def start_watch(namespace: str, name: str, *extra: str) -> subprocess.Popen[str]:
     import os
 

@@ -226,6 +226,16 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     for key in ("packing", "gradientCheckpointing"):
         if draw(st.booleans()):
             training[key] = draw(st.booleans())
+    method = draw(st.sampled_from(("sft", "dpo", "orpo")))
+    if method != "sft":  # a preference method: its format, no packing, its own block or none
+        training["method"] = method
+        spec["dataset"]["format"] = "preference"
+        if training.get("packing"):
+            del training["packing"]
+        if draw(st.booleans()):
+            training[method] = {"beta": draw(st.floats(min_value=1e-3, max_value=100))}
+            if method == "dpo" and draw(st.booleans()):
+                training[method]["lossType"] = draw(st.sampled_from(("sigmoid", "ipo")))
     if training:
         spec["training"] = training
     checkpoints = draw(optional_numbers("checkpoints"))
@@ -430,7 +440,8 @@ _KNOWN_ANYWHERE = {
     "placement", "image", "suspend", "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished", "pvc",
     "hub", "storage", "merge", "r", "alpha", "dropout", "targetModules", "epochs", "maxSteps", "learningRate",
     "lrScheduler", "warmupRatio", "batchSize", "gradientAccumulation", "maxLength", "packing",
-    "gradientCheckpointing", "optimizer", "weightDecay", "maxGradNorm", "loggingSteps", "seed", "gpus",
+    "gradientCheckpointing", "optimizer", "weightDecay", "maxGradNorm", "loggingSteps", "seed", "gpus", "method",
+    "dpo", "orpo", "beta", "lossType",
     "gpuProduct", "cpu", "memory",
 }  # fmt: skip
 

@@ -91,6 +91,37 @@ WRONG_SPECS = [
         "spec.dataset.trainOn: trainOn is for the conversation formats (messages, sharegpt)",
     ),
     (
+        "preference method on alpaca",
+        {"training": {"method": "dpo"}},
+        "dataset.format alpaca is not one training.method dpo reads (preference)",
+    ),
+    (
+        "sft on preference data",
+        {"dataset": {"format": "preference"}},
+        "dataset.format preference is not one training.method sft reads (alpaca, sharegpt, messages, text, completion)",
+    ),
+    ("dpo settings with sft", {"training": {"dpo": {"beta": 0.2}}}, "training.dpo is for training.method dpo"),
+    (
+        "orpo settings with dpo",
+        {"training": {"method": "dpo", "orpo": {"beta": 0.2}}, "dataset": {"format": "preference"}},
+        "training.orpo is for training.method orpo",
+    ),
+    (
+        "packing with orpo",
+        {"training": {"method": "orpo", "packing": True}, "dataset": {"format": "preference"}},
+        "training.packing is not for training.method orpo: a pair's answers are scored one sequence each",
+    ),
+    (
+        "zero beta",
+        {"training": {"method": "dpo", "dpo": {"beta": 0}}, "dataset": {"format": "preference"}},
+        "spec.training.dpo.beta:",
+    ),
+    (
+        "unknown dpo loss",
+        {"training": {"method": "dpo", "dpo": {"lossType": "hinge"}}, "dataset": {"format": "preference"}},
+        "spec.training.dpo.lossType:",
+    ),
+    (
         "priority without a queue",
         {"placement": {"workloadPriorityClassName": "high"}},
         "workloadPriorityClassName needs queueName",

@@ -174,3 +174,171 @@ def test_check_data_cli_missing_file_is_one_line(tmp_path: Path) -> None:
     result = run_cli("--format", "text", str(tmp_path / "nope.jsonl"))
     assert result.returncode == 1
     assert result.stderr.strip() == f"error: {tmp_path / 'nope.jsonl'}: no such file or folder"
+
+
+# --- preference pairs (dpo, orpo) ----------------------------------------------------------
+
+PAIR = {"prompt": "The opposite of hot is", "chosen": " cold.", "rejected": " hot."}
+USER = [{"role": "user", "content": "What does a cow say?"}]
+YES = [{"role": "assistant", "content": "A cow says moo."}]
+NO = [{"role": "assistant", "content": "A cow says woof."}]
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        ({"prompt": "Say", "chosen": " a."}, "line 2: rejected: missing field"),
+        ({"chosen": " a.", "rejected": " b."}, "line 2: prompt: missing field"),
+        ({"prompt": "Say", "chosen": "  ", "rejected": " b."}, "line 2: chosen: empty text"),
+        ({"prompt": "Say", "chosen": " a.", "rejected": " a."}, "line 2: rejected: the same as chosen"),
+        ({"prompt": USER, "chosen": YES, "rejected": YES}, "line 2: rejected: the same as chosen"),
+        (
+            {"prompt": "Say", "chosen": YES, "rejected": NO},
+            "line 2: chosen: messages, but prompt is a string: a pair is all strings or all messages",
+        ),
+        (
+            {"prompt": USER, "chosen": YES, "rejected": " woof."},
+            "line 2: rejected: a string, but prompt is messages",
+        ),
+        (
+            {"prompt": USER, "chosen": [{"role": "user", "content": "moo"}], "rejected": NO},
+            "line 2: chosen: the last message must be the assistant's answer",
+        ),
+        (
+            {"prompt": [{"role": "robot", "content": "hi"}], "chosen": YES, "rejected": NO},
+            "line 2: prompt[0].role: expected one of assistant, system, tool, user, got 'robot'",
+        ),
+        ({"prompt": USER, "chosen": [], "rejected": NO}, "line 2: chosen: expected a string or a non-empty list"),
+        ({"prompt": "Say", "chosen": 3, "rejected": " b."}, "line 2: chosen: expected a string or a non-empty"),
+        (
+            {"prompt": USER, "chosen": [{"role": "assistant", "content": ""}], "rejected": NO},
+            "line 2: chosen[0].content: empty text",
+        ),
+    ],
+)
+def test_each_bad_preference_line_is_named(tmp_path: Path, record: dict[str, Any], expected: str) -> None:
+    good = PAIR if isinstance(record.get("prompt", ""), str) else {"prompt": USER, "chosen": YES, "rejected": NO}
+    report = check_records(read_records(write_lines(tmp_path / "d.jsonl", [good, record, good])), "preference")
+    assert [str(p) for p in report.problems][:1] and str(report.problems[0]).startswith(expected), report.problems
+    assert len(report.problems) == 1 and len(report.samples) == 2
+
+
+def test_a_pair_of_messages_may_be_one_object_each_and_a_longer_prompt() -> None:
+    from finetune_trainer.data.records import Record
+
+    records = [
+        Record("line 1", {"prompt": USER, "chosen": YES[0], "rejected": NO[0]}),
+        # Turns before the answer's last one join the prompt; the prompt may end with an assistant turn.
+        Record("line 2", {"prompt": [*USER, *YES, *USER], "chosen": YES, "rejected": [*USER, *NO]}),
+    ]
+    report = check_records(records, "preference")
+    assert report.ok, report.problems
+    assert report.samples[0] == {"prompt": USER, "chosen": YES, "rejected": NO}
+
+
+def test_a_file_mixing_string_and_message_pairs_is_refused_at_the_odd_lines(tmp_path: Path) -> None:
+    chat = {"prompt": USER, "chosen": YES, "rejected": NO}
+    report = check_records(read_records(write_lines(tmp_path / "d.jsonl", [PAIR, chat, PAIR, chat])), "preference")
+    assert [str(p) for p in report.problems] == [
+        f"line {n}: prompt: messages, but line 1's pair is a string: a file's pairs are all strings or all messages"
+        for n in (2, 4)
+    ]
+    assert len(report.samples) == 2
+
+
+@pytest.mark.trainer  # a Hugging Face tokenizer, and the trainer's pair rows (torch)
+@pytest.mark.parametrize("chat", [False, True], ids=["strings", "messages"])
+def test_the_pair_check_counts_what_the_trainer_scores(tmp_path: Path, tokenizer: Any, chat: bool) -> None:
+    from finetune_trainer.objectives.preference import pair_rows
+    from finetune_trainer.tiny_model import write_preference
+
+    path = write_preference(tmp_path / "pairs.jsonl", count=12, chat=chat)
+    report = check_records(read_records(path), "preference", tokenizer=tokenizer, max_length=128)
+    assert report.ok and not report.warnings, (report.problems, report.warnings)
+    rows = pair_rows(report.samples, tokenizer, 128)
+    assert [c.tokens for c in report.counts] == [r.tokens for r in rows]
+    # Trained: both answers' scored tokens (the answer and its end: EOS, or the template's end of turn).
+    assert [c.trained_tokens for c in report.counts] == [r.chosen.targets + r.rejected.targets for r in rows]
+    assert all(r.chosen.targets >= 2 and r.rejected.targets >= 2 for r in rows)
+    assert report.summary()["samples"] == 12
+
+
+@pytest.mark.trainer  # a Hugging Face tokenizer: transformers imports torch
+def test_pairs_maxlength_cuts_are_named_by_side_or_prompt(tmp_path: Path, tokenizer: Any) -> None:
+    long_prompt = " ".join(["Give the opposite of the word."] * 20)
+    long_answer = " " + " ".join(["red green blue"] * 20)
+    path = write_lines(
+        tmp_path / "d.jsonl",
+        [
+            PAIR,
+            {"prompt": long_prompt, "chosen": " cold.", "rejected": " hot."},
+            {"prompt": "Repeat.", "chosen": long_answer, "rejected": " no."},
+            {"prompt": long_prompt[:60], "chosen": long_answer, "rejected": " no."},
+        ],
+    )
+    report = check_records(read_records(path), "preference", tokenizer=tokenizer, max_length=32)
+    problems = [str(p) for p in report.problems]
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("line 2: prompt: prompt alone is ")
+    assert "at or over maxLength 32: truncation would leave neither answer a token to score" in problems[0]
+    # The long answers of lines 3 and 4 keep their start; their rejected answers fit.
+    assert report.over_length == 2 and len(report.samples) == 3
+    (warning,) = report.warnings
+    assert warning.startswith("2 of 3 pairs have a sequence longer than maxLength 32 tokens")
+    assert "line 3 (chosen " in warning and "line 4 (chosen " in warning and "rejected" not in warning
+    # Messages: the turns before an answer's last one are its prompt, so one side alone can lose its answer.
+    side = {"prompt": USER, "chosen": [{"role": "user", "content": long_prompt}, *YES], "rejected": NO}
+    records = read_records(write_lines(tmp_path / "c.jsonl", [side]))
+    chat = check_records(records, "preference", tokenizer=tokenizer, max_length=64)
+    assert [p.field for p in chat.problems] == ["chosen"], chat.problems
+    assert str(chat.problems[0]).startswith("line 1: chosen: maxLength 64 cuts every token of the answer: the prompt")
+
+
+@pytest.mark.trainer  # a Hugging Face tokenizer: transformers imports torch
+def test_message_pairs_need_the_models_chat_template(tmp_path: Path, tiny_assets: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from finetune_trainer.tiny_model import write_preference
+
+    no_template = AutoTokenizer.from_pretrained(str(tiny_assets / "models" / "tiny-llama"))
+    no_template.chat_template = None
+    chat = write_preference(tmp_path / "chat.jsonl", count=4, chat=True)
+    report = check_records(read_records(chat), "preference", tokenizer=no_template, max_length=128)
+    assert [str(p) for p in report.problems] == [
+        "tokenizer: chat_template: format preference with messages (line 1) needs a chat template and the "
+        "tokenizer has none"
+    ]
+    strings = write_preference(tmp_path / "strings.jsonl", count=4)
+    assert check_records(read_records(strings), "preference", tokenizer=no_template, max_length=128).ok
+
+
+def test_check_data_cli_names_bad_pairs_and_exits_1(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "d.jsonl", [PAIR, {"prompt": "x", "chosen": " y"}, {**PAIR, "rejected": " cold."}])
+    result = run_cli("--format", "preference", str(path))
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        f"{path}: line 2: rejected: missing field",
+        f"{path}: line 3: rejected: the same as chosen: nothing to prefer",
+        f"{path}: 2 problem(s) in 3 records",
+    ]
+    packed = run_cli("--format", "preference", "--packing", str(path))
+    assert packed.returncode == 1 and packed.stderr.startswith("error: --packing: "), packed.stderr
+
+
+@pytest.mark.trainer  # the CLI loads a Hugging Face tokenizer in its subprocess (transformers, torch)
+def test_check_data_cli_summarises_pairs(tmp_path: Path, tiny_assets: Path) -> None:
+    from finetune_trainer.tiny_model import write_preference
+
+    data = write_preference(tmp_path / "pairs.jsonl", count=16)
+    model = str(tiny_assets / "models" / "tiny-llama")
+    result = run_cli("--format", "preference", "--tokenizer", model, str(data))
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = re.findall(r": 16 pairs OK \(preference\): (\d+) tokens, (\d+) trained \(the answers'", result.stdout)
+    tokens, trained = (int(n) for n in found[0])
+    assert 0 < trained < tokens
+    as_json = run_cli("--format", "preference", "--tokenizer", model, "--json", str(data))
+    lines = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [line["line"] for line in lines] == list(range(1, 17))
+    assert sum(line["tokens"] for line in lines) == tokens
+    assert sum(line["trainedTokens"] for line in lines) == trained
+    assert "16 pairs OK (preference)" in as_json.stderr

@@ -187,3 +187,40 @@ def test_a_local_run_owns_no_checkpoint(tmp_path: Path) -> None:
     checkpoint(config(tmp_path, uid=None), 10)
     assert decide(config(tmp_path, uid=None, **{"output.onExisting": "fresh"})) == "moveAside"
     assert decide(config(tmp_path, uid=None)) == "resume"
+
+
+DPO = {"training.method": "dpo", "dataset.format": "preference"}
+
+
+def test_a_preference_methods_settings_are_in_the_fingerprint(tmp_path: Path) -> None:
+    base = fingerprint.fingerprint(config(tmp_path, **DPO), 1)
+    assert (base["spec.training.method"], base["spec.training.dpo.beta"], base["spec.training.dpo.lossType"]) == (
+        "dpo",
+        0.1,
+        "sigmoid",
+    )
+    # Unset, the block trains as its defaults: the same fingerprint as writing them.
+    written = fingerprint.fingerprint(config(tmp_path, **DPO, **{"training.dpo": {"beta": 0.1}}), 1)
+    assert fingerprint.differences(base, written) == []
+    ipo = fingerprint.fingerprint(config(tmp_path, **DPO, **{"training.dpo": {"lossType": "ipo"}}), 1)
+    assert fingerprint.differences(base, ipo) == ["spec.training.dpo.lossType: checkpoint sigmoid, job ipo"]
+    orpo = fingerprint.fingerprint(config(tmp_path, **{**DPO, "training.method": "orpo"}), 1)
+    assert fingerprint.differences(base, orpo) == [
+        "spec.training.method: checkpoint dpo, job orpo",
+        "spec.training.orpo.beta: checkpoint unset, job 0.1",
+        "spec.training.dpo.beta: checkpoint 0.1, job unset",
+        "spec.training.dpo.lossType: checkpoint sigmoid, job unset",
+    ]
+
+
+def test_a_resume_with_another_beta_is_refused_naming_it(tmp_path: Path) -> None:
+    checkpoint(config(tmp_path, uid="uid-old", **DPO, **{"training.dpo": {"beta": 0.1}}), 10)
+    assert decide(config(tmp_path, uid="uid-new", **DPO)) == "resume"  # the same settings, defaulted
+    with pytest.raises(TrainerFailure) as caught:
+        decide(config(tmp_path, uid="uid-new", **DPO, **{"training.dpo": {"beta": 0.5}}))
+    assert caught.value.reason == ExitReason.CheckpointMismatch
+    assert "spec.training.dpo.beta: checkpoint 0.1, job 0.5." in caught.value.message
+    orpo = {**DPO, "training.method": "orpo", "training.orpo": {"beta": 0.1}}
+    with pytest.raises(TrainerFailure) as other:
+        decide(config(tmp_path, uid="uid-new", **orpo))
+    assert "spec.training.method: checkpoint dpo, job orpo" in other.value.message

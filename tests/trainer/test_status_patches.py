@@ -82,3 +82,32 @@ def test_progress_and_last_checkpoint_land_on_the_finetunejob(
     assert summary["statusPatches"]["failed"] == 0
     # throttled: checkpoints (3) and the end always send; steps only every 10 s
     assert 3 <= summary["statusPatches"]["sent"] < 30
+
+
+def test_a_preference_runs_pairs_and_figures_land_on_the_finetunejob(
+    cluster: Any, kube: client.ApiClient, namespace: str, job_dir: JobDir, tmp_path: Path
+) -> None:
+    """DPO's count (pairs) and figures pass the CRD's schema as the trainer sends them."""
+    from .test_preference_progress import PREFERENCE_FIGURES, preference_run
+
+    finetune_crd_install(kube)
+    custom = client.CustomObjectsApi(kube)
+    body = {
+        **BASE_JOB,
+        "metadata": {"name": "tiny", "namespace": namespace},
+        "spec": {
+            **BASE_JOB["spec"],
+            "dataset": {**BASE_JOB["spec"]["dataset"], "format": "preference"},
+            "training": {**BASE_JOB["spec"]["training"], "method": "dpo"},
+        },
+    }
+    job = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    kubeconfig = trainer_identity(kube, cluster, job, tmp_path)
+
+    last = preference_run(job_dir, "dpo", env={"KUBECONFIG": str(kubeconfig)}, namespace=namespace).of("progress")[-1]
+
+    progress = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "tiny")["status"]["progress"]
+    assert progress["pairs"] == last["pairs"] and "trainedTokens" not in progress
+    assert progress["metrics"] == {name: last[name] for name in PREFERENCE_FIGURES}
+    accuracy, margin = last["rewardAccuracy"], last["rewardMargin"]
+    assert progress["metricsText"] == f"reward acc {accuracy:.2f} margin {margin:.3g}"

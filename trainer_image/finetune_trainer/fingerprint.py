@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from finetune_api.objectives import OBJECTIVES
+from finetune_api.spec import METHOD_BLOCKS, FineTuneJobSpec
 from finetune_api.trainer_config import TrainerConfig
 
 FILE: Final = "fingerprint.json"
@@ -37,7 +38,8 @@ HEAD_BYTES: Final = 1 << 20
 MAX_FILES: Final = 64  # files of a dataset folder whose start is hashed (all are sized)
 
 # The spec fields a checkpoint's state depends on whatever the objective, by their API path; the
-# objective adds its own (finetune_api.objectives: SFT's format, trainOn and packing).
+# objective adds its own (finetune_api.objectives: SFT's format, trainOn and packing; DPO's and
+# ORPO's method, format and settings block, beta and lossType).
 TRACKED: Final = (
     "spec.model.source",
     "spec.lora",
@@ -109,10 +111,18 @@ def dataset_identity(dataset: str) -> str | None:
     return f"{sum(p.stat().st_size for p in files)} bytes, sha256 of names, sizes and starts {digest.hexdigest()[:16]}"
 
 
+def _in_force(spec: FineTuneJobSpec) -> FineTuneJobSpec:
+    """The spec with its method's settings block as it trains: an unset `training.dpo` trains
+    with DPO's defaults, so it records as `dpo: {}` does (a resume is not refused over nothing)."""
+    training = spec.training
+    blocks = {block: getattr(training, f"{block}_settings") for block in METHOD_BLOCKS if training.method == block}
+    return spec.model_copy(update={"training": training.model_copy(update=blocks)}) if blocks else spec
+
+
 def fingerprint(config: TrainerConfig, world_size: int) -> dict[str, Any]:
     """{field: value} for everything the state of this job's checkpoints depends on, for a run of
     `world_size` processes in all."""
-    spec = config.spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+    spec = _in_force(config.spec).model_dump(by_alias=True, mode="json", exclude_none=True)
     fields: dict[str, Any] = {FORMAT: FORMAT_VERSION}
     for path in (*TRACKED, *OBJECTIVES.get(config.spec.training.method).tracked):
         _flatten(path, _at(spec, path), fields)

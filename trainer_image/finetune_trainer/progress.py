@@ -7,8 +7,11 @@ read to compare loss curves across a kill and a resume.
 import json
 import logging
 import math
+import re
 import sys
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,11 @@ log = logging.getLogger(__name__)
 SPIKE_FACTOR = 2.0  # a step loss this many times the running average is a spike
 SPIKE_WARMUP = 5  # logged steps before spikes are judged
 EMA_WEIGHT = 0.9
+
+
+def to_snake(name: str) -> str:
+    """`trainedTokens` as a TensorBoard tag spells it: `trained_tokens`."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -47,20 +55,41 @@ class LossSpikes:
         self.average = loss if self.average is None else EMA_WEIGHT * self.average + (1 - EMA_WEIGHT) * loss
 
 
+@dataclass(frozen=True)
+class Counting:
+    """What the training method's steps count and report beside the loss (its TrainingObjective's
+    `trained_name`, `metric_tags` and `metrics_text`): the defaults are supervised fine-tuning's."""
+
+    trained_name: str = "trainedTokens"
+    metric_tags: Mapping[str, str] = field(default_factory=dict)
+    metrics_text: Callable[[Mapping[str, float]], str | None] = lambda _: None
+
+
 class Progress:
     """Rank 0's account of the run: JSON lines, TensorBoard scalars and status patches."""
 
-    def __init__(self, reporter: StatusReporter | None, tensorboard: Path | None, total_steps: int) -> None:
+    def __init__(
+        self,
+        reporter: StatusReporter | None,
+        tensorboard: Path | None,
+        total_steps: int,
+        counting: Counting | None = None,
+    ) -> None:
         self.reporter = reporter
         self.total_steps = total_steps
+        self.counting = counting or Counting()
         self.spikes = LossSpikes()
         self.started: float | None = None
         self.start_step = 0
         self.tokens = 0  # processed by this process since `begin`: the rate's count
         self.run_tokens = 0  # the run's, resumed ones included
-        self.trained_tokens = 0  # the run's targets of the loss
+        self.trained_tokens = 0  # the run's targets of the loss (pairs, for the preference methods)
         self.last: dict[str, Any] = {}
         self.first_loss: float | None = None
+        # The method's figures of the first step this process ran, and of the last one.
+        self.first_metrics: dict[str, float] | None = None
+        self.final_metrics: dict[str, float] | None = None
+        self.reported_metrics: dict[str, float] = {}  # the last progress line's
         self.eval_loss: float | None = None
         self.eval_step: int | None = None
         self.lora: dict[str, Any] | None = None  # what was adapted (families.adapted), for the status
@@ -96,13 +125,17 @@ class Progress:
         self.trained_tokens += trained
         if self.first_loss is None:
             self.first_loss = loss
+        if metrics:
+            self.first_metrics = self.first_metrics or dict(metrics)
+            self.final_metrics = dict(metrics)
+        counting = self.counting
         if self._writer is not None:
             self._writer.add_scalar("train/loss", loss, step)
             self._writer.add_scalar("train/learning_rate", lr, step)
             self._writer.add_scalar("train/tokens", self.run_tokens, step)
-            self._writer.add_scalar("train/trained_tokens", self.trained_tokens, step)
+            self._writer.add_scalar(f"train/{to_snake(counting.trained_name)}", self.trained_tokens, step)
             for name, value in metrics.items():
-                self._writer.add_scalar(f"train/{name}", value, step)
+                self._writer.add_scalar(f"train/{counting.metric_tags.get(name, name)}", value, step)
         if not report:
             return
         elapsed = time.monotonic() - (self.started or time.monotonic())
@@ -118,12 +151,14 @@ class Progress:
             # seconds since this process's first step: lets a benchmark drop warm-up steps
             "elapsedSeconds": round(elapsed, 3),
             # The run's counts: every token processed (what tokensPerSecond counts), and the
-            # targets of the loss among them (trainOn, completion-only formats, padding rows).
+            # targets of the loss among them (trainOn, completion-only formats, padding rows), or
+            # the pairs for a method whose loss is a mean over pairs.
             "tokens": self.run_tokens,
-            "trainedTokens": self.trained_tokens,
+            counting.trained_name: self.trained_tokens,
             **metrics,
         }
         self.last = progress
+        self.reported_metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}  # JSON has no NaN
         emit("progress", **progress)
         self.spikes.observe(step, loss)
         if self._writer is not None:
@@ -169,7 +204,9 @@ class Progress:
             "tokensPerSecond": p["tokensPerSecond"],
             "etaSeconds": p["etaSeconds"],
             "tokens": p["tokens"],
-            "trainedTokens": p["trainedTokens"],
+            self.counting.trained_name: p[self.counting.trained_name],
+            "metrics": self.reported_metrics or None,
+            "metricsText": self.counting.metrics_text(self.reported_metrics) if self.reported_metrics else None,
             "loraModules": self.lora["modules"] if self.lora else None,
             "loraLayers": self.lora["layers"] if self.lora else None,
         }

@@ -63,7 +63,7 @@ from .optim import make_optimizer, make_scheduler
 from .output_checks import check_formats
 from .precision_guard import GuardReport, fail_if_half, recast_to_fp32, scan_tensors
 from .preflight import memory_plan
-from .progress import Progress, emit
+from .progress import Counting, Progress, emit
 from .recipe_outputs import Outputs, checkpoint_ref
 from .self_check import check_gpu_stack
 from .status_patch import StatusReporter
@@ -338,8 +338,10 @@ class Recipe(Outputs):
         """The reporter, the progress, the loop in the mode, and the `start` event."""
         main, training = self.main, self.spec.training
         self.reporter = StatusReporter.from_environment(self.config.job_name, self.config.namespace) if main else None
+        objective = self.objective
+        counting = Counting(objective.trained_name, objective.metric_tags, objective.metrics_text)
         self.progress = Progress(
-            self.reporter, self.output / "tensorboard" if main else None, self.schedule.total_steps
+            self.reporter, self.output / "tensorboard" if main else None, self.schedule.total_steps, counting
         )
         self.progress.lora = self.lora
         self.loop = Loop(

@@ -139,7 +139,12 @@ class Outputs:
             "evalLoss": progress.eval_loss,
             "tokensPerSecond": progress.last.get("tokensPerSecond"),
             "tokens": self.tokens,
-            "trainedTokens": self.trained_tokens,
+            # Targets of the loss, or pairs for a method whose loss is a mean over pairs (dpo, orpo).
+            self.objective.trained_name: self.trained_tokens,
+            # The method's own figures (dpo, orpo: rewards, log-probabilities) of this process's
+            # first step and of the last step; None for a method without any.
+            "firstMetrics": progress.first_metrics,
+            "finalMetrics": progress.final_metrics,
             "adapterPath": str(self.adapter_path),
             "mergedPath": str(self.merged) if self.merged else None,
             "formats": {name: str(path) for name, path in self.formats.items()},

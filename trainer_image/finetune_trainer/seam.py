@@ -10,6 +10,14 @@ Anything the CLI needs next from the trainer is added here.
 from .data.checks import check_records
 from .data.records import DataSourceError, read_records
 from .entry import main as run_trainer
-from .tiny_model import make_tiny_model, write_alpaca
+from .tiny_model import make_tiny_model, write_alpaca, write_preference
 
-__all__ = ["DataSourceError", "check_records", "make_tiny_model", "read_records", "run_trainer", "write_alpaca"]
+__all__ = [
+    "DataSourceError",
+    "check_records",
+    "make_tiny_model",
+    "read_records",
+    "run_trainer",
+    "write_alpaca",
+    "write_preference",
+]

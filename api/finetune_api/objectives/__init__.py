@@ -83,11 +83,23 @@ def describe_methods() -> str:
     return f"The training objective: {listed}. Each reads its own dataset formats."
 
 
+# The refusals, as templates: the spec's validators fill them in Python, the CRD's CEL rules
+# spell them as message expressions (finetune_api.spec), so both say the same line.
+NO_PACKING: Final = (
+    "training.packing is not for training.method {method}: a pair's answers are scored one sequence each"
+)
+NOT_READ: Final = "dataset.format {format} is not one training.method {method} reads ({known})"
+
+
 def packs(method: str) -> str | None:
     """None when objective `method` may pack its rows, else the one-line refusal."""
     if OBJECTIVES.get(method).packs:
         return None
-    return f"training.packing is not for training.method {method}: a pair's answers are scored one sequence each"
+    return NO_PACKING.format(method=method)
+
+
+def known_formats(objective: Objective) -> str:
+    return ", ".join(objective.dataset_formats)
 
 
 def reads(method: str, dataset_format: str) -> str | None:
@@ -95,5 +107,4 @@ def reads(method: str, dataset_format: str) -> str | None:
     objective = OBJECTIVES.get(method)
     if dataset_format in objective.dataset_formats:
         return None
-    known = ", ".join(objective.dataset_formats)
-    return f"dataset.format {dataset_format} is not one training.method {method} reads ({known})"
+    return NOT_READ.format(format=dataset_format, method=method, known=known_formats(objective))

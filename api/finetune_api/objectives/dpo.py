@@ -40,7 +40,8 @@ DPO: Final = register(
         sequences_per_row=SEQUENCES_PER_ROW,
         sequence_names=SEQUENCE_NAMES,
         reference_forwards=1,
-        tracked=("spec.dataset.format", "spec.training.dpo"),
+        # The method too: another one's checkpoint is named as such, not only by its settings block.
+        tracked=("spec.training.method", "spec.dataset.format", "spec.training.dpo"),
         packs=False,
         order=20,
     )

@@ -32,7 +32,8 @@ ORPO: Final = register(
         trainer="finetune_trainer.objectives.preference:Orpo",
         sequences_per_row=SEQUENCES_PER_ROW,
         sequence_names=SEQUENCE_NAMES,
-        tracked=("spec.dataset.format", "spec.training.orpo"),
+        # The method too: another one's checkpoint is named as such, not only by its settings block.
+        tracked=("spec.training.method", "spec.dataset.format", "spec.training.orpo"),
         packs=False,
         order=30,
     )

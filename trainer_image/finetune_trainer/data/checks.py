@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .chat import DEFAULT_TRAIN_ON, TEMPLATE_FIELD
-from .formats import normalise
-from .pairs import SIDES, tokenize_pairs
+from .formats import normalise, pair_shape
+from .pairs import SIDES, PairTokens, tokenize_pairs
 from .records import Record
-from .tokens import Tokens, pieces, tokenize, trained
+from .tokens import IGNORE, Tokens, pieces, tokenize, trained
 
 PREFERENCE = "preference"
 # Samples named in one warning line; the rest are counted.
@@ -176,6 +176,23 @@ def _marker_problems(
     return out
 
 
+def _template_problems(tokenizer: Any, what: str) -> list[DataProblem]:
+    """What rendering conversations needs of the tokenizer: a chat template, and a fast tokenizer."""
+    if not getattr(tokenizer, "chat_template", None):
+        return [DataProblem("tokenizer", "chat_template", f"{what} needs a chat template and the tokenizer has none")]
+    if not getattr(tokenizer, "is_fast", True):
+        # The assistant's spans are characters of the render; only a fast tokenizer maps them to tokens.
+        return [
+            DataProblem(
+                "tokenizer",
+                "tokenizer.json",
+                f"{what} needs a fast tokenizer (the model folder's tokenizer.json) to find the "
+                "assistant's tokens, and this one is a slow one",
+            )
+        ]
+    return []
+
+
 def check_records(
     records: Iterable[Record],
     fmt: str,
@@ -193,22 +210,8 @@ def check_records(
         report.problems.extend(tokenizer_problems(tokenizer, model_config))
         specials = _special_tokens(tokenizer)
         foreign = tuple(m for m in FAMILY_MARKERS if m not in specials)
-        if fmt in ("messages", "sharegpt") and not getattr(tokenizer, "chat_template", None):
-            report.problems.append(
-                DataProblem(
-                    "tokenizer", "chat_template", f"format {fmt} needs a chat template and the tokenizer has none"
-                )
-            )
-        elif fmt in ("messages", "sharegpt") and not getattr(tokenizer, "is_fast", True):
-            # The assistant's spans are characters of the render; only a fast tokenizer maps them to tokens.
-            report.problems.append(
-                DataProblem(
-                    "tokenizer",
-                    "tokenizer.json",
-                    f"format {fmt} needs a fast tokenizer (the model folder's tokenizer.json) to find the "
-                    "assistant's tokens, and this one is a slow one",
-                )
-            )
+        if fmt in ("messages", "sharegpt"):
+            report.problems.extend(_template_problems(tokenizer, f"format {fmt}"))
     for record in records:
         report.total += 1
         if record.problem is not None:
@@ -227,6 +230,13 @@ def check_records(
         wheres.append(record.where)
     if report.total == 0:
         report.problems.append(DataProblem("dataset", "", "no records found"))
+    if fmt == PREFERENCE:
+        _one_shape(report, wheres)
+        chat = next(
+            (w for w, s in zip(wheres, report.samples, strict=True) if pair_shape(s["prompt"]) == "messages"), None
+        )
+        if tokenizer is not None and chat is not None:
+            report.problems.extend(_template_problems(tokenizer, f"format preference with messages ({chat})"))
     if tokenizer is not None and report.samples and not any(p.where == "tokenizer" for p in report.problems):
         # No maxLength given: nothing is cut.
         length = max_length if max_length is not None else UNCUT
@@ -305,37 +315,91 @@ def _check_tokens(
         )
 
 
+def _prompt_tokens(labels: list[int]) -> int:
+    """Tokens before the answer's first target: the prompt as the pair's sequence holds it (the
+    rendered turns before the answer, for messages)."""
+    return next((i for i, label in enumerate(labels) if label != IGNORE), len(labels))
+
+
+def _cut_answer(where: str, pair: PairTokens, max_length: int) -> DataProblem | None:
+    """The problem of a pair that maxLength leaves an answer without a scored token, if it does."""
+    lost = [(side, tokens) for side, tokens in zip(SIDES, pair, strict=True) if not trained(tokens.labels[:max_length])]
+    if not lost:
+        return None
+    prompts = {_prompt_tokens(tokens.labels) for _, tokens in lost}
+    if len(lost) == len(SIDES) and min(prompts) >= max_length:
+        return DataProblem(
+            where,
+            "prompt",
+            f"prompt alone is {min(prompts)} tokens, at or over maxLength {max_length}: truncation would leave "
+            "neither answer a token to score",
+        )
+    side, tokens = lost[0]
+    return DataProblem(
+        where,
+        side,
+        f"maxLength {max_length} cuts every token of the answer: the prompt is {_prompt_tokens(tokens.labels)} "
+        f"tokens of the {side} sequence's {len(tokens.input_ids)}",
+    )
+
+
 def _check_pairs(report: DataReport, wheres: list[str], tokenizer: Any, *, max_length: int) -> None:
-    """A preference pair as the trainer cuts it: each answer keeps at least one scored token.
-    Each of its two sequences is cut at maxLength on its own (the start kept)."""
+    """A preference pair as the trainer cuts it: each of its two sequences is cut at maxLength on
+    its own (the start kept, as TRL's keep_start), and each answer must keep a scored token.
+    A pair's count is both sequences' tokens, and both answers' scored tokens as trained."""
     keep: list[dict[str, Any]] = []
+    cut: list[str] = []
     for where, sample, pair in zip(wheres, report.samples, tokenize_pairs(report.samples, tokenizer), strict=True):
         problems = [(side, tokens.problem) for side, tokens in zip(SIDES, pair, strict=True) if tokens.problem]
         if problems:
-            _sample_problem(where, problems[0][1], report)
+            side, (name, message) = problems[0]
+            # A template's refusal names the conversation; here that is the answer's sequence.
+            _sample_problem(where, (side if name == "messages" else name, message), report)
             continue
         kept = [trained(tokens.labels[:max_length]) for tokens in pair]
         report.counts.append(SampleCount(where, sum(min(len(t.input_ids), max_length) for t in pair), sum(kept)))
         report.longest = max(report.longest, *(len(t.input_ids) for t in pair))
-        lost = [side for side, count in zip(SIDES, kept, strict=True) if count == 0]
-        if lost:
-            side = lost[0]
-            tokens = pair[SIDES.index(side)]
-            report.problems.append(
-                DataProblem(
-                    where,
-                    side,
-                    f"maxLength {max_length} cuts every token of the answer (the prompt is {tokens.prompt} tokens, "
-                    f"the {side} sequence {len(tokens.input_ids)})",
-                )
-            )
+        lost = _cut_answer(where, pair, max_length)
+        if lost is not None:
+            report.problems.append(lost)
             continue
         if any(len(t.input_ids) > max_length for t in pair):
             report.over_length += 1
+            sides = [
+                f"{side} {count} of {trained(tokens.labels)}"
+                for side, tokens, count in zip(SIDES, pair, kept, strict=True)
+                if count < trained(tokens.labels)
+            ]
+            cut.append(f"{where} ({', '.join(sides)})")
         keep.append(sample)
     report.samples = keep
     if report.over_length:
+        shown = ", ".join(cut[:MAX_LISTED]) + (f" and {len(cut) - MAX_LISTED} more" if len(cut) > MAX_LISTED else "")
         report.warnings.append(
-            f"{report.over_length} of {len(keep)} pairs have an answer longer than maxLength {max_length} tokens "
-            f"(longest {report.longest}): its end is cut"
+            f"{report.over_length} of {len(keep)} pairs have a sequence longer than maxLength {max_length} tokens "
+            f"(longest {report.longest}): each is cut to its first {max_length}, the end of its answer lost "
+            f"(answer tokens left of all): {shown}"
         )
+
+
+def _one_shape(report: DataReport, wheres: list[str]) -> None:
+    """The pairs of one file are all strings or all messages: the trainer's table (a
+    `datasets.Dataset`) holds one type per column, and a file mixing them would stop it."""
+    if not report.samples:
+        return
+    first = pair_shape(report.samples[0]["prompt"])
+    keep, kept_wheres = [], []
+    for where, sample in zip(wheres, report.samples, strict=True):
+        shape = pair_shape(sample["prompt"])
+        if shape != first:
+            report.problems.append(
+                DataProblem(
+                    where,
+                    "prompt",
+                    f"{shape}, but {wheres[0]}'s pair is {first}: a file's pairs are all strings or all messages",
+                )
+            )
+            continue
+        keep.append(sample)
+        kept_wheres.append(where)
+    report.samples, wheres[:] = keep, kept_wheres

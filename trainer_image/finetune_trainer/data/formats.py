@@ -148,7 +148,8 @@ def _messages(r: _Reader) -> dict[str, Any] | None:
 def _message_list(r: _Reader, name: str, value: Any) -> list[dict[str, str]] | None:
     """Messages (role/content) under `name`, or None with the problem noted."""
     if not isinstance(value, list) or not value:
-        r.out.problems.append((name, "expected a string or a non-empty list of messages"))
+        got = "an empty list" if isinstance(value, list) else type(value).__name__
+        r.out.problems.append((name, f"expected a string or a non-empty list of messages, got {got}"))
         return None
     messages: list[dict[str, str]] = []
     for index, turn in enumerate(value):
@@ -187,6 +188,11 @@ def _answer(r: _Reader, name: str) -> str | list[dict[str, str]] | None:
     return messages
 
 
+def pair_shape(value: Any) -> str:
+    """`strings` or `messages`: how a pair's fields are written (a checked pair is one or the other)."""
+    return "a string" if isinstance(value, str) else "messages"
+
+
 def _preference(r: _Reader) -> dict[str, Any] | None:
     raw = r.record.get("prompt")
     prompt: str | list[dict[str, str]] | None
@@ -200,9 +206,14 @@ def _preference(r: _Reader) -> dict[str, Any] | None:
     chosen, rejected = _answer(r, "chosen"), _answer(r, "rejected")
     if prompt is None or chosen is None or rejected is None:
         return None
-    if isinstance(prompt, str) != isinstance(chosen, str) or isinstance(chosen, str) != isinstance(rejected, str):
-        r.out.problems.append(("prompt", "prompt, chosen and rejected must be all strings or all messages"))
-        return None
+    shape = pair_shape(prompt)
+    for name, answer in (("chosen", chosen), ("rejected", rejected)):
+        if pair_shape(answer) != shape:
+            # One rule renders a pair: the chat template for messages, `completion`'s for strings.
+            r.out.problems.append(
+                (name, f"{pair_shape(answer)}, but prompt is {shape}: a pair is all strings or all messages")
+            )
+            return None
     if chosen == rejected:
         r.out.problems.append(("rejected", "the same as chosen: nothing to prefer"))
         return None

@@ -9,7 +9,8 @@ objective.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -71,6 +72,16 @@ class TrainingObjective:
     def step_metrics(self, loss: float, trained: int, sums: Sequence[float] = ()) -> dict[str, float]:
         """Figures of a finished step beside the loss, for the progress line and TensorBoard."""
         return {}
+
+    # What the step's first total counts (`counts()[0]`, the loss's denominator), as progress,
+    # status and summary.json name the run's sum of it: targets of the loss, or pairs.
+    trained_name: str = "trainedTokens"
+    # TensorBoard tags of `step_metrics`' figures under train/ (a figure not named: its own name).
+    metric_tags: Mapping[str, str] = MappingProxyType({})
+
+    def metrics_text(self, metrics: Mapping[str, float]) -> str | None:
+        """The step's figures in a few words, for `kubectl get -o wide` and `ftjob status`."""
+        return None
 
 
 def for_spec(spec: FineTuneJobSpec) -> TrainingObjective:

@@ -22,10 +22,11 @@ weights that side's forward with gradients, whose backward gives the unsplit gra
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,19 @@ from ..data.pairs import tokenize_pairs
 from ..data.tokens import IGNORE, trained
 from ..loss_head import LossHead
 from . import TrainingObjective
+
+# The figures' TensorBoard tags as TRL's DPOTrainer and ORPOTrainer log them (under train/).
+TRL_TAGS: Final = {
+    "rewardChosen": "rewards/chosen",
+    "rewardRejected": "rewards/rejected",
+    "rewardAccuracy": "rewards/accuracies",
+    "rewardMargin": "rewards/margins",
+    "logpChosen": "logps/chosen",
+    "logpRejected": "logps/rejected",
+    "nllLoss": "nll_loss",
+    "logOddsRatio": "log_odds_ratio",
+    "logOddsChosen": "log_odds_chosen",
+}
 
 
 @dataclass(frozen=True)
@@ -244,6 +258,14 @@ class Preference(TrainingObjective):
     def step_metrics(self, loss: float, trained: int, sums: Sequence[float] = ()) -> dict[str, float]:
         pairs = max(trained, 1)
         return {name: value / pairs for name, value in zip(self.figure_names, sums, strict=False)}
+
+    trained_name = "pairs"
+    metric_tags = MappingProxyType(TRL_TAGS)
+
+    def metrics_text(self, metrics: Mapping[str, float]) -> str | None:
+        if "rewardAccuracy" not in metrics or "rewardMargin" not in metrics:
+            return None
+        return f"reward acc {metrics['rewardAccuracy']:.2f} margin {metrics['rewardMargin']:.3g}"
 
 
 class Dpo(Preference):
