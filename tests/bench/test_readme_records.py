@@ -173,6 +173,28 @@ def test_the_recompute_records_are_their_tables_and_sentences() -> None:
     assert_stated(f"The trainer moved {line[3]} GiB per offloaded layer per forward", BENCH_README)
 
 
+def test_the_preference_benchmark_is_its_record() -> None:
+    """docs/benchmarks.md's table against TRL's DPOTrainer: every cell from the dpo record, the
+    ratio and ours' share of the plan, TRL's bf16 casts, and the issue's bars (1.0x, 0.90-1.00)."""
+    data = json.loads((RESULTS / "2026-12-05-h100-80gb-hbm3-dpo.json").read_text())
+    trl, ours, orpo = data["trl"], data["ours"], data["ourOrpo"]
+    assert_stated(f"| TRL `DPOTrainer` | {trl['pairs_s']} | {trl['step_s']} | {trl['peak_gib'][0]} | - | - |")
+    for label, run in (("ours, `method: dpo`", ours), ("ours, `method: orpo` (no TRL run beside it)", orpo)):
+        cells = (run["pairsPerS"], run["stepS"], run["measuredPeakGiB"], run["planAllocatedGiB"])
+        assert_stated(f"| {label} | " + " | ".join(str(c) for c in cells) + f" | {run['measuredOverPlanAllocated']} |")
+        assert run["halfTensors"] == 0 and run["exitCode"] == 0
+    assert_stated(
+        f"Ours makes **{data['ratio']:.3f}x** TRL's pairs per second, and peaks at "
+        f"{ours['measuredOverPlanAllocated']} of its own plan"
+    )
+    assert_stated(f"TRL cast the {trl['half_params_cast_by_trl']['count']} LoRA matrices to bf16")
+    assert trl["half_params"] == []  # put back before its first step
+    assert data["ratio"] >= 1.0 and 0.90 <= ours["measuredOverPlanAllocated"] <= 1.00
+    assert_stated("`bench/results/2026-12-05-h100-80gb-hbm3-dpo.json`")
+    log = (RESULTS / "logs" / "2026-12-05-h100-dpo-gpu-tests.log").read_text()
+    assert "test_gpu_preference.py" in log and " failed" not in log and "passed" in log
+
+
 def test_the_auto_boundary_points_are_their_record() -> None:
     """bench/README's table of today's `auto` points at the edge is `bench.boundary.table` of its
     record: no OOM, every run through its steps."""
