@@ -7,7 +7,7 @@ CEL transition rules for immutability, printer columns, the status subresource.
 """
 
 import copy
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel
 
@@ -22,7 +22,7 @@ from .constants import (
     SINGULAR,
     VERSION,
 )
-from .spec import METHOD_BLOCKS, MUTABLE_AFTER_START, FineTuneJobSpec
+from .spec import MUTABLE_AFTER_START, FineTuneJobSpec
 from .status import FineTuneJobStatus
 
 Schema = dict[str, Any]
@@ -96,6 +96,11 @@ PRINTER_COLUMNS: list[Schema] = [
 ]
 
 
+# The mark `_resolve` leaves on an object whose field the models default to None: absent unless
+# the user writes it. Internal to this module: no schema leaves it with the mark.
+ABSENT: Final = "x-finetune-absent-unless-written"
+
+
 def _resolve(node: Any, defs: Schema) -> Any:
     """Inline `$ref`s and flatten `X | None` unions, recursively."""
     if isinstance(node, list):
@@ -113,16 +118,28 @@ def _resolve(node: Any, defs: Schema) -> Any:
     if "anyOf" in node and not node.get("x-kubernetes-int-or-string"):
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
         del node["anyOf"]
-        if node.get("default", 0) is None:
+        absent = node.get("default", 0) is None
+        if absent:
             del node["default"]
         if len(options) == 1:
             inner = _resolve(options[0], defs)
             node = {**inner, **{k: v for k, v in node.items() if k in ("description", "default")}}
             if "x-kubernetes-validations" in inner:
                 node["x-kubernetes-validations"] = inner["x-kubernetes-validations"]
+            if absent and node.get("type") == "object":
+                node[ABSENT] = True
         else:
             node["anyOf"] = options
     return {k: _resolve(v, defs) for k, v in node.items()}
+
+
+def _unmarked(node: Any) -> Any:
+    """The schema without this module's ABSENT marks."""
+    if isinstance(node, list):
+        return [_unmarked(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    return {k: _unmarked(v) for k, v in node.items() if k != ABSENT}
 
 
 def _clean(node: Any) -> Any:
@@ -160,24 +177,28 @@ def _clean(node: Any) -> Any:
     return out
 
 
-def structural_schema(model: type[BaseModel]) -> Schema:
+def structural_schema(model: type[BaseModel], *, marked: bool = False) -> Schema:
+    """The model's OpenAPI v3 schema; `marked` keeps the ABSENT marks for `_default_empty_objects`."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
     result: Schema = _clean(_resolve(raw, defs))
-    return result
+    return result if marked else _unmarked(result)
 
 
 def _default_empty_objects(node: Schema) -> None:
     """Give optional sub-objects without required fields `default: {}`.
 
     The API server applies defaults only inside objects that exist; `lora: {}` as a default
-    makes `r: 8` and friends appear even when the user wrote no `lora:` at all.
+    makes `r: 8` and friends appear even when the user wrote no `lora:` at all. An object the
+    models default to None (ABSENT: `training.dpo`) is left without one: there its presence is
+    what the user said, and a rule may read it (`!has(self.dpo) || self.method == 'dpo'`).
     """
     required = set(node.get("required", []))
     for name, prop in node.get("properties", {}).items():
         if prop.get("type") == "object" and "properties" in prop:
             _default_empty_objects(prop)
-            if name not in required and not prop.get("required") and "default" not in prop:
+            absent = prop.get(ABSENT, False)
+            if name not in required and not prop.get("required") and "default" not in prop and not absent:
                 prop["default"] = {}
 
 
@@ -202,12 +223,9 @@ def _immutability(spec: Schema) -> None:
 
 
 def spec_schema() -> Schema:
-    schema = structural_schema(FineTuneJobSpec)
-    _default_empty_objects(schema)
-    # A method's own block (`training.dpo`) is there only when written: its rule refuses it beside
-    # another method, so a `{}` default would refuse every job. Its defaults still apply inside it.
-    for block in METHOD_BLOCKS:
-        del schema["properties"]["training"]["properties"][block]["default"]
+    marked = structural_schema(FineTuneJobSpec, marked=True)
+    _default_empty_objects(marked)
+    schema: Schema = _unmarked(marked)
     _immutability(schema)
     return schema
 

@@ -46,6 +46,19 @@ def test_schema_is_structural_and_bounded() -> None:
             assert "maxItems" in node, f"{path} is an unbounded list"
 
 
+def test_an_object_the_models_default_to_none_stays_absent_and_carries_no_mark() -> None:
+    """`training.dpo` (default None) gets no `{}` default, or the server would write it into every
+    job and its own rule refuse them all; `training` (a default object) gets one; the mark that
+    tells them apart never leaves the generator."""
+    spec = crd.spec_schema()
+    training = spec["properties"]["training"]
+    assert training["default"] == {}
+    for block in ("dpo", "orpo"):
+        assert "default" not in training["properties"][block]
+        assert training["properties"][block]["properties"]["beta"]["default"] == 0.1  # its own defaults stay
+    assert crd.ABSENT not in str(crd.crd()) and crd.ABSENT not in str(crd.structural_schema(crd.FineTuneJobSpec))
+
+
 def test_defaults_enums_and_rules_are_carried() -> None:
     spec = crd.spec_schema()
     lora = spec["properties"]["lora"]

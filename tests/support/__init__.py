@@ -12,4 +12,5 @@
 | `helm.py` | rendering the chart |
 | `promtool.py` | checking and unit-testing Prometheus rules with the real promtool |
 | `cli.py` | running `ftjob` as a user would |
+| `pair_split.py` | watching the preference pair split's passes (torch only: the GPU tests use it too) |
 """

@@ -183,19 +183,12 @@ def test_each_split_side_trains_with_the_dropout_masks_of_its_sums_on_the_gpu(
     objective.split = True
     model, head = _model(tmp_path / "tiny", 0, dropout=0.5)
     batch = _batch(objective)
-    seen: list[tuple[bool, torch.Tensor]] = []
+    from tests.support.pair_split import policy_passes, record_sums
+
     original = preference.sequence_sums
-
-    def recorded(*args: Any) -> torch.Tensor:
-        out = original(*args)
-        seen.append((torch.is_grad_enabled(), out.detach().clone()))
-        return out
-
-    monkeypatch.setattr(preference, "sequence_sums", recorded)
+    seen = record_sums(monkeypatch)
     _micro_batch(objective, model, head, batch)
-    without = [sums for grad, sums in seen if not grad][-2:]  # the policy's sides (the reference's before)
-    with_grad = [sums for grad, sums in seen if grad]
-    assert len(with_grad) == 2
+    without, with_grad = policy_passes(seen)  # the reference's passes come before the policy's
     for before, after in zip(without, with_grad, strict=True):
         assert torch.allclose(before, after, rtol=1e-6, atol=1e-6)
     torch.manual_seed(8)  # another draw of the masks gives other sums: the masks matter here

@@ -26,6 +26,7 @@ from finetune_trainer.objectives import preference
 from finetune_trainer.preflight import MemoryPlan
 from finetune_trainer.test_hooks import SPLIT_PAIRS
 from finetune_trainer.tiny_model import preference_records, write_preference
+from tests.support.pair_split import policy_passes, record_sums
 from tests.support.training import ADAPTER_TOLERANCE, MOVED_AT_LEAST, max_difference, movement
 
 from .conftest import BASE_JOB, JobDir, _merge
@@ -139,21 +140,12 @@ def test_each_side_trains_with_the_dropout_masks_its_sums_were_taken_with(
     objective.split = True
     rows = objective.rows(preference_records(PAIRS, seed=3), tokenizer, config.spec)
     batch = objective.collate(rows, int(tokenizer.pad_token_id), torch.device("cpu"), False)
-    seen: list[tuple[bool, torch.Tensor]] = []
     original = preference.sequence_sums
-
-    def recorded(*args: Any) -> torch.Tensor:
-        out = original(*args)
-        seen.append((torch.is_grad_enabled(), out.detach().clone()))
-        return out
-
-    monkeypatch.setattr(preference, "sequence_sums", recorded)
+    seen = record_sums(monkeypatch)
     _step(objective, model, head, batch, objective.counts(rows))
-    without = [s for grad, s in seen if not grad]
-    with_grad = [s for grad, s in seen if grad]
+    policy, with_grad = policy_passes(seen)
     # DPO: the reference's two sides, then the policy's; ORPO: the policy's alone.
-    policy = without[-2:]
-    assert len(with_grad) == 2 and len(without) == (4 if method == "dpo" else 2)
+    assert sum(1 for grad, _ in seen if not grad) == (4 if method == "dpo" else 2)
     for before, after in zip(policy, with_grad, strict=True):
         assert torch.allclose(before, after, rtol=1e-6, atol=1e-6), (before, after)
     # And the masks matter: another draw gives other sums.

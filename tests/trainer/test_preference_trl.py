@@ -30,7 +30,7 @@ from finetune_api.resource import FineTuneJob
 from finetune_trainer.data.tokens import IGNORE
 from finetune_trainer.loss_head import LossHead, install
 from finetune_trainer.objectives import TrainingObjective, for_spec
-from finetune_trainer.objectives.preference import Preference, pair_rows, sequence_sums
+from finetune_trainer.objectives.preference import TRL_TAGS, Preference, pair_rows, sequence_sums
 from finetune_trainer.tiny_model import make_tiny_model, preference_records
 
 from .conftest import BASE_JOB
@@ -45,16 +45,10 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 # Pairs in one micro-batch: the tiny model's opposites and animals, and two of lengths far apart.
 PAIRS = 5
 
-# Our figures by TRL's names (DPOTrainer._metrics, ORPO's logged metrics).
-FIGURES = {
-    "rewardChosen": "rewards/chosen",
-    "rewardRejected": "rewards/rejected",
-    "rewardAccuracy": "rewards/accuracies",
-    "rewardMargin": "rewards/margins",
-    "logpChosen": "logps/chosen",
-    "logpRejected": "logps/rejected",
-}
-ORPO_FIGURES = {**FIGURES, "nllLoss": "nll_loss", "logOddsRatio": "log_odds_ratio", "logOddsChosen": "log_odds_chosen"}
+# The figures each objective reports, compared with TRL's under the trainer's own table of TRL's
+# names (objectives/preference.py: TRL_TAGS, also its TensorBoard tags), so the table is held too.
+FIGURES = ("rewardChosen", "rewardRejected", "rewardAccuracy", "rewardMargin", "logpChosen", "logpRejected")
+ORPO_FIGURES = (*FIGURES, "nllLoss", "logOddsRatio", "logOddsChosen")
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +176,22 @@ def trl_dataset() -> Any:
     return Dataset.from_list(records(chat=False))
 
 
+def trl_trainer(trainer_class: Any, args: Any, folder: Path) -> tuple[Any, dict[str, torch.Tensor]]:
+    """TRL's trainer on the tiny model with PEFT's own LoRA, its adapter set to moved weights
+    (returned, for ours to load alike), in training mode."""
+    trainer = trainer_class(
+        model=base_model(folder),
+        args=args,
+        train_dataset=trl_dataset(),
+        processing_class=tokenizer_of(folder),
+        peft_config=lora_config(),
+    )
+    weights = adapter_weights(trainer.model)
+    load_adapter(trainer.model, weights)
+    trainer.model.train()
+    return trainer, weights
+
+
 def close(ours: float, theirs: float) -> bool:
     """Within TOLERANCE, absolute up to 1 and relative above: a summed log-probability of 80
     nats is held to fp32's last bits (its spacing there is 7.6e-6), not to 1e-5 absolute."""
@@ -203,18 +213,19 @@ def compare(
     loss: float,
     grads: dict[str, torch.Tensor],
     metrics: dict[str, float],
-    names: dict[str, str],
+    names: tuple[str, ...],
 ) -> None:
     our_loss, our_grads, our_metrics = ours
     absolute, relative = max_diff(our_grads, grads)
-    figures = {name: f"{abs(our_metrics[name] - metrics[trl]):.1e}" for name, trl in names.items()}
+    figures = {name: f"{abs(our_metrics[name] - metrics[TRL_TAGS[name]]):.1e}" for name in names}
     print(
         f"{what}: loss {our_loss:.6f} vs {loss:.6f} (|d| {abs(our_loss - loss):.2e}); grads max |d| {absolute:.2e} "
         f"(relative {relative:.2e}); figures |d| {figures}"
     )
     assert close(our_loss, loss), (what, our_loss, loss)
     assert relative <= TOLERANCE, (what, absolute, relative)
-    for name, trl in names.items():
+    for name in names:
+        trl = TRL_TAGS[name]
         assert close(our_metrics[name], metrics[trl]), (what, name, our_metrics[name], metrics[trl])
 
 
@@ -224,16 +235,7 @@ def test_dpo_matches_trl(tiny: Path, tmp_path: Path, loss_type: str, beta: float
     spec = spec_for("dpo", {"beta": beta, "lossType": loss_type})
     rows, batch = our_batch(tiny, chat, spec)
     args = trl_args(DPOConfig, tmp_path, beta=beta, loss_type=[loss_type], max_length=None)
-    trainer = DPOTrainer(
-        model=base_model(tiny),
-        args=args,
-        train_dataset=trl_dataset(),
-        processing_class=tokenizer_of(tiny),
-        peft_config=lora_config(),
-    )
-    weights = adapter_weights(trainer.model)
-    load_adapter(trainer.model, weights)
-    trainer.model.train()
+    trainer, weights = trl_trainer(DPOTrainer, args, tiny)
     inputs = {
         "input_ids": batch["input_ids"],
         "attention_mask": batch["attention_mask"],
@@ -257,16 +259,7 @@ def test_orpo_matches_trl(tiny: Path, tmp_path: Path, chat: bool) -> None:
     spec = spec_for("orpo", {"beta": beta})
     rows, batch = our_batch(tiny, chat, spec)
     args = trl_args(ORPOConfig, tmp_path, beta=beta, max_length=spec.training.max_length)
-    trainer = ORPOTrainer(
-        model=base_model(tiny),
-        args=args,
-        train_dataset=trl_dataset(),
-        processing_class=tokenizer_of(tiny),
-        peft_config=lora_config(),
-    )
-    weights = adapter_weights(trainer.model)
-    load_adapter(trainer.model, weights)
-    trainer.model.train()
+    trainer, weights = trl_trainer(ORPOTrainer, args, tiny)
     count = len(rows)
     # TRL's ORPO batch: each side's ids, mask and labels (the prompt IGNORE), padded alike.
     inputs: dict[str, torch.Tensor] = {}

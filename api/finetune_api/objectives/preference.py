@@ -16,8 +16,8 @@ PREFERENCE: Final = "preference"
 FORMATS: Final[dict[str, str]] = {
     PREFERENCE: "prompt/chosen/rejected: a string or messages each, rendered with the model's chat template",
 }
-# A row of preference data is a pair: its chosen and its rejected answer each go through the model.
-SEQUENCES_PER_ROW: Final = 2
 # The pair's sequences, in the order a micro-batch holds them (TRL's): the trainer can run each
 # side as a micro-batch of its own when the planner says memory needs it.
 SEQUENCE_NAMES: Final = ("chosen", "rejected")
+# A row of preference data is a pair: its chosen and its rejected answer each go through the model.
+SEQUENCES_PER_ROW: Final = len(SEQUENCE_NAMES)

@@ -36,7 +36,7 @@ from finetune_api.spec import FineTuneJobSpec
 
 from ..data.batches import Row, collate
 from ..data.pairs import tokenize_pairs
-from ..data.tokens import IGNORE, trained
+from ..data.tokens import IGNORE
 from ..loss_head import LossHead
 from . import TrainingObjective
 
@@ -108,6 +108,18 @@ def adapters_off(model: nn.Module) -> Iterator[None]:
     finally:
         for layer in layers:
             layer._disable_adapters = False
+
+
+@contextmanager
+def unmeasured(head: LossHead) -> Iterator[None]:
+    """A forward without gradients that the memory probe does not cut into phases: the loop set
+    the probe for the micro-batch's trained forward, whose phases it measures."""
+    probe, head.probe = head.probe, None
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        head.probe = probe
 
 
 def sequence_sums(
@@ -195,15 +207,12 @@ class Preference(TrainingObjective):
         sides = [side(batch, 0, count), side(batch, count, 2 * count)]
         masks = [self.masks(s) for s in sides]
         fixed = [self.fixed_sums(model, head, s, m) for s, m in zip(sides, masks, strict=True)]
-        probe, head.probe = head.probe, None
+        probe = head.probe
         states, sums = [], []
-        try:
-            with torch.no_grad():
-                for part, mask in zip(sides, masks, strict=True):
-                    states.append(rng_state())
-                    sums.append(sequence_sums(model, head, part, mask))
-        finally:
-            head.probe = probe
+        with unmeasured(head):
+            for part, mask in zip(sides, masks, strict=True):
+                states.append(rng_state())
+                sums.append(sequence_sums(model, head, part, mask))
         leaves = [s.detach().requires_grad_() for s in sums]
         whole = None if fixed[0] is None or fixed[1] is None else torch.cat([fixed[0], fixed[1]], dim=1)
         with torch.enable_grad():  # type: ignore[no-untyped-call]
@@ -276,12 +285,8 @@ class Dpo(Preference):
         self, model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor], masks: torch.Tensor
     ) -> torch.Tensor | None:
         """The reference's sums: the model with its adapter off, without gradients."""
-        probe, head.probe = head.probe, None
-        try:
-            with torch.no_grad(), adapters_off(model):
-                return sequence_sums(model, head, batch, masks)
-        finally:
-            head.probe = probe
+        with unmeasured(head), adapters_off(model):
+            return sequence_sums(model, head, batch, masks)
 
     def loss_of(
         self, sums: torch.Tensor, fixed: torch.Tensor | None, batch: dict[str, torch.Tensor], totals: Sequence[float]
@@ -314,7 +319,8 @@ class Orpo(Preference):
     def counts(self, rows: Sequence[Any]) -> list[float]:
         """Pairs, then the chosen sequences' tokens that are targets of the cross-entropy term."""
         pairs = float(sum(r.targets for r in rows))
-        tokens = float(sum(trained(r.chosen.input_ids) for r in rows if r.weight))
+        # Every token of a chosen sequence but its first (no position predicts that one).
+        tokens = float(sum(len(r.chosen.input_ids) - 1 for r in rows if r.weight))
         return [pairs, tokens]
 
     def configure(self, spec: FineTuneJobSpec) -> None:
