@@ -7,6 +7,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/.cache/cluster/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
+# Bytecode caches on, where a machine's environment turns them off (PYTHONDONTWRITEBYTECODE):
+# without them every test process compiles the project again and pytest rewrites every test
+# module again (5 s of CPU per pytest process at collection, measured), and every trainer process
+# the tests start recompiles its modules. `__pycache__/` is ignored by git.
+unexport PYTHONDONTWRITEBYTECODE
 
 # The pinned sets: the trainer image and CI install from the same files (CI may differ only in
 # torch's CUDA flavour: the image takes torch from the cu118 index, CI from the default index).
@@ -46,13 +51,13 @@ test-gpu: ## (GPU machine) every GPU test in one go; `make test-gpu PY=python3` 
 	$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make test-gpu: no CUDA GPU visible")'
 	$(PY) -m pytest -p no:cacheprovider -rA -m gpu $(GPU_TESTS) $(PYTEST_ARGS)
 
-test-fast: $(STAMP) ## the fast tier: no control plane, no trainer, torch never imported (seconds)
+test-fast: $(STAMP) ## the fast tier: no control plane, no trainer, no binary built from source, torch never imported (seconds)
 	$(PY) -m pytest -m fast -n 2 $(PYTEST_ARGS)
 
-lint: $(STAMP) ## ruff + `mypy --strict` on the operator, API and CLI
+lint: $(STAMP) ## ruff + `mypy --strict` on every layer: the API, the planner, the operator, the CLI and the trainer
 	$(VENV)/bin/ruff check $(LAYERS) tests hack bench
 	$(VENV)/bin/ruff format --check $(LAYERS) tests hack bench
-	$(VENV)/bin/mypy --strict api/finetune_api planner/finetune_plan operator/finetune_operator cli/finetune_cli
+	$(VENV)/bin/mypy --strict api/finetune_api planner/finetune_plan operator/finetune_operator cli/finetune_cli trainer_image/finetune_trainer
 
 crds: $(STAMP) ## regenerate `crds/`, the chart's CRD copy, the API reference (docs/api.md) and the CLI and Make tables (docs/cli.md)
 	$(PY) -m finetune_api.generate
@@ -77,8 +82,8 @@ bench: $(STAMP) ## (GPU machine) the reference recipe vs our trainer; writes `be
 soak: $(STAMP) ## long chaos, fuzz and load runs (not in CI)
 	$(PY) -m pytest -m soak tests/reliability $(PYTEST_ARGS)
 
-images-lint: $(STAMP) ## hadolint on both Dockerfiles
-	$(VENV)/bin/hadolint operator/Dockerfile trainer_image/Dockerfile
+images-lint: $(STAMP) ## hadolint on the three Dockerfiles (operator, trainer, serving)
+	$(VENV)/bin/hadolint operator/Dockerfile trainer_image/Dockerfile serving_image/Dockerfile
 
 clean: cluster-down ## remove the venv and caches of this checkout
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -3,7 +3,7 @@
 Each point is a short run (3 steps, a checkpoint and an evaluation at the end) of a shallow slice,
 uncapped unless it says so. The trainer's summary carries `memoryParts`: its plan's parts for the
 GPU (resident, activations, the backward's and the loss's transients above them) beside the same
-parts measured by `finetune_trainer.memory_phases`. Shallow slices are enough, because each part
+parts measured by `finetune_trainer.memory.phases`. Shallow slices are enough, because each part
 is measured on its own: the activations part is every layer's saved tensors at once, the
 transients are a layer's and the loss's. The record is what `bench.calibration.memory_fit` fits
 the activation, backward and loss constants to; the boundary phase then judges whole runs.

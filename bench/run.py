@@ -36,6 +36,11 @@ process so one's memory never shows in the other's peak:
   11. `dpo` (not in the default list; one GPU): our DPO through the pod's command against TRL's
      DPOTrainer with the seed recipe's settings on the slice, pairs per second and our peak
      against our plan, and our ORPO beside it (bench/preference.py): <date>-<gpu>-dpo.json.
+  12. `serving` (not in the default list; one GPU): llama-server built with the serving image's
+     CMake flags for this GPU's architecture from the pinned llama.cpp (`--serving-source`, what
+     `python -m bench.serving pack` makes of the sdist), a GGUF base with a LoRA adapter against
+     the merged GGUF at 1 and 8 concurrent requests, greedy tokens against PEFT's
+     (bench/serving.py): <date>-<gpu>-serving.json.
 
     python -m bench.run --shared DIR_WITH_seed_baseline.py [--gpus 1,2] [--phases ...]
 """
@@ -55,6 +60,7 @@ from typing import Any
 from bench.flops import Shape
 from bench.plan_phases import PlanPhases
 from bench.report import compare_record, environment_versions, gpu_slug
+from bench.serving_phase import SERVING_SOURCE, ServingPhase
 from bench.source_roots import on_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,9 +79,10 @@ PHASES = (
     "long",
     "heldout",
     "dpo",
+    "serving",
 )
 # Phases that need no FP32 matmul peak: run alone, they only name the GPU (saves the peak's time).
-NO_PEAK_PHASES = frozenset({"recompute", "parts", "boundary", "long", "heldout", "dpo"})
+NO_PEAK_PHASES = frozenset({"recompute", "parts", "boundary", "long", "heldout", "dpo", "serving"})
 # What runs without --phases: `multinode` (2 GPUs of their own), `boundary`, `families` and
 # `streamed` are asked for by name.
 DEFAULT_PHASES = ("compare", "nockpt", "large", "layers", "calibration")
@@ -100,6 +107,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--parts-points", default="", help="`parts`: only these points (names, comma list)")
     parser.add_argument("--recompute-shapes", default="", help="`recompute`: only these shapes (names, comma list)")
     parser.add_argument("--heldout-points", default="", help="`heldout`: only these points, or `fit`/`heldout` sets")
+    parser.add_argument(
+        "--serving-source", type=Path, default=SERVING_SOURCE, help="`serving`: the packed llama.cpp (file or folder)"
+    )
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=4, help="timed steps after warm-up")
     parser.add_argument("--warm", type=int, default=2)
@@ -115,7 +125,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-class Bench(PlanPhases):
+class Bench(PlanPhases, ServingPhase):
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.started = time.time()
@@ -502,6 +512,7 @@ class Bench(PlanPhases):
             ("heldout", lambda: self.heldout(peaks, versions)),
             ("parts", lambda: self.parts(peaks, versions)),
             ("dpo", lambda: self.dpo(peaks, versions)),
+            ("serving", lambda: self.serving(peaks, versions)),
             ("layers", lambda: self.layers(peaks)),
             ("calibration", self.calibration),
         ):

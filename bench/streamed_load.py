@@ -95,9 +95,9 @@ def _differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
 
 
 def _load(config: Any, hardware: Any, mode: Any, device: Any) -> Any:
-    from finetune_trainer import families
-    from finetune_trainer.model_loading import load_model, load_model_config
-    from finetune_trainer.preflight import MemoryPlan
+    from finetune_trainer.memory.budget import MemoryPlan
+    from finetune_trainer.model import families
+    from finetune_trainer.model.loading import load_model, load_model_config
 
     # sdpa, or the kernel the family needs (Gemma 2: eager), as the trainer chooses.
     attention = families.kernel(families.check(load_model_config(config), config.spec), "sdpa")
@@ -112,7 +112,7 @@ def _warm(config: Any) -> None:
     import peft  # noqa: F401
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    from finetune_trainer.model_loading import load_model_config
+    from finetune_trainer.model.loading import load_model_config
 
     MODEL_FOR_CAUSAL_LM_MAPPING[type(load_model_config(config))]
 
@@ -124,8 +124,8 @@ def worker(model_dir: Path, out: Path, gpu: bool, quantization: str) -> None:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     from finetune_trainer.distributed.topology import Topology
-    from finetune_trainer.hardware import detect
-    from finetune_trainer.host_memory import HostMemory
+    from finetune_trainer.hardware.capabilities import detect
+    from finetune_trainer.hardware.host_memory import HostMemory
     from finetune_trainer.modes import Fsdp
 
     class BeforeStreaming(Fsdp):

@@ -19,6 +19,7 @@ under a lock, into a temporary folder renamed into place, like the Go binaries (
     python -m hack.llama_cpp converters   # unpack the converters; prints their folder
     python -m hack.llama_cpp python       # build libllama once; prints the folder for sys.path
     python -m hack.llama_cpp tools        # build llama-server and llama-quantize once; prints their folder
+    python -m hack.llama_cpp sdist        # download the sdist once; prints its path (bench/serving.py packs it)
 
 The tools are what `status.output.formats[].serve` runs (`llama-server -m ...`) and what the
 trainer quantizes with (`llama-quantize`, for `ggufType: q4_k_m`); the trainer image builds its
@@ -33,10 +34,13 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from .cluster.binaries import cache_lock
-from .cluster.layout import binary_cache_root
+from .cache import binary_cache_root, cache_lock
 
 VERSION = "0.3.36"
+# Where the converters and the tools land in the cache (`llama_cpp_env` hands them to the node
+# agent's pods).
+CONVERTERS_DIR = "llama.cpp"
+TOOLS_DIR = "tools"
 # The gguf package its llama.cpp vendors (gguf-py/pyproject.toml): the image installs this one.
 GGUF_VERSION = "0.19.0"
 PACKAGE = "llama-cpp-python"
@@ -83,6 +87,23 @@ TOOLS_CMAKE_FLAGS = (
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
 )
+# The serving image's llama-server (serving_image/Dockerfile): the tools' flags with CUDA on, for
+# the compute capability of every GPU product the planner knows (finetune_plan/gpu_products.py,
+# by the name it gives each): Pascal's sm_60/61 first. tests/images holds the Dockerfile to both,
+# and bench/serving.py builds with the Dockerfile's flags for the machine's own architecture.
+SERVING_CMAKE_FLAGS = (*TOOLS_CMAKE_FLAGS, "-DGGML_CUDA=ON")
+CUDA_ARCHITECTURES = {
+    "Tesla-P40": "61",
+    "Tesla-P100-PCIE-12GB": "60",
+    "Tesla-P100-PCIE-16GB": "60",
+    "Tesla-V100-32GB": "70",
+    "Tesla-V100-16GB": "70",
+    "NVIDIA-A100-80GB": "80",
+    "NVIDIA-A100-40GB": "80",
+    "NVIDIA-H100-PCIe": "90",
+    "NVIDIA-H100-80GB-HBM3": "90",
+    "NVIDIA-H200": "90",
+}
 # Compiles share the machine with whatever else runs on it: two jobs at most, at the lowest priority.
 MAX_JOBS = 2
 
@@ -114,7 +135,7 @@ def sdist(version: str = VERSION) -> Path:
 
 def converters(version: str = VERSION) -> Path:
     """llama.cpp's converters and gguf-py from the sdist, unpacked once; returns their folder."""
-    target = cache_dir(version) / "llama.cpp"
+    target = cache_dir(version) / CONVERTERS_DIR
     if (target / "convert_hf_to_gguf.py").is_file():
         return target
     with cache_lock(cache_dir(version)):
@@ -199,7 +220,7 @@ def tools(version: str = VERSION) -> Path:
     supplied = os.environ.get(TOOLS_ENV)
     if supplied:
         return Path(supplied)
-    target = cache_dir(version) / "tools"
+    target = cache_dir(version) / TOOLS_DIR
     if all((target / name).is_file() for name in TOOLS):
         return target
     with cache_lock(cache_dir(version)):
@@ -216,6 +237,28 @@ def tools(version: str = VERSION) -> Path:
     return target
 
 
+def built_tools(version: str = VERSION) -> Path | None:
+    """The tools' folder where it is built already (or `LLAMA_CPP_TOOLS` names one), else None:
+    what the node agent puts on a pod's PATH, never building."""
+    supplied = os.environ.get(TOOLS_ENV)
+    target = Path(supplied) if supplied else cache_dir(version) / TOOLS_DIR
+    return target if all((target / name).is_file() for name in TOOLS) else None
+
+
+def llama_cpp_env(version: str = VERSION) -> dict[str, str]:
+    """Where a pod of the node agent finds llama.cpp, as the trainer image has it at /opt/llama.cpp
+    (FINETUNE_LLAMA_CPP, FINETUNE_LLAMA_QUANTIZE): what the cache already holds, nothing built
+    here (`python -m hack.llama_cpp converters` unpacks the converters in seconds, `make llama-cpp`
+    builds llama-quantize)."""
+    root = cache_dir(version)
+    env = {}
+    if (root / CONVERTERS_DIR / "convert_hf_to_gguf.py").is_file():
+        env["FINETUNE_LLAMA_CPP"] = str(root / CONVERTERS_DIR)
+    if (root / TOOLS_DIR / "llama-quantize").is_file():
+        env["FINETUNE_LLAMA_QUANTIZE"] = str(root / TOOLS_DIR / "llama-quantize")
+    return env
+
+
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else "python"
     if command == "converters":
@@ -225,8 +268,10 @@ def main(argv: list[str]) -> int:
         print(python_package())
     elif command == "tools":
         print(tools())
+    elif command == "sdist":
+        print(sdist())
     else:
-        print(f"usage: python -m hack.llama_cpp [converters|python|tools], not {command!r}", file=sys.stderr)
+        print(f"usage: python -m hack.llama_cpp [converters|python|tools|sdist], not {command!r}", file=sys.stderr)
         return 2
     return 0
 

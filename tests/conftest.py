@@ -1,9 +1,13 @@
 """Shared pytest wiring. Fixture modules live in tests/fixtures/ and register here; the tiers
-(`fast`, `cluster`, `trainer`, `llama_cpp`, `gpu`, `soak`) are given in tests/support/tiers.py."""
+(`fast`, `cluster`, `tools`, `trainer`, `llama_cpp`, `gpu`, `soak`) are given in
+tests/support/tiers.py."""
 
+import shlex
 import sys
+from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,7 +15,9 @@ from tests.support import tiers
 
 # The cluster's fixtures need the Kubernetes client; a GPU machine running `make test-gpu` has the
 # trainer's packages only, and collects no test that uses them.
-pytest_plugins: list[str] = ["tests.fixtures.cluster", "tests.fixtures.kueue"] if find_spec("kubernetes") else []
+pytest_plugins: list[str] = ["tests.fixtures.tools"]
+if find_spec("kubernetes"):
+    pytest_plugins += ["tests.fixtures.cluster", "tests.fixtures.kueue", "tests.fixtures.object_store"]
 
 # Run last: it installs and uninstalls a whole release of the chart on the shared control plane.
 # Seen in the full suite: after it, the tests' own NetworkPolicy fence (another binding of the
@@ -73,14 +79,61 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 _TORCH_BEFORE = pytest.StashKey[bool]()
 
 
+class _FastTestBinaries:
+    """The fast tier's other promise, no build: while a fast test runs (its fixtures too), a
+    process that would start a binary built from source, or a compiler that builds one, is
+    refused by an audit hook (so no build starts) and the test errors naming it."""
+
+    def __init__(self) -> None:
+        self.test: str | None = None
+        self.refused: list[str] = []
+
+    def audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if self.test is None or event not in ("subprocess.Popen", "os.system", "os.posix_spawn", "os.exec"):
+            return
+        if event == "os.system":
+            found = tiers.built_binary(None, shlex.split(args[0]))
+        else:
+            found = tiers.built_binary(args[0], args[1], args[3] if event == "subprocess.Popen" else args[2])
+        if found is not None:
+            self.refused.append(found)
+            raise RuntimeError(self.said(self.test, found))
+
+    @staticmethod
+    def said(test: str, found: str) -> str:
+        fixtures = ", ".join(tiers.TOOL_FIXTURES)
+        return (
+            f"tiers: the fast test {test} started {found}: a fast test runs no binary built from source "
+            f"and starts no build of one; a test that needs one uses its fixture ({fixtures}; "
+            "tests/fixtures/tools.py) or `cluster`, which puts it in a tier of its own"
+        )
+
+
+_BINARIES = _FastTestBinaries()
+sys.addaudithook(_BINARIES.audit)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_TORCH_BEFORE] = "torch" in sys.modules
+    _BINARIES.test, _BINARIES.refused = (item.nodeid if item.get_closest_marker("fast") else None), []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A refusal the test let through has failed it already, naming it: not said twice."""
+    outcome = yield
+    if call.when == "call" and outcome.get_result().failed:
+        _BINARIES.refused = []
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """The same promise, test by test: the test that imports torch errors, named."""
+    """The fast tier's promises, test by test: the test that started a built binary and caught
+    the refusal, or that imported torch, errors, named."""
+    refused, _BINARIES.test = _BINARIES.refused, None
+    if refused:
+        pytest.fail(_BINARIES.said(item.nodeid, refused[0]), pytrace=False)
     if item.stash.get(_TORCH_BEFORE, True) or "torch" not in sys.modules:
         return
     if tiers.excludes_trainer(item.config.option.markexpr or ""):
@@ -89,3 +142,12 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
             "(mark it `trainer`, or import torch lazily where the product can)",
             pytrace=False,
         )
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_reach_no_cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ftjob plan` judges a job against the cluster a kubeconfig reaches; a fast test's plan is
+    the planner's own on any machine, so it is never handed the KUBECONFIG a cluster test set for
+    the session on the same worker (a path with no file there: no cluster is read)."""
+    if request.node.get_closest_marker("fast") is not None:
+        monkeypatch.setenv("KUBECONFIG", str(Path(__file__).parent / "no-cluster-for-fast-tests"))

@@ -12,7 +12,7 @@
    objects, or what they assert depends on timing that neighbours would disturb.
 
 Before them, the builds the suite needs are made where the versioned caches lack them (the
-control plane's binaries, Kueue and promtool; llama.cpp's bindings and tools), the Go build and
+control plane's binaries, Kueue, promtool and MinIO's server; llama.cpp's bindings and tools), the Go build and
 the C++ build side by side: no test then waits on a build inside its own time limit. A run
 given its own pytest arguments (a subset) skips this; the fixtures build what their tests need.
 
@@ -101,7 +101,7 @@ def _steps(path: Path) -> list[Step]:
 
 # The builds, in two lanes that run side by side (each lane's commands one after another).
 SET_UP = (
-    ("the control plane's binaries, Kueue, promtool", (("hack.cluster", "binaries"),)),
+    ("the control plane's binaries, Kueue, promtool, MinIO", (("hack.cluster", "binaries"),)),
     (
         "llama.cpp: bindings, then llama-server and llama-quantize",
         (("hack.llama_cpp", "python"), ("hack.llama_cpp", "tools")),

@@ -18,6 +18,11 @@ class ApiModel(BaseModel):
     `extra="forbid"` is what turns a typo such as `lora.rank` into an error instead of a
     silently ignored field; the CRD gets the same effect from structural pruning plus
     kubectl's strict field validation.
+
+    `defer_build`: a model's schema is built on its first use, not when its module is imported,
+    so that what a registry adds to a model (an objective's `training.<method>` block,
+    finetune_api.method_settings) is read once the registry is found whole, FINETUNE_PLUGINS's
+    entries too, and importing the API imports none of them.
     """
 
     model_config = ConfigDict(
@@ -27,6 +32,7 @@ class ApiModel(BaseModel):
         serialize_by_alias=True,
         extra="forbid",
         frozen=True,
+        defer_build=True,
     )
 
 

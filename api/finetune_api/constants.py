@@ -29,3 +29,15 @@ MANAGED_BY: Final = "finetune-operator"
 TRAINER_SERVICE_ACCOUNT: Final = "finetune-trainer"
 
 DEFAULT_IMAGE: Final = "ghcr.io/finetune-operator/trainer:0.1.0"
+
+# The second resource: a llama.cpp server of a finished job's GGUF base with its teams' adapters.
+SERVER_KIND: Final = "ModelServer"
+SERVER_PLURAL: Final = "modelservers"
+SERVER_SINGULAR: Final = "modelserver"
+SERVER_SHORT_NAMES: Final = ("ms",)
+SERVER_CRD_NAME: Final = f"{SERVER_PLURAL}.{GROUP}"
+# A server's children (Deployment, Service, NetworkPolicy) and its pods carry this label with
+# its name, as a job's carry LABEL_JOB: `kubectl get all -l finetune.dev/server=NAME`.
+LABEL_SERVER: Final = f"{GROUP}/server"
+# The serving image (serving_image/Dockerfile): llama-server built from the pinned llama.cpp.
+DEFAULT_SERVING_IMAGE: Final = "ghcr.io/finetune-operator/server:0.1.0"

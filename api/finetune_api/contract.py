@@ -7,6 +7,7 @@ how a time is written. A change here changes all three together.
 """
 
 import datetime
+import json
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
@@ -17,15 +18,18 @@ from .layout import (  # noqa: F401 (named here as well)
     ADAPTER_DIR,
     GGUF_ADAPTER_TYPE,
     GGUF_DIR,
+    LOSS_CURVE_FILE,
     MERGED_DIR,
     SAMPLES_FILE,
+    TENSORBOARD_DIR,
     gguf_adapter_file,
     gguf_base_file,
     gguf_merged_file,
 )
 
 if TYPE_CHECKING:
-    from .spec import FineTuneJobSpec, HubSource
+    from .object_storage import S3Source
+    from .spec import FineTuneJobSpec, HubSource, PvcSource
     from .status import Phase
 
 # --- the pod's layout ------------------------------------------------------------------------
@@ -42,6 +46,9 @@ CONFIG_ANNOTATION: Final = "finetune.dev/trainer-config"
 MODEL_MOUNT: Final = "/mnt/model"
 DATASET_MOUNT: Final = "/mnt/dataset"
 OUTPUT_MOUNT: Final = "/mnt/output"
+# The object cache claim (spec.objectCache): the fetch writes the objects' copies there, the
+# trainer reads them (read-only).
+OBJECTS_MOUNT: Final = "/mnt/objects"
 SHM_MOUNT: Final = "/dev/shm"
 TMP_MOUNT: Final = "/tmp"
 # Hub downloads are cached on the output claim, so a retry does not download the model again.
@@ -49,7 +56,7 @@ HUB_CACHE_DIR: Final = ".hf-cache"
 HUB_CACHE: Final = f"{OUTPUT_MOUNT}/{HUB_CACHE_DIR}"
 # Every folder a trainer container mounts something at; the operator fence admits no other, so a
 # Job cannot lay a claim over the trainer's own code.
-MOUNT_PATHS: Final = (CONFIG_DIR, OUTPUT_MOUNT, SHM_MOUNT, TMP_MOUNT, MODEL_MOUNT, DATASET_MOUNT)
+MOUNT_PATHS: Final = (CONFIG_DIR, OUTPUT_MOUNT, SHM_MOUNT, TMP_MOUNT, MODEL_MOUNT, DATASET_MOUNT, OBJECTS_MOUNT)
 # The container's command, and it has no args: the fence pins both to these (the chart's
 # files/operator-fence-policy.yaml, held to this by tests/operator/test_fence_file.py).
 TRAINER_COMMAND: Final = ("python", "-m", "finetune_trainer", "--config", CONFIG_PATH)
@@ -65,6 +72,13 @@ COMPONENT_PREFLIGHT: Final = "preflight"
 # Its pods keep component "trainer", so that the chart's trainer NetworkPolicy (no ingress; DNS
 # and the API server only) holds for them too; this label tells them from the trainer's.
 PREFLIGHT_POD_LABEL: Final = "finetune.dev/preflight"
+# The fetch Job's command: after the pre-flight listed a job's S3 objects, the same trainer on
+# the CPU fetches them into the object cache claim and checks them there, before any GPU Job
+# exists (the fence admits it only in its own shape, as the pre-flight's).
+FETCH_INPUTS_FLAG: Final = "--fetch-inputs"
+FETCH_COMMAND: Final = (*TRAINER_COMMAND, FETCH_INPUTS_FLAG)
+FETCH_SUFFIX: Final = "-fetch"
+COMPONENT_FETCH: Final = "fetch"
 
 
 def public_model_name(spec: "FineTuneJobSpec", config_name: str | None, folder: str) -> str:
@@ -97,6 +111,58 @@ def preflight_job_name(job: str) -> str:
     return f"{job}{PREFLIGHT_SUFFIX}"
 
 
+# What the pre-flight says of a job's S3 objects when it passes (its termination message): this
+# prefix, then JSON {"bytes": total, "sources": {role: {uri, objects, bytes}}}; the operator sizes
+# the object cache claim from it. The fetch Job's: FETCHED_PREFIX, then JSON [{source, uri, ...}].
+LISTED_PREFIX: Final = "Listed: "
+FETCHED_PREFIX: Final = "Fetched: "
+# The object cache claim's size, as the fetch Job is told it: a claim on a shared file system
+# shows that file system's room, not its own.
+OBJECT_CACHE_SIZE_ENV: Final = "FINETUNE_OBJECT_CACHE_SIZE"
+
+
+def said_after(prefix: str, message: str) -> object:
+    """The JSON a passing pre-flight or fetch said after `prefix` in its termination message;
+    None when it said nothing of the kind."""
+    if not message.startswith(prefix):
+        return None
+    try:
+        return json.loads(message[len(prefix) :])
+    except ValueError:
+        return None
+
+
+def fetch_job_name(job: str) -> str:
+    return f"{job}{FETCH_SUFFIX}"
+
+
+def cache_claim_name(spec: "FineTuneJobSpec") -> str:
+    """The claim fetched objects are kept on: the job's own, or the one the operator makes for
+    the namespace (`ftjob run`: DIR/<claimName>/ alike)."""
+    from .object_storage import NAMESPACE_CACHE_CLAIM
+
+    named = spec.object_cache.claim_name if spec.object_cache is not None else None
+    return named or NAMESPACE_CACHE_CLAIM
+
+
+def uses_objects(spec: "FineTuneJobSpec") -> bool:
+    """Whether the job reads anything from S3 (and so has a fetch before its GPU Job)."""
+    return spec.model.source.s3 is not None or spec.dataset.source.s3 is not None
+
+
+def store_folder(source: "S3Source") -> str:
+    """The store's folder in the object cache: its endpoint's host and port, or AWS's."""
+    if source.endpoint:
+        return source.endpoint.split("://", 1)[1].rstrip("/")
+    return f"s3.{source.region}.amazonaws.com" if source.region else "s3.amazonaws.com"
+
+
+def object_copy_path(source: "S3Source") -> str:
+    """Where the copy of `source` lies in the object cache, relative to its root: the store, the
+    bucket and the key (a prefix's folder, or the one object's file), as in the bucket."""
+    return f"{store_folder(source)}/{source.bucket}/{source.key.rstrip('/')}"
+
+
 def _join(root: str, relative: str) -> str:
     return f"{root}/{relative}" if relative else root
 
@@ -113,15 +179,25 @@ def trainer_paths(
     job: str, spec: "FineTuneJobSpec", mount: Callable[[str, str], str], hub_cache: str
 ) -> dict[str, str | None]:
     """The trainer's paths (the fields of trainer_config.RuntimePaths), given where each claim is
-    mounted: `mount(role, claimName)` with role model, dataset or output (the pod: a fixed folder
-    per role; `ftjob run`: DIR/<claimName>)."""
+    mounted: `mount(role, claimName)` with role model, dataset, objects or output (the pod: a fixed
+    folder per role; `ftjob run`: DIR/<claimName>). An S3 source is read from its copy on the
+    object cache claim."""
     model, data, out = spec.model.source, spec.dataset.source, spec.output
     relative = out.pvc.path if out.pvc is not None and out.pvc.path else job
+
+    def where(role: str, pvc: "PvcSource | None", hub: "HubSource | None", s3: "S3Source | None") -> str:
+        if pvc is not None:
+            return _join(mount(role, pvc.claim_name), pvc.path)
+        if s3 is not None:
+            return _join(mount("objects", cache_claim_name(spec)), object_copy_path(s3))
+        return _hub_id(hub)
+
     return {
-        "model": _join(mount("model", model.pvc.claim_name), model.pvc.path) if model.pvc else _hub_id(model.hub),
-        "dataset": _join(mount("dataset", data.pvc.claim_name), data.pvc.path) if data.pvc else _hub_id(data.hub),
+        "model": where("model", model.pvc, model.hub, model.s3),
+        "dataset": where("dataset", data.pvc, data.hub, data.s3),
         "output": _join(mount("output", output_claim_name(job, spec)), relative),
         "cache": hub_cache if uses_hub(spec) else None,
+        "objects": mount("objects", cache_claim_name(spec)) if uses_objects(spec) else None,
     }
 
 
@@ -160,6 +236,35 @@ COMPILER_OFF: Final = {"TORCHDYNAMO_DISABLE": "1"}
 HUB_TOKEN_ENV: Final = "HF_TOKEN"
 DATASET_HUB_TOKEN_ENV: Final = "HF_DATASET_TOKEN"
 HUB_TOKEN_KEY: Final = "token"
+# S3 credentials reach a pod only as these, each from the key of the same name of the Secret an
+# s3 source names (object_storage.ACCESS_KEY_FIELDS), in the pods that fetch and upload alone.
+# The dataset's, when its Secret is another than the model's, take DATASET_ before the name.
+S3_KEY_ENV: Final = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+DATASET_S3_PREFIX: Final = "DATASET_"
+DATASET_S3_KEY_ENV: Final = tuple(DATASET_S3_PREFIX + name for name in S3_KEY_ENV)
+# Whose credentials a pod holds: the pre-flight's and the fetch's, the inputs'; the trainer's,
+# the output's.
+S3_INPUT_ROLES: Final = ("model", "dataset")
+S3_OUTPUT_ROLES: Final = ("output",)
+
+
+def s3_secrets(spec: "FineTuneJobSpec", roles: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """(role, environment prefix, Secret) of each of `roles` (model, dataset, output) whose s3
+    names a Secret: the pod's variables are prefix + AWS_ACCESS_KEY_ID and the like."""
+    sources = {"model": spec.model.source.s3, "dataset": spec.dataset.source.s3, "output": spec.output.s3}
+    found: list[tuple[str, str, str]] = []
+    for role in roles:
+        source = sources[role]
+        if source is None or source.secret_name is None:
+            continue
+        taken = {secret: prefix for _, prefix, secret in found}
+        if source.secret_name in taken:
+            found.append((role, taken[source.secret_name], source.secret_name))
+        else:
+            found.append((role, DATASET_S3_PREFIX if found else "", source.secret_name))
+    return found
+
+
 # Where the Hub is and how to reach it: the platform sets these once (the chart's
 # `trainer.hubEnv`), on Hub jobs only, and the fence admits them at those values alone, since a
 # Hub token sent to another endpoint is a stolen token.

@@ -222,10 +222,16 @@ def _immutability(spec: Schema) -> None:
     spec.setdefault("x-kubernetes-validations", []).extend(optional_rules)
 
 
-def spec_schema() -> Schema:
-    marked = structural_schema(FineTuneJobSpec, marked=True)
+def defaulted_schema(model: type[BaseModel]) -> Schema:
+    """A spec's schema with `default: {}` on the optional objects the API server should fill in."""
+    marked = structural_schema(model, marked=True)
     _default_empty_objects(marked)
     schema: Schema = _unmarked(marked)
+    return schema
+
+
+def spec_schema() -> Schema:
+    schema = defaulted_schema(FineTuneJobSpec)
     _immutability(schema)
     return schema
 
@@ -256,23 +262,33 @@ def openapi_schema() -> Schema:
     }
 
 
-def crd() -> Schema:
+def definition(
+    *,
+    crd_name: str,
+    kind: str,
+    plural: str,
+    singular: str,
+    short_names: tuple[str, ...],
+    columns: list[Schema],
+    schema: Schema,
+) -> Schema:
+    """A CustomResourceDefinition of one namespaced kind of the group, with the status subresource."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": CRD_NAME,
+            "name": crd_name,
             "labels": {"app.kubernetes.io/name": "finetune-operator", "app.kubernetes.io/part-of": "finetune-operator"},
         },
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": list(CATEGORIES),
             },
             "versions": [
@@ -281,16 +297,32 @@ def crd() -> Schema:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "additionalPrinterColumns": columns,
+                    "schema": {"openAPIV3Schema": schema},
                 }
             ],
         },
     }
 
 
-def render_yaml() -> str:
+def crd() -> Schema:
+    return definition(
+        crd_name=CRD_NAME,
+        kind=KIND,
+        plural=PLURAL,
+        singular=SINGULAR,
+        short_names=SHORT_NAMES,
+        columns=PRINTER_COLUMNS,
+        schema=openapi_schema(),
+    )
+
+
+def as_yaml(definition: Schema) -> str:
     import yaml
 
     header = "# Generated from api/finetune_api by `make crds`. Do not edit by hand.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+    return header + yaml.safe_dump(definition, sort_keys=False, width=120)
+
+
+def render_yaml() -> str:
+    return as_yaml(crd())

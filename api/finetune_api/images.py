@@ -19,7 +19,7 @@ Images are compared as written: no registry or `library/` is filled in, so patte
 
 from collections.abc import Iterable, Sequence
 
-from finetune_api.constants import DEFAULT_IMAGE
+from finetune_api.constants import DEFAULT_IMAGE, DEFAULT_SERVING_IMAGE
 
 WILDCARD = "*"
 
@@ -33,6 +33,9 @@ def repository(image: str) -> str:
 
 
 DEFAULT_ALLOWED_IMAGES: tuple[str, ...] = (repository(DEFAULT_IMAGE),)
+# A ModelServer's images have their own list (the chart's serving.allowedImages), checked the same
+# way by the operator and its fence: a token allowed to make servers runs no trainer image there.
+DEFAULT_ALLOWED_SERVING_IMAGES: tuple[str, ...] = (repository(DEFAULT_SERVING_IMAGE),)
 
 
 def pattern_allows(pattern: str, image: str) -> bool:
@@ -54,6 +57,7 @@ def pattern_problem(pattern: str) -> str | None:
     return None
 
 
-def refusal(image: str, patterns: Sequence[str]) -> str:
-    """The one line a user sees on the FineTuneJob when its image is not allowed."""
-    return f"spec.image: {image!r} is not in the trainer image allow-list ({', '.join(patterns)})"
+def refusal(image: str, patterns: Sequence[str], kind: str = "trainer") -> str:
+    """The one line a user sees on the FineTuneJob (or, `kind` serving, the ModelServer) when its
+    image is not allowed."""
+    return f"spec.image: {image!r} is not in the {kind} image allow-list ({', '.join(patterns)})"

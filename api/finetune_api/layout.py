@@ -9,6 +9,10 @@ MERGED_DIR: Final = "merged"
 GGUF_DIR: Final = "gguf"
 # The sample answers, beside the adapter (one JSON object a line).
 SAMPLES_FILE: Final = "samples.jsonl"
+# The run's loss curve (train and eval loss, the learning rate), drawn at the end, beside the adapter.
+LOSS_CURVE_FILE: Final = "loss-curve.png"
+# TensorBoard's event files of every attempt (the curve is drawn from them).
+TENSORBOARD_DIR: Final = "tensorboard"
 # The GGUF adapter is f16 whatever ggufType: llama.cpp applies it to a quantised base as it is.
 GGUF_ADAPTER_TYPE: Final = "f16"
 

@@ -11,9 +11,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .constants import API_VERSION, KIND
+from .constants import API_VERSION, KIND, SERVER_KIND
 from .problems import Problem, problems_from
 from .resource import FineTuneJob
+from .server_resource import ModelServer
 
 
 @dataclass
@@ -22,6 +23,7 @@ class ParsedDocument:
     body: dict[str, Any] | None
     job: FineTuneJob | None = None
     problems: list[Problem] = field(default_factory=list)
+    server: ModelServer | None = None
 
 
 class ManifestError(Exception):
@@ -54,19 +56,22 @@ def read_text(path: str | Path) -> str:
         raise ManifestError(exc.strerror or str(exc)) from None
 
 
-def parse_document(body: Any, index: int = 0) -> ParsedDocument:
+def parse_document(body: Any, index: int = 0, kinds: tuple[str, ...] = (KIND,)) -> ParsedDocument:
+    """One document: a FineTuneJob, or any of `kinds` (`ftjob validate` takes a ModelServer too)."""
     if not isinstance(body, dict):
         return ParsedDocument(index, None, problems=[Problem("", "expected a mapping (a Kubernetes object)")])
     doc = ParsedDocument(index, body)
-    if body.get("apiVersion") != API_VERSION or body.get("kind") != KIND:
+    if body.get("apiVersion") != API_VERSION or body.get("kind") not in kinds:
         doc.problems.append(
             Problem(
                 "",
-                f"expected apiVersion {API_VERSION} and kind {KIND}, "
+                f"expected apiVersion {API_VERSION} and kind {' or '.join(kinds)}, "
                 f"got {body.get('apiVersion')!r} / {body.get('kind')!r}",
             )
         )
         return doc
+    if body.get("kind") == SERVER_KIND:
+        return _server_document(doc, body)
     try:
         doc.job = FineTuneJob.model_validate(body)
     except ValidationError as exc:
@@ -77,9 +82,20 @@ def parse_document(body: Any, index: int = 0) -> ParsedDocument:
     return doc
 
 
-def parse_file(path: str | Path) -> list[ParsedDocument]:
-    """All FineTuneJob documents in a file. Raises ManifestError for unreadable files."""
+def _server_document(doc: ParsedDocument, body: dict[str, Any]) -> ParsedDocument:
+    try:
+        doc.server = ModelServer.model_validate(body)
+    except ValidationError as exc:
+        doc.problems.extend(problems_from(exc, ModelServer))
+    if doc.server is not None and not doc.server.metadata.name:
+        doc.problems.append(Problem("metadata.name", "required field is missing"))
+        doc.server = None
+    return doc
+
+
+def parse_file(path: str | Path, kinds: tuple[str, ...] = (KIND,)) -> list[ParsedDocument]:
+    """All documents of a file, each one of `kinds`. Raises ManifestError for unreadable files."""
     docs = load_documents(read_text(path))
     if not docs:
         raise ManifestError("no YAML documents found")
-    return [parse_document(body, i) for i, body in enumerate(docs)]
+    return [parse_document(body, i, kinds) for i, body in enumerate(docs)]

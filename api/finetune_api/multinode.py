@@ -2,7 +2,7 @@
 launcher: the environment variables, the rendezvous port and the names pods reach each other by.
 
 The operator's builders set these on the pod template of an Indexed Job; the launcher
-(`finetune_trainer.launcher`) reads them. One list, imported by both, so they agree by
+(`finetune_trainer.launch.launcher`) reads them. One list, imported by both, so they agree by
 construction. A pod without `NNODES_ENV` (or with 1) is a job of one node, launched as before.
 """
 

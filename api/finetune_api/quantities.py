@@ -24,3 +24,15 @@ def to_bytes(quantity: str) -> int:
     number = re.match(r"[0-9]+(\.[0-9]+)?", text)
     assert number is not None
     return math.ceil(Decimal(number.group(0)) * _FACTORS[text[number.end() :]])
+
+
+def describe_bytes(size: int) -> str:
+    """Bytes as people read a download: decimal units, three figures (141 GB, 2.1 MB, 512 bytes)."""
+    if size < 1000:
+        return f"{size} bytes"
+    value = float(size)
+    for unit in ("kB", "MB", "GB", "TB", "PB"):
+        value /= 1000
+        if value < 1000 or unit == "PB":
+            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    raise AssertionError("unreachable")

@@ -11,16 +11,20 @@ import re
 from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import (
+    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.config import JsonDict
+from pydantic_core import CoreSchema
 
+from . import method_settings as blocks
 from .base import (
     LABEL_VALUE_PATTERN,
     AnyObject,
@@ -41,8 +45,10 @@ from .gpus import (
     is_pascal,
     pascal_precision_message,
 )
+from .method_settings import BLOCK_FOR_ITS_METHOD, Settings
 from .modes import Parallelism
 from .multinode import several_nodes
+from .object_storage import MODEL_NEEDS_PREFIX, ObjectCacheSpec, OutputS3, S3Source
 from .objectives import DEFAULT as DEFAULT_METHOD
 from .objectives import (
     NO_PACKING,
@@ -55,8 +61,6 @@ from .objectives import (
 )
 from .objectives import packs as objective_packs
 from .objectives import reads as objective_reads
-from .objectives.dpo import DpoSpec
-from .objectives.orpo import OrpoSpec
 from .objectives.sft import CONVERSATION_FORMATS as SFT_CONVERSATION_FORMATS
 from .objectives.sft import FORMATS as SFT_FORMATS
 from .objectives.sft import SftFormat
@@ -78,7 +82,8 @@ def _cel_text(template: str, **values: str) -> str:
     return " + ".join(values[part] if index % 2 else json.dumps(part) for index, part in enumerate(parts) if part)
 
 
-ONE_SOURCE = "exactly one of pvc or hub must be set"
+ONE_SOURCE = "exactly one of pvc, hub or s3 must be set"
+SOURCES: Final = ("pvc", "hub", "s3")
 
 
 # --- sources -------------------------------------------------------------------------------
@@ -117,28 +122,50 @@ class HubDatasetSource(HubSource):
     )
 
 
+_S3_SOURCE: Final = (
+    "Objects of an S3-compatible bucket, fetched into the object cache claim (spec.objectCache) by the CPU "
+    "pre-flight before any GPU is asked for."
+)
+_ONE_SOURCE_RULE: Final = " + ".join(f"(has(self.{name}) ? 1 : 0)" for name in SOURCES) + " == 1"
+
+
 class _OneSource(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [_cel("has(self.pvc) != has(self.hub)", ONE_SOURCE)]}
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_cel(_ONE_SOURCE_RULE, ONE_SOURCE)]})
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:
         # Subclasses declare `pvc` and `hub` with their own types; look them up by name.
-        present = [name for name in ("pvc", "hub") if getattr(self, name, None) is not None]
+        present = [name for name in SOURCES if getattr(self, name, None) is not None]
         if len(present) != 1:
             raise ValueError(ONE_SOURCE)
         return self
 
 
 class ModelSource(_OneSource):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(_ONE_SOURCE_RULE, ONE_SOURCE),
+                _cel("!has(self.s3) || self.s3.key.endsWith('/')", MODEL_NEEDS_PREFIX, ".s3.key"),
+            ]
+        }
+    )
+
     pvc: PvcSource | None = None
     hub: HubSource | None = None
+    s3: S3Source | None = Field(default=None, description=_S3_SOURCE)
+
+    @model_validator(mode="after")
+    def _model_is_a_folder(self) -> Self:
+        if self.s3 is not None and not self.s3.is_prefix:
+            raise ValueError(MODEL_NEEDS_PREFIX)
+        return self
 
 
 class DatasetSource(_OneSource):
     pvc: PvcSource | None = None
     hub: HubDatasetSource | None = None
+    s3: S3Source | None = Field(default=None, description=_S3_SOURCE)
 
 
 # --- what to train -------------------------------------------------------------------------
@@ -268,14 +295,6 @@ BoolOrAuto = Annotated[
 ]
 
 
-# The methods with a settings block of their own, named as the method (`training.dpo`).
-METHOD_BLOCKS: Final = ("dpo", "orpo")
-
-
-def _block_message(block: str) -> str:
-    return f"training.{block} is for training.method {block}"
-
-
 def _packing_rules() -> list[JsonDict]:
     """`training.packing` with a method whose rows cannot be packed (the registry's, when the
     schema is made): the CEL side of `objectives.packs`."""
@@ -290,13 +309,26 @@ def _packing_rules() -> list[JsonDict]:
     return [{**rule, "messageExpression": _cel_text(NO_PACKING, method="self.method"), "fieldPath": ".packing"}]
 
 
+def _settings_rules(properties: Any) -> list[JsonDict]:
+    """Each settings block only with its method, and the rules the objectives add while they are
+    the method (the registry's, when the schema is made): the CEL side of `method_settings.refusal`."""
+    blocks.in_step(blocks.blocks_among(TrainingSpec, properties))
+    own = [
+        _cel(f"!has(self.{name}) || self.method == '{name}'", BLOCK_FOR_ITS_METHOD.format(method=name), f".{name}")
+        for name in (o.name for o in blocks.with_settings())
+    ]
+    added = [
+        _cel(f"!has(self.method) || self.method != '{o.name}' || ({rule.cel})", rule.message, rule.field_path or None)
+        for o in OBJECTIVES
+        for rule in o.rules
+    ]
+    return own + added
+
+
 def _training_rules(schema: JsonDict, _: Any = None) -> None:
     schema["x-kubernetes-validations"] = [
         _cel("!(has(self.epochs) && has(self.maxSteps))", BOTH_LENGTHS),
-        *(
-            _cel(f"!has(self.{block}) || self.method == '{block}'", _block_message(block), f".{block}")
-            for block in METHOD_BLOCKS
-        ),
+        *_settings_rules(schema.get("properties", {})),
         *_packing_rules(),
     ]
 
@@ -342,8 +374,8 @@ class TrainingSpec(ApiModel):
     )
     optimizer: OptimizerName = Field(default=DEFAULT_OPTIMIZER, description="Optimizer.")
     method: Annotated[str, OBJECTIVES.choice(describe_methods)] = Field(default=DEFAULT_METHOD)
-    dpo: DpoSpec | None = Field(default=None, description="DPO's settings (method dpo; the defaults when unset).")
-    orpo: OrpoSpec | None = Field(default=None, description="ORPO's settings (method orpo; the defaults when unset).")
+    # Here follow the methods' settings blocks (`training.<method>`), a field per objective whose
+    # entry brings a settings model, added when the schema is built (`__get_pydantic_core_schema__`).
     parallelism: Parallelism = Field(
         default="auto",
         description="How the pod's GPUs share the work: dataParallel = a whole NF4 copy per GPU with LoRA "
@@ -364,23 +396,32 @@ class TrainingSpec(ApiModel):
             raise ValueError(BOTH_LENGTHS)
         return self
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: type[BaseModel], handler: GetCoreSchemaHandler, /) -> CoreSchema:
+        """A field per objective with a settings block, added when the schema is first built (on
+        first use: API models defer it), so the registry is found whole by then, plugins too."""
+        blocks.add_blocks(cls, after="method")
+        return handler(source)
+
     @model_validator(mode="after")
     def _blocks_of_the_method(self) -> Self:
-        for block in METHOD_BLOCKS:
-            if getattr(self, block) is not None and self.method != block:
-                raise ValueError(_block_message(block))
-        refusal = None if not self.packing else objective_packs(self.method)
+        refusal = blocks.refusal(self, self.method)
+        if refusal is None and self.packing:
+            refusal = objective_packs(self.method)
         if refusal is not None:
             raise ValueError(refusal)
         return self
 
-    @property
-    def dpo_settings(self) -> DpoSpec:
-        return self.dpo or DpoSpec()
+    def settings_of(self, model: type[Settings]) -> Settings:
+        """The settings block whose model is `model` (`training.<method>` of the objective that
+        brings it), its defaults when unset: what the trainer and the planner read of it."""
+        return blocks.settings_of(self, model)
 
     @property
-    def orpo_settings(self) -> OrpoSpec:
-        return self.orpo or OrpoSpec()
+    def method_settings(self) -> ApiModel | None:
+        """The method's settings block, its defaults when unset; None for a method without one."""
+        model = OBJECTIVES.get(self.method).settings
+        return None if model is None else self.settings_of(model)
 
 
 class CheckpointSpec(ApiModel):
@@ -473,6 +514,12 @@ class OutputSpec(ApiModel):
         default="f16",
         description="Tensor type of the GGUF model files (the GGUF LoRA is f16): f16 or q8_0, as llama.cpp's "
         "converter writes them, or q4_k_m, made from the converter's f16 file by llama.cpp's llama-quantize.",
+    )
+    s3: OutputS3 | None = Field(
+        default=None,
+        description="Also copy what the job wrote (the adapter, the formats, the report and summary; not the "
+        "checkpoints) to this prefix of an S3-compatible bucket after training ends well; status.output.s3 says "
+        "where. The claim keeps its copy.",
     )
     samples: SamplesSpec = Field(
         default_factory=SamplesSpec,
@@ -667,6 +714,9 @@ class FineTuneJobSpec(ApiModel):
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimisation settings.")
     checkpoints: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoint cadence and retention.")
     output: OutputSpec = Field(description="Where the adapter, checkpoints and logs go.")
+    object_cache: ObjectCacheSpec | None = Field(
+        default=None, description="The claim objects fetched from S3 (model.source.s3, dataset.source.s3) are kept on."
+    )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="GPUs, CPU and memory.")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Scheduling constraints.")
     image: ShortString | None = Field(

@@ -15,9 +15,19 @@ from .base import ApiModel
 Phase = Literal["Pending", "Queued", "Admitted", "Preempted", "Running", "Suspended", "Succeeded", "Failed"]
 
 # Exported: set False (reason ExportFailed) when a job trained but could not write a format of
-# spec.output.formats; it still ends Succeeded, with its adapter.
+# spec.output.formats; it still ends Succeeded, with its adapter. Schedulable: set False when no
+# node of the job's GPU product can ever hold its pods (the reason says why, the message what would).
 ConditionType = Literal[
-    "Validated", "Admitted", "Preempted", "Scheduled", "Running", "Complete", "Exported", "Failed", "Suspended"
+    "Validated",
+    "Schedulable",
+    "Admitted",
+    "Preempted",
+    "Scheduled",
+    "Running",
+    "Complete",
+    "Exported",
+    "Failed",
+    "Suspended",
 ]
 
 Message = Annotated[str, Field(max_length=32768)]
@@ -116,7 +126,31 @@ class OutputPaths(ApiModel):
     alpha: int | None = Field(default=None, description="lora.alpha")
     target_modules: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=64)] | None = None
     formats: Annotated[list[OutputFile], Field(max_length=8)] | None = None
+    loss_curve_path: Path | None = Field(
+        default=None, description="The loss curve (train and eval loss, learning rate) as a PNG, written at the end."
+    )
+    tensorboard_path: Path | None = Field(
+        default=None, description="TensorBoard's event files, written as the job trains (every attempt's)."
+    )
+    s3: Path | None = Field(
+        default=None, description="spec.output.s3: where the outputs are copied after training ends well."
+    )
     warning: Message | None = Field(default=None, description="What a server needs told, e.g. --max-lora-rank.")
+
+
+class InputCopy(ApiModel):
+    """An S3 source as the fetch Job left it on the object cache claim: fetched, or reused."""
+
+    source: Literal["model", "dataset"]
+    uri: Path | None = None
+    claim_name: Annotated[str, Field(max_length=253)] | None = None
+    objects: int | None = None
+    bytes: int | None = Field(default=None, description="The objects' bytes.")
+    fetched_bytes: int | None = Field(default=None, description="Of those, the bytes fetched (0: the copy was reused).")
+    reused: bool | None = Field(
+        default=None, description="The copy on the claim had the objects' ETags: nothing fetched."
+    )
+    message: Message | None = None
 
 
 class Sample(ApiModel):
@@ -186,10 +220,21 @@ class FineTuneJobStatus(ApiModel):
     progress: Annotated[Progress | None, BY_TRAINER] = None
     last_checkpoint: Annotated[CheckpointRef | None, BY_TRAINER] = None
     sample: Annotated[Sample | None, BY_TRAINER] = None
+    model_fingerprint: Annotated[
+        Annotated[str, Field(max_length=64)] | None,
+        BY_TRAINER,
+        Field(
+            description="The base model's identity as the trainer read it (a hash of its config.json, as the "
+            "checkpoints' fingerprint records it): a ModelServer serves only adapters of one base."
+        ),
+    ] = None
     restarts: int | None = None
     start_time: Timestamp | None = None
     completion_time: Timestamp | None = None
     output: OutputPaths | None = None
+    inputs: Annotated[list[InputCopy], Field(max_length=2)] | None = Field(
+        default=None, description="The S3 sources, as the fetch Job fetched or reused them before the GPU Job."
+    )
     queue: QueueStatus | None = None
     nodes: NodesStatus | None = None
     oom_retry: OomRetry | None = Field(

@@ -19,6 +19,9 @@ class RuntimePaths(ApiModel):
     dataset: Annotated[str, Field(min_length=1)] = Field(description="Dataset file or folder, or a Hub id.")
     output: Annotated[str, Field(min_length=1)] = Field(description="Writable output folder.")
     cache: str | None = Field(default=None, description="HF cache folder (hub downloads).")
+    objects: str | None = Field(
+        default=None, description="Folder of the object cache claim, where S3 sources are fetched to and read from."
+    )
 
 
 class TrainerConfig(ApiModel):

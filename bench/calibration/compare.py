@@ -10,8 +10,8 @@ from typing import Any
 from finetune_plan import GIB, Hardware, Recipe, lookup, shape_from_config
 from finetune_plan import calibration as cal
 from finetune_plan.gpu_products import GpuProduct
+from finetune_plan.layouts.device_map import device_map_layout
 from finetune_plan.placement import Placement
-from finetune_plan.plan import device_map_layout
 from finetune_plan.speed import adapter_seconds, estimate, flops_per_token, memory_traffic_bytes
 
 MEASUREMENTS = Path(__file__).with_name("measurements.json")

@@ -2,7 +2,7 @@
 
 Set on parts: each constant in `finetune_plan/calibration.py` comes from a count of the tensors the
 recipe keeps, checked against that part alone as the trainer's phase probe measures it (resident,
-the layers' activations, the backward's and the loss's transients: `finetune_trainer.memory_phases`)
+the layers' activations, the backward's and the loss's transients: `finetune_trainer.memory.phases`)
 on shallow slices of 2 to 4 layers, both widths, 512 to 4096 tokens, batch 1 to 4, checkpointing
 on and off (`*-parts.json`, bench/parts.py).
 

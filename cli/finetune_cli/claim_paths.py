@@ -1,7 +1,7 @@
 """The pre-flight's path check on this machine: `--volumes DIR` holds each claim as DIR/<claimName>/.
 
 `ftjob plan --volumes` and `ftjob validate --volumes` say what the operator's pre-flight Job
-would say of the paths (finetune_trainer/input_check.py), in the same words: the claim and the
+would say of the paths (finetune_trainer/launch/input_check.py), in the same words: the claim and the
 path in it. The records themselves are `ftjob check-data`'s.
 """
 

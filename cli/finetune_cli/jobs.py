@@ -23,7 +23,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     listing.set_defaults(handler=run_list)
 
     status = commands.add_parser(
-        "status", help="show one job", description="Phase, conditions, progress, last checkpoint and output of a job."
+        "status",
+        help="show one job or model server",
+        description="Phase, conditions, progress, last checkpoint and output of a job; of a ModelServer (NAME, or "
+        "modelserver/NAME where a job has the same name), its phase, endpoint and adapters with their ids.",
     )
     status.add_argument("name", metavar="NAME")
     status.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
@@ -166,6 +169,11 @@ def output_lines(output: dict[str, Any], sample: dict[str, Any]) -> list[str]:
         )
     for entry in output.get("formats") or []:
         lines.append(f"Serve {entry.get('format', '?')}: ".ljust(13) + str(entry.get("serve") or entry.get("path")))
+    claim = f" (claim {output['claimName']})" if output.get("claimName") else ""
+    if output.get("lossCurvePath"):
+        lines.append(f"Loss curve:  {output['lossCurvePath']}{claim}, written when training ends")
+    if output.get("tensorboardPath"):
+        lines.append(f"TensorBoard: {output['tensorboardPath']}{claim}; see docs/using.md#tensorboard")
     if output.get("warning"):
         lines.append(f"Warning:     {one_line(output['warning'])}")
     if sample.get("answer") is not None:
@@ -173,9 +181,34 @@ def output_lines(output: dict[str, Any], sample: dict[str, Any]) -> list[str]:
     return lines
 
 
+SERVER_PREFIXES = ("modelserver/", "modelservers/", "ms/")
+
+
+def _job_or_server(cluster: kube.Cluster, name: str) -> tuple[dict[str, Any], bool]:
+    """(the object, whether it is a ModelServer): a job of that name first, else a server."""
+    from .errors import CliError
+    from .servers import get_server
+
+    for prefix in SERVER_PREFIXES:
+        if name.startswith(prefix):
+            return get_server(cluster, name.removeprefix(prefix)), True
+    try:
+        return kube.get_job(cluster, name), False
+    except CliError as missing:
+        try:
+            return get_server(cluster, name), True
+        except CliError:
+            raise missing from None
+
+
 def run_status(args: argparse.Namespace) -> int:
+    from .servers import describe as describe_server
+
     cluster = kube.connect(args)
-    job = kube.get_job(cluster, args.name)
+    job, is_server = _job_or_server(cluster, args.name)
+    if is_server and args.output == "text":
+        print(describe_server(job))
+        return 0
     if args.output == "json":
         print(json.dumps(job, indent=2))
     elif args.output == "yaml":

@@ -21,11 +21,12 @@ from .errors import CliError
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
+def add_options(parser: argparse.ArgumentParser, *, namespace: bool = True) -> None:
     group = parser.add_argument_group("cluster")
     group.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
     group.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current context)")
-    group.add_argument("-n", "--namespace", metavar="NS", help="namespace (default: the context's, else default)")
+    if namespace:
+        group.add_argument("-n", "--namespace", metavar="NS", help="namespace (default: the context's, else default)")
 
 
 @dataclass
@@ -48,7 +49,7 @@ class Cluster:
         return client.CoreV1Api(self.api)
 
 
-def _kubeconfig_path(args: argparse.Namespace) -> str | None:
+def kubeconfig_path(args: argparse.Namespace) -> str | None:
     explicit: str | None = getattr(args, "kubeconfig", None)
     if explicit:
         if not Path(explicit).is_file():
@@ -56,9 +57,9 @@ def _kubeconfig_path(args: argparse.Namespace) -> str | None:
         return explicit
     env = os.environ.get("KUBECONFIG")
     if env:
+        # As kubectl reads it: the files it names that exist, and never ~/.kube/config besides.
         present = [p for p in env.split(os.pathsep) if p and Path(p).expanduser().is_file()]
-        if present:
-            return os.pathsep.join(present)
+        return os.pathsep.join(present) if present else None
     default = Path.home() / ".kube" / "config"
     return str(default) if default.is_file() else None
 
@@ -73,7 +74,7 @@ def connect(args: argparse.Namespace) -> Cluster:
             "the cluster commands need the kubernetes package: pip install 'finetune-operator[cli]'"
         ) from None
     config: Any = config_module  # the client's loaders carry no type hints
-    path = _kubeconfig_path(args)
+    path = kubeconfig_path(args)
     context_name: str | None = getattr(args, "context", None)
     namespace: str | None = getattr(args, "namespace", None)
     try:

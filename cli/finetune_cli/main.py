@@ -20,6 +20,8 @@ COMMAND_MODULES = (
     "finetune_cli.logs",
     "finetune_cli.upload",
     "finetune_cli.export",
+    "finetune_cli.serve",
+    "finetune_cli.chat",
 )
 
 

@@ -28,6 +28,12 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     parser.add_argument("--layers", type=int, default=2, metavar="N", help="decoder layers (default 2)")
     parser.add_argument("--vocab", type=int, default=512, metavar="N", help="tokenizer vocabulary (default 512)")
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="weights' and data's seed (default 0)")
+    parser.add_argument(
+        "--llama-tokenizer",
+        action="store_true",
+        help="Llama 2's kind of tokenizer, which llama.cpp's converter takes: for the GGUF formats "
+        "(the default, byte-level one learns the data faster, but no converter knows it)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -38,7 +44,12 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--vocab {args.vocab}: at least 300 (256 byte tokens plus merges)")
     seam = trainer("ftjob make-tiny-model")
     folder = seam.make_tiny_model(
-        Path(args.dir), hidden=args.hidden, layers=args.layers, vocab_size=args.vocab, seed=args.seed
+        Path(args.dir),
+        hidden=args.hidden,
+        layers=args.layers,
+        vocab_size=args.vocab,
+        seed=args.seed,
+        llama_tokenizer=args.llama_tokenizer,
     )
     print(f"model: {folder}")
     if args.dataset:

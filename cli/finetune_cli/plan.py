@@ -23,20 +23,24 @@ from finetune_api.modes import to_spec
 from finetune_api.problems import format_problems
 from finetune_api.quantities import to_bytes
 from finetune_api.spec import EFFECTIVE_BATCH_FACTORS, FineTuneJobSpec
-from finetune_plan import GIB, ActivationAsk, LaunchPlan, ModelConfigError, choose, known_model, lookup, pairs
+from finetune_plan import GIB, ActivationAsk, LaunchPlan, ModelConfigError, Plan, choose, known_model, lookup, pairs
+from finetune_plan.duration import job_time
 from finetune_plan.gpu_products import known_names
 from finetune_plan.grace import clock_steps, grace_of
-from finetune_plan.host import host_need
 from finetune_plan.inputs import product_for
 from finetune_plan.lengths import longest_per_mode
+from finetune_plan.messages.report import render
+from finetune_plan.nodes import Nodes, room
 from finetune_plan.parallelism import TRAINER_LOSS_CHUNKS
-from finetune_plan.plan import Plan
-from finetune_plan.pod import memory_refusal
-from finetune_plan.report import render
+from finetune_plan.pod import Verdict, memory_refusal, verdict
 
+from . import cluster_nodes
 from .claim_paths import path_problems
+from .cluster_nodes import nodes_for
 from .errors import CliError
 from .family import family_line
+from .fetch_line import bandwidth, fetch_line
+from .plan_head import head_lines
 
 DOES_NOT_FIT = 3
 BYTES_PER_TOKEN = 4  # a rough average for English text with Llama-3's tokenizer
@@ -105,7 +109,14 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "without SDPA (Gemma 2) is always planned materialised",
     )
     parser.add_argument("--tokens", type=int, metavar="N", help="tokens in one epoch of the dataset")
+    parser.add_argument(
+        "--fetch-bandwidth",
+        metavar="RATE",
+        help="the link to the S3 store, e.g. 1Gbit/s or 500MB/s: the fetch line then says how long the "
+        "pre-flight's fetch of an s3 model takes",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    cluster_nodes.add_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -147,6 +158,14 @@ def model_config(job: FineTuneJob, args: argparse.Namespace) -> tuple[dict[str, 
             f"spec.model.source.pvc: the model's config.json is not here (looked at {looked}); "
             "pass --model-config PATH or --volumes DIR"
         )
+    if source.s3 is not None:
+        named = _known_by_path(source.s3.key)
+        if named is not None:
+            return named
+        raise CliError(
+            f"spec.model.source.s3: no offline config for {source.s3.uri}; pass --model-config PATH "
+            "(the model's config.json)"
+        )
     assert source.hub is not None
     known = known_model(source.hub.id)
     if known is None:
@@ -155,6 +174,13 @@ def model_config(job: FineTuneJob, args: argparse.Namespace) -> tuple[dict[str, 
             "(the repository's config.json)"
         )
     return known, source.hub.id
+
+
+def _config_or_none(job: FineTuneJob, args: argparse.Namespace) -> dict[str, Any] | None:
+    try:
+        return model_config(job, args)[0]
+    except CliError:
+        return None
 
 
 def _known_by_path(path: str) -> tuple[dict[str, Any], str] | None:
@@ -332,6 +358,39 @@ def longest_line(plan: Plan, spec: FineTuneJobSpec) -> str:
     return f"longest   maxLength that fits, per mode (batch {plan.recipe.rows}{where}): {shown}"
 
 
+def judged_spec(spec: FineTuneJobSpec, args: argparse.Namespace) -> FineTuneJobSpec:
+    """The spec as the nodes are asked for it: `--gpus` and `--gpu-product` in its resources."""
+    update: dict[str, Any] = {}
+    if args.gpus is not None:
+        update["gpus"] = args.gpus
+    if args.gpu_product:
+        update["gpu_product"] = args.gpu_product
+    return spec.model_copy(update={"resources": spec.resources.model_copy(update=update)}) if update else spec
+
+
+def _gpu_report(
+    spec: FineTuneJobSpec, launch: LaunchPlan, plan: Plan, nodes: tuple[Nodes, str | None], token_origin: str
+) -> tuple[Verdict, dict[str, Any], str]:
+    """A GPU job's verdict, its JSON and its text: the verdict and the job's time first."""
+    host = plan.host
+    memory = spec.resources.memory or host.quantity
+    said = verdict(spec, plan, nodes[0], to_bytes(memory))
+    timed = job_time(plan, spec, plan.speed.epoch_tokens if plan.speed else None)
+    pod = {"memory": memory, "plannedMemory": host.quantity, "memoryShort": memory_refusal(spec, host)}
+    result = {
+        **plan.to_dict(),
+        "fits": said.fits,
+        "verdict": {"fits": said.fits, "reason": said.reason, "message": said.message},
+        "nodes": {"source": nodes[0].source, "notTheClusters": nodes[1]},
+        "jobSeconds": round(timed.seconds, 1) if timed.seconds is not None else None,
+        "pod": pod,
+        "tokens_source": token_origin or None,
+    }
+    found = said.room if said.room is not None else room(spec, nodes[0], to_bytes(memory))
+    text = "\n".join([*head_lines(said, plan, timed, nodes, found), render(plan, launch.processes)])
+    return said, result, text
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         documents = parse_file(args.file)
@@ -340,6 +399,9 @@ def run(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     texts: list[str] = []
     all_fit = True
+    read: dict[str, tuple[Nodes, str | None]] = {}
+    bandwidth(args.fetch_bandwidth)  # a wrong rate is refused before any plan
+    rate = args.fetch_bandwidth
     for doc in documents:
         source = args.file if len(documents) == 1 else f"{args.file}[{doc.index}]"
         if doc.job is None:
@@ -363,15 +425,17 @@ def run(args: argparse.Namespace) -> int:
             results.append({"name": name, "fits": True, **launched, "gpus": 0, "per_gpu": [], "message": line})
             texts.append(f"{source}: {name}: {line}\n{batch}")
             continue
-        host = host_need(plan, launch.processes)
-        short = memory_refusal(spec, host)
-        all_fit = all_fit and plan.fits and short is None
-        pod = {"memory": spec.resources.memory or host.quantity, "plannedMemory": host.quantity, "memoryShort": short}
-        results.append({"name": name, **plan.to_dict(), **launched, "pod": pod, "tokens_source": token_origin or None})
-        text = render(plan, launch.processes) + "\n" + longest_line(plan, spec) + "\n" + batch
-        text += "\n" + checkpoint_lines(plan, spec)
-        if short is not None and plan.host_refusal is None:  # the plan's own is its verdict line
-            text += f"\nDOES NOT FIT: {short}"
+        judged = judged_spec(spec, args)
+        product = judged.resources.gpu_product
+        nodes = read[product] if product in read else read.setdefault(product, nodes_for(args, product))
+        said, result, text = _gpu_report(judged, launch, plan, nodes, token_origin)
+        all_fit = all_fit and said.fits
+        results.append({"name": name, **result, **launched})
+        text += "\n" + longest_line(plan, spec) + "\n" + batch + "\n" + checkpoint_lines(plan, spec)
+        fetched = fetch_line(spec, _config_or_none(doc.job, args), plan.shape.total_params, rate)
+        if fetched is not None:
+            text += "\n" + fetched
+            results[-1]["fetch"] = fetched.removeprefix("fetch").strip()
         if token_origin and token_origin != "given":
             text += f"\n          (epoch tokens {token_origin}, ~{BYTES_PER_TOKEN} bytes per token)"
         texts.append(f"{source}: {name}\n{text}")

@@ -80,10 +80,19 @@ def _cluster_note(commands: list[tuple[str, argparse.ArgumentParser, str]]) -> s
     users = [name for name, sub, _ in commands if any(_is_cluster(sub, a) for a in sub._actions)]
     if not users:
         return ""
-    sub = next(p for name, p, _ in commands if name == users[0])
-    shared = [a for a in sub._actions if _is_cluster(sub, a)]
+    # The flags of the command that takes the most of them; one that takes fewer (`plan` reads
+    # nodes, cluster-wide: no namespace) says which in its own row's note below.
+    groups = {name: [a for a in p._actions if _is_cluster(p, a)] for name, p, _ in commands if name in users}
+    shared = max(groups.values(), key=len)
     flags = "; ".join(_flag(a) + (f": {_cell(a.help)}" if a.help else "") for a in shared)
-    return f"\n{', '.join(f'`{n}`' for n in users)} also take, as kubectl does: {flags}.\n"
+    fewer = []
+    for name, own in groups.items():
+        taken = {tuple(a.option_strings) for a in own}
+        missing = [_flag(a) for a in shared if tuple(a.option_strings) not in taken]
+        if missing:
+            fewer.append(f"`{name}` takes no {', '.join(missing)}")
+    tail = f" ({'; '.join(fewer)})" if fewer else ""
+    return f"\n{', '.join(f'`{n}`' for n in users)} also take, as kubectl does: {flags}{tail}.\n"
 
 
 def cli_table() -> str:

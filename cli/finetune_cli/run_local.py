@@ -1,7 +1,10 @@
 """`ftjob run FILE.yaml --workdir DIR`: run a FineTuneJob here, with no cluster.
 
 Each PVC claim maps to `DIR/<claimName>/`, exactly as the pod mounts it, and the trainer runs
-in this process through the same entry point as in the pod: what works here works there.
+in this process through the same entry point as in the pod: what works here works there. S3
+sources are fetched first, as the fetch Job does, into the object cache claim's folder
+(`DIR/finetune-object-cache/`, or `DIR/<objectCache.claimName>/`), with the credentials of the
+usual AWS_* variables; a copy whose ETags match is reused. `output.s3` gets the outputs after.
 """
 
 import argparse
@@ -67,6 +70,22 @@ def trainer_args(config_path: Path, state: Path, nproc: int | None) -> list[str]
     return argv if nproc is None else [*argv, "--nproc", str(nproc)]
 
 
+def fetch(config_path: Path, termination: Path) -> int:
+    """The fetch Job's run here: the S3 sources into the object cache folder; 0, or the exit code
+    after printing its one line."""
+    argv = ["--config", str(config_path), "--termination-log", str(termination), contract.FETCH_INPUTS_FLAG]
+    code: int = trainer("ftjob run").run_trainer(argv)
+    said = termination.read_text(encoding="utf-8") if termination.exists() else ""
+    termination.unlink(missing_ok=True)
+    if code != 0:
+        print(f"failed (exit {code}): {said}")
+        return code
+    copies = contract.said_after(contract.FETCHED_PREFIX, said)
+    for copy in copies if isinstance(copies, list) else []:
+        print(copy.get("message", ""))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.nproc is not None and args.nproc < 1:
         raise CliError(f"--nproc: must be at least 1, got {args.nproc}")
@@ -80,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     config_path.write_text(json.dumps(config.model_dump(by_alias=True, exclude_none=True), indent=2), encoding="utf-8")
     termination = state / "termination-log"
     termination.unlink(missing_ok=True)  # an earlier run's words are not this one's
+    if contract.uses_objects(config.spec) and (fetched := fetch(config_path, termination)) != 0:
+        return fetched
     # Loaded here: `ftjob validate` must not pay for torch.
     code: int = trainer("ftjob run").run_trainer(trainer_args(config_path, state, args.nproc))
     said = termination.read_text(encoding="utf-8") if termination.exists() else ""

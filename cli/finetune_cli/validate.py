@@ -11,6 +11,11 @@ With `--values` (the chart's values file of the cluster the job is for) each job
 `spec.image`, or the chart's `trainer.image` when unset) is checked against the chart's
 `trainer.allowedImages`, as the operator checks it: outside the list is `ImageNotAllowed`, exit 1.
 
+A ModelServer is checked by its models, and, where a cluster is reachable (the kubeconfig, as the
+cluster commands find it), against what it names there as the operator checks it: an adapter's
+job not Succeeded, without gguf-lora or trained on another base, a claim the namespace lacks, one
+line each naming the field, exit 1. Without a cluster a note says what was not checked.
+
 Exit status: 0 valid, 1 a problem with the spec, the model or the image, 3 valid but the pod's
 memory would not hold its trainers.
 """
@@ -22,11 +27,12 @@ from typing import Any
 import yaml
 
 from finetune_api import ManifestError, ParsedDocument, images, parse_file
-from finetune_api.constants import DEFAULT_IMAGE
+from finetune_api.constants import DEFAULT_IMAGE, KIND, SERVER_KIND
 from finetune_api.formats.peft import lora_rank_warning
 from finetune_api.problems import format_problems
 from finetune_plan.pod import memory_refusal, pod_plan
 
+from . import kube
 from .claim_paths import path_problems
 from .errors import CliError
 from .family import family_line
@@ -38,14 +44,16 @@ DOES_NOT_FIT = 3
 def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = commands.add_parser(
         "validate",
-        help="check FineTuneJob YAML files offline",
-        description="Check FineTuneJob YAML files offline with the same models the CRD is generated from: "
+        help="check FineTuneJob and ModelServer YAML files",
+        description="Check FineTuneJob and ModelServer YAML files with the same models the CRDs are generated from: "
         "`FILE: spec.path: message` per problem, exit 1. With --values, each job's image (or the chart's "
         "trainer.image when unset) against trainer.allowedImages: `FILE: ImageNotAllowed: ...`, exit 1. "
         "For a model the planner knows by name, a resources.memory below the pod's host figure: "
         "`FILE: WontFit: ...`, exit 3 (what the operator would refuse). With --model-config, also its "
         "family and lora.targetModules (see Model families), exit 1. With --volumes, the model and dataset "
-        "paths as the operator's input check finds them: `FILE: spec.dataset: claim 'C', path 'P': ...`, exit 1.",
+        "paths as the operator's input check finds them: `FILE: spec.dataset: claim 'C', path 'P': ...`, exit 1. "
+        "A ModelServer is also checked on the cluster where one is reachable, as the operator checks it: its "
+        "adapters' jobs (Succeeded, with gguf-lora, on the server's base) and its claims, exit 1.",
     )
     parser.add_argument("files", nargs="+", metavar="FILE")
     parser.add_argument(
@@ -61,6 +69,7 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         metavar="PATH",
         help="the chart's values file: also check each job's image against trainer.allowedImages",
     )
+    kube.add_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -96,11 +105,14 @@ def image_problems(path: str, documents: list[ParsedDocument], allow_list: tuple
     return lines
 
 
+KINDS = (KIND, SERVER_KIND)
+
+
 def validate_file(path: str, model_config: dict[str, Any] | None = None, notes: list[str] | None = None) -> list[str]:
     """Problems as `FILE: spec.path: message` lines; empty when the file is valid. With a model
     config, `notes` gets what the trainer will do with it (family, kernel, targets) per job."""
     try:
-        documents = parse_file(path)
+        documents = parse_file(path, KINDS)
     except ManifestError as exc:
         return [f"{path}: {exc}"]
     return spec_problems(path, documents, model_config, notes)
@@ -162,14 +174,38 @@ def serving_warnings(path: str, documents: list[ParsedDocument]) -> list[str]:
     return lines
 
 
+def server_problems(
+    path: str, documents: list[ParsedDocument], args: argparse.Namespace, notes: list[str]
+) -> list[str]:
+    """`FILE: spec.adapters[0].job: ...` for what the operator would refuse of each ModelServer on
+    the cluster; where none is reachable, a note in `notes` says what went unchecked."""
+    servers = [doc for doc in documents if doc.server is not None]
+    if not servers:
+        return []
+    from .servers import cluster_problems
+
+    lines = []
+    try:
+        cluster = kube.connect(args)
+        for doc in servers:
+            assert doc.server is not None
+            target = kube.Cluster(cluster.api, doc.server.metadata.namespace or cluster.namespace)
+            found = cluster_problems(target, doc.server.spec)
+            lines += [f"{_source(path, documents, doc)}: {problem}" for problem in found]
+    except CliError as exc:
+        notes.append(f"not checked on a cluster ({exc}): the adapters' jobs and the claims")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     model_config = read_json(Path(args.model_config), "--model-config") if args.model_config else None
     allow_list = read_allow_list(Path(args.values)) if args.values else None
     code = 0
     for path in args.files:
         notes: list[str] = []
+        unchecked: list[str] = []
         try:
-            documents = parse_file(path)
+            documents = parse_file(path, KINDS)
         except ManifestError as exc:
             print(f"{path}: {exc}")
             code = 1
@@ -179,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
             problems += image_problems(path, documents, allow_list)
         if args.volumes:
             problems += volume_problems(path, documents, Path(args.volumes))
+        if not problems:
+            problems += server_problems(path, documents, args, unchecked)
         if problems:
             code = 1
             for line in problems:
@@ -193,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{path}: valid; family {' | '.join(dict.fromkeys(notes))}")
         else:
             print(f"{path}: valid")
+        for line in unchecked:
+            print(f"{path}: note: {line}")
         for line in serving_warnings(path, documents):
             print(line)
     return code

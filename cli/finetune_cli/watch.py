@@ -1,8 +1,11 @@
 """`ftjob watch NAME`: a live progress line until the job finishes.
 
-Exit 0 when it succeeds; 1 with `Reason: message` when it fails; 124 on --timeout. Uses the
-API server's watch (re-listing when the watch expires), so it sees every status change without
-polling; on a terminal the line updates in place, elsewhere each change is a new line.
+Exit 0 when it succeeds; 1 with `Reason: message` when it fails; 3 when no node of its product can
+ever hold its pods (the operator's Schedulable=False, the same verdict `ftjob plan` exits 3 on);
+124 on --timeout. While no trainer runs, the line says why the job waits, in the status's words
+(the scheduler's, Kueue's, a quota's, the input check's). Uses the API server's watch (re-listing
+when the watch expires), so it sees every status change without polling; on a terminal the line
+updates in place, elsewhere each change is a new line.
 """
 
 from __future__ import annotations
@@ -13,18 +16,21 @@ import time
 from typing import Any, TextIO
 
 from . import kube
-from .display import bar, failure_text, progress_parts
+from .display import bar, condition, failure_text, one_line, progress_parts
 from .errors import CliError
 
 WATCH_WINDOW_SECONDS = 30
+# No node of the job's product can ever hold its pods: the exit `ftjob plan` gives such a job.
+CANNOT_RUN_HERE = 3
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "watch",
         help="follow a job's progress until it finishes",
-        description="Show step/total, loss, tokens/s and ETA live; exit 0 when the job succeeds, "
-        "1 with the reason when it fails.",
+        description="Show step/total, loss, tokens/s and ETA live, and while no trainer runs why the job waits; "
+        "exit 0 when the job succeeds, 1 with the reason when it fails, 3 when no node of its product can ever "
+        "hold its pods (the status's Schedulable condition), 124 on --timeout.",
     )
     parser.add_argument("name", metavar="NAME")
     parser.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long (exit 124)")
@@ -33,12 +39,16 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def status_line(job: dict[str, Any]) -> str:
+    """Phase, bar and progress; with no progress yet, why the job waits (the status message)."""
     status = job.get("status") or {}
     phase = status.get("phase") or "Pending"
     progress = status.get("progress")
     parts = progress_parts(progress)
     text = f"{phase:<9} {bar(progress)}"
-    return f"{text} {', '.join(parts)}" if parts else text
+    if parts:
+        return f"{text} {', '.join(parts)}"
+    waiting = one_line(status.get("message"))
+    return f"{text} {waiting}" if waiting and phase not in ("Succeeded", "Failed") else text
 
 
 class Printer:
@@ -77,6 +87,11 @@ def _outcome(job: dict[str, Any], printer: Printer) -> int | None:
     if phase == "Failed":
         printer.finish()
         raise CliError(f"finetunejob {job['metadata']['name']} failed: {failure_text(status)}")
+    unplaceable = condition(status, "Schedulable")
+    if unplaceable and unplaceable.get("status") == "False":
+        printer.finish()
+        said = f"{unplaceable.get('reason')}: {one_line(unplaceable.get('message'))}"
+        raise CliError(f"finetunejob {job['metadata']['name']} cannot run here: {said}", exit_code=CANNOT_RUN_HERE)
     return None
 
 
@@ -97,8 +112,13 @@ def run(args: argparse.Namespace) -> int:
         remaining = WATCH_WINDOW_SECONDS if deadline is None else deadline - time.monotonic()
         if remaining <= 0:
             printer.finish()
-            phase = (job.get("status") or {}).get("phase") or "Pending"
-            raise CliError(f"finetunejob {args.name} still {phase} after {args.timeout:g}s", exit_code=124)
+            status = job.get("status") or {}
+            why = one_line(status.get("message"))
+            raise CliError(
+                f"finetunejob {args.name} still {status.get('phase') or 'Pending'} after {args.timeout:g}s"
+                + (f": {why}" if why else ""),
+                exit_code=124,
+            )
         stream = watch.Watch()
         try:
             with kube.api_errors(cluster, f"finetunejob {args.name}"):

@@ -2,7 +2,7 @@
 
 Only package registries are reachable where this runs, so every component is built from the Go
 module proxy by the project's own wrappers in hack/k8s-build/ (or `go install`ed where its module
-has no replace lines: KWOK, Helm, Kueue, promtool). Kueue and promtool are optional: built the
+has no replace lines: KWOK, Helm, Kueue, promtool, MinIO). Kueue, promtool and MinIO are optional: built the
 first time they are needed (`ensure_component`), never by `up`; Kueue with the manifests it ships
 in its module copied beside the binary. The Prometheus Operator's CRDs are read from its
 module copy (`prometheus_operator_crd`), nothing built. A build happens once per version
@@ -10,18 +10,16 @@ module copy (`prometheus_operator_crd`), nothing built. A build happens once per
 half-written); `KUBEBUILDER_ASSETS`, when set, supplies any binary it holds instead.
 """
 
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cache import cache_lock
 from .layout import REPO_ROOT, Layout, binary_cache_root
 
 K8S_VERSION = "v1.34.4"
@@ -35,6 +33,12 @@ KUEUE_MODULE = "sigs.k8s.io/kueue"
 # Prometheus tags its Go module v0.<major><minor>.<patch>: v0.316.0 is Prometheus 3.16.0.
 PROMETHEUS_VERSION = "v0.316.0"
 PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
+# Optional: MinIO's server, the S3-compatible store the object-storage tests read models and data
+# from and copy outputs to (tests/fixtures/object_store.py). Its Go module has no release tags
+# (MinIO tags releases RELEASE.<date>, which Go does not read as versions): a pseudo-version,
+# the last commit of its repository, pinned here; its go.mod has no replace lines.
+MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
+MINIO_MODULE = "github.com/minio/minio"
 # The Prometheus Operator's CRDs (PrometheusRule, ServiceMonitor), read from its module copy:
 # the chart's monitoring objects are dry-run against them on the local API server.
 PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
@@ -84,8 +88,9 @@ HELM = Component("helm", HELM_VERSION, ("helm",))
 COMPONENTS = (KUBERNETES, ETCD, KWOK, HELM)
 KUEUE = Component("kueue", KUEUE_VERSION, ("kueue",), (KUEUE_MANIFESTS,))
 PROMTOOL = Component("promtool", PROMETHEUS_VERSION, ("promtool",))
+MINIO = Component("minio", MINIO_VERSION, ("minio",))
 # Built on demand only (ensure_component), never by `up`.
-OPTIONAL = (KUEUE, PROMTOOL)
+OPTIONAL = (KUEUE, PROMTOOL, MINIO)
 
 
 def _build_commands(component: Component, missing: tuple[str, ...], out: Path) -> tuple[list[str], Path]:
@@ -105,6 +110,8 @@ def _build_commands(component: Component, missing: tuple[str, ...], out: Path) -
         return ["go", "install", "-ldflags", flags, f"{KUEUE_MODULE}/cmd/kueue@{KUEUE_VERSION}"], out
     if component is PROMTOOL:
         return ["go", "install", "-ldflags", "-s -w", f"{PROMETHEUS_MODULE}/cmd/promtool@{PROMETHEUS_VERSION}"], out
+    if component is MINIO:
+        return ["go", "install", "-ldflags", "-s -w", f"{MINIO_MODULE}@{MINIO_VERSION}"], out
     raise ValueError(component.name)
 
 
@@ -138,15 +145,6 @@ def _copy_extras(component: Component, out: Path, env: dict[str, str]) -> None:
         for path in sorted((module / source).glob("*.yaml")):
             # The module cache is read-only: copy the bytes, not the mode.
             (target / path.name).write_bytes(path.read_bytes())
-
-
-@contextmanager
-def cache_lock(cache: Path) -> Iterator[None]:
-    """Two checkouts starting at once must not build the same thing twice on two cores."""
-    cache.mkdir(parents=True, exist_ok=True)
-    with (cache / ".build.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _assets_dir() -> Path | None:

@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cache import binary_cache_root  # noqa: F401 (where the cluster's binaries are, named here as well)
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # The nodes the agent owns; pods bound to them run as local processes. `local-0` takes any CPU
@@ -18,11 +20,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # pods of a multi-node job) land there and every other pod stays on `local-0`, as before.
 LOCAL_NODE = "local-0"
 LOCAL_NODES = (LOCAL_NODE, "local-1")
-
-
-def binary_cache_root() -> Path:
-    configured = os.environ.get("FINETUNE_CACHE")
-    return Path(configured) if configured else Path.home() / ".cache" / "finetune-operator"
 
 
 # Overrides where the state lives (tests start a second, throwaway cluster this way).

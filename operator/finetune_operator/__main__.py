@@ -14,62 +14,51 @@ from . import (
     log_levels,
 )
 from .memory import limit_malloc_arenas
-from .settings import LOG_FORMATS, LOG_LEVELS, Settings, SettingsError, check, from_env
+from .setting_parsers import SettingsError, boolean
+from .settings import SETTINGS, Settings, check, from_env
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """A flag for each setting of the table that has one (settings.SETTINGS); each takes the
+    text its variable would, read by the same parser once the flags are in."""
     parser = argparse.ArgumentParser(
         prog="python -m finetune_operator",
-        description="Run the FineTuneJob operator. Every flag has a FINETUNE_* environment variable.",
+        description="Run the FineTuneJob operator. Every flag has an environment variable.",
     )
+    # -A is the namespaces setting left empty: cluster-wide.
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
-        "-n",
-        "--namespace",
-        action="append",
-        dest="namespaces",
-        metavar="NS",
-        help="watch this namespace (repeatable); default: FINETUNE_NAMESPACES, else cluster-wide",
+        "-A", "--all-namespaces", dest="namespaces", action="store_const", const="", help="watch every namespace"
     )
-    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
-    parser.add_argument("--trainer-image", help="trainer image for jobs that name none")
-    parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0 = off)")
-    parser.add_argument("--health-port", type=int, help="liveness port, serves /healthz (0 = off)")
-    parser.add_argument(
-        "--leader-elect",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="run as one of several replicas: reconcile only while holding the Lease (FINETUNE_LEADER_ELECTION)",
-    )
-    parser.add_argument("--lease-name", help="the Lease's name (FINETUNE_LEASE_NAME)")
-    parser.add_argument(
-        "--lease-namespace", help="the Lease's namespace (FINETUNE_LEASE_NAMESPACE, else POD_NAMESPACE)"
-    )
-    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS)
-    parser.add_argument("--log-format", choices=LOG_FORMATS)
+    for row in SETTINGS.values():
+        if not row.flag:
+            continue
+        where = scope if row.name == "namespaces" else parser
+        variables = f"{row.env}, else {row.fallback}" if row.fallback else row.env
+        options: dict[str, Any] = {"dest": row.name, "help": f"{row.doc} ({variables})"}
+        if row.parse is boolean:
+            options.update(action=argparse.BooleanOptionalAction, default=None)
+        else:
+            options["metavar"] = row.flag[-1].lstrip("-").replace("-", "_").upper()
+        if row.repeated:
+            options["action"] = "append"
+        where.add_argument(*row.flag, **options)
     return parser
 
 
 def settings_from(args: argparse.Namespace, base: Settings) -> Settings:
+    """`base` (the environment's) with the flags given on top; a bad one names the flag."""
     updates: dict[str, Any] = {}
-    if args.all_namespaces:
-        updates["namespaces"] = ()
-    elif args.namespaces:
-        updates["namespaces"] = tuple(args.namespaces)
-    if args.leader_elect is not None:
-        updates["leader_election"] = args.leader_elect
-    for flag in (
-        "trainer_image",
-        "metrics_port",
-        "health_port",
-        "log_level",
-        "log_format",
-        "lease_name",
-        "lease_namespace",
-    ):
-        value = getattr(args, flag)
-        if value is not None:
-            updates[flag] = value
+    for row in SETTINGS.values():
+        value = getattr(args, row.name, None) if row.flag else None
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = str(value).lower()
+        elif isinstance(value, list):
+            value = ",".join(value)
+        if value or row.blank:
+            updates[row.name] = row.parse(row.flag[-1], value)
     return dataclasses.replace(base, **updates)
 
 

@@ -25,6 +25,10 @@ KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 # Set on the pod template of jobs that download from the Hugging Face Hub, and only those: their
 # pods are the ones whose own NetworkPolicy (builders/network.py) allows HTTPS egress.
 HUB_EGRESS_LABEL = f"{GROUP}/hub-egress"
+# Set on the pod template of the pods that reach an S3-compatible store, and only those: the
+# pre-flight and fetch of a job with an s3 source, the trainer of a job with output.s3. Their
+# namespace's NetworkPolicy `finetune-trainers-objects` lets them reach the chart's stores.
+OBJECT_EGRESS_LABEL = f"{GROUP}/object-egress"
 # Set on the pod template of the jobs whose pods' names another job's could have: every job of
 # several nodes ("<job>-<index>-xxxxx") and every job of one node whose name ends in "-<index>"
 # ("<name>-xxxxx" is then the pod of index <index> of the job named without it). The trainer-
@@ -69,3 +73,9 @@ def metadata(owner: Owner, name: str, component: str = COMPONENT_TRAINER, *, own
     if owned:
         meta["ownerReferences"] = [owner.reference()]
     return meta
+
+
+def owned_by(child: dict[str, Any], uid: str | None) -> bool:
+    """Whether `child`'s owner references name `uid` (a Job of this FineTuneJob, a pod of this Job)."""
+    refs = (child.get("metadata") or {}).get("ownerReferences") or []
+    return uid is not None and any(r.get("uid") == uid for r in refs)

@@ -16,19 +16,23 @@ from typing import Any
 from pydantic import ValidationError
 
 from finetune_api import images
-from finetune_api.contract import TERMINAL_PHASES
+from finetune_api.contract import TERMINAL_PHASES, uses_objects
 from finetune_api.problems import problems_from
+from finetune_api.quantities import to_bytes
 from finetune_api.spec import FineTuneJobSpec
-from finetune_plan.pod import memory_refusal, pod_plan
+from finetune_plan.nodes import NodeFacts, Nodes, Room
+from finetune_plan.pod import Verdict, pod_plan, verdict
 
-from . import guardrails, preflight, workloads
+from . import fetch_stage, guardrails, preflight, workloads
 from .builders import job as job_builder
 from .builders import multinode, network, rbac, serving
 from .builders import preflight as preflight_builder
 from .builders import pvc as pvc_builder
-from .children import Owner
+from .children import Owner, owned_by
+from .runtime.cache import Refusal
 from .settings import Settings
-from .status import (
+from .status.events import Transition
+from .status.observation import (
     EXCEEDS_LIMIT,
     IMAGE_NOT_ALLOWED,
     INVALID,
@@ -36,12 +40,10 @@ from .status import (
     REFUSALS,
     WONT_FIT,
     Observation,
-    Transition,
-    compute,
-    hand_over,
-    needs_patch,
-    status_patch,
 )
+from .status.patch import needs_patch, status_patch
+from .status.phase import compute, hand_over
+from .status.room import SCHEDULABLE
 
 Body = dict[str, Any]
 
@@ -57,16 +59,22 @@ class Observed:
     body: Body | None  # the FineTuneJob; None: it is gone
     job: Body | None = None  # the Job of the job's name, whoever owns it
     preflight: Body | None = None  # the pre-flight Job (builders/preflight.py), whoever owns it
+    fetch: Body | None = None  # the fetch Job of S3 objects (builders/objects.py), whoever owns it
+    # The object cache claim, read when a fetch is to be made (`claim_read`); None: there is none.
+    claim_read: bool = False
+    cache_claim: Body | None = None
     pods: Sequence[Body] = ()  # the pods labelled with the job's name (the Job's and the pre-flight's)
     workloads: Sequence[Body] = ()  # Kueue's Workloads of Jobs of that name
     # The "namespace/name" of our FineTuneJob behind each Job UID a Workload names as preemptor.
     preemptors: Mapping[str, str] = field(default_factory=dict)
     # The API server refused a child just now, saying this.
     rejected: str | None = None
-    # Nodes by their value of the GPU product label, listed when a pending timeout needs it
-    # (`nodes_listed`); None after a listing the API server refused.
-    nodes_listed: bool = False
-    node_values: Mapping[str, int] | None = None
+    # The GPU nodes (those with the product label), from the watch cache; None where they are
+    # not known (before their first list, or where the operator may not read Nodes).
+    nodes: tuple[NodeFacts, ...] | None = None
+    # The Job controller's last refusal to create a pod, by the UID of the Job it refused (the
+    # job's Job or its pre-flight Job): a ResourceQuota's words.
+    refusals: Mapping[str, Refusal] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,12 +87,14 @@ class Actions:
     # if it has one (its pod is the job's pod as far as the policies go: no pod of a job runs
     # unfenced; the namespace's policies come before either, identity.py).
     preflight: tuple[Body, ...] = ()
+    # The fetch Job (after the namespace's object cache claim, when it is made now).
+    fetch: tuple[Body, ...] = ()
+    read_claim: str | None = None  # read this object cache claim and decide again
     job_patch: Body | None = None  # fields of the live Job to change
     status_patch: Body | None = None  # a merge patch of the operator's status fields
-    events: tuple[Transition, ...] = ()  # after the status patch: Warnings only (status.transitions)
+    events: tuple[Transition, ...] = ()  # after the status patch: Warnings only (status.events.transitions)
     phase: str | None = None
-    list_nodes: bool = False  # list the nodes and decide again (guardrails.unschedulable_message)
-    hand_over: bool = False  # the status written would be a hand-over (status.hand_over): it may wait longer
+    hand_over: bool = False  # the status written would be a hand-over (status.phase.hand_over): it may wait longer
 
     @property
     def writes(self) -> bool:
@@ -112,7 +122,25 @@ def _inputs(
         check_job = preflight_builder.preflight_job(owner, spec, seen.settings)
         return Actions(preflight=(*network_children(owner, spec, seen.settings), check_job), phase=phase), None
     uid = (check.get("metadata") or {}).get("uid")
-    return None, preflight.verdict(seen.name, spec, check, [p for p in seen.pods if owned_by(p, uid)])
+    own = [p for p in seen.pods if owned_by(p, uid)]
+    said = preflight.verdict(seen.name, spec, check, own, refusal=refusal_of(seen, check, own))
+    if said.state == "passed" and uses_objects(spec):
+        step = fetch_stage.fetch(seen, owner, spec, phase, said.message)
+        if step.wait or step.read_claim or step.create:
+            return Actions(read_claim=step.read_claim, fetch=step.create, phase=phase), None
+        return None, step.verdict
+    return None, said
+
+
+def refusal_of(seen: Observed, job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """The Job controller's words on why it cannot create a pod of `job`, while no pod of it was
+    made since (a pod newer than the refusal means the quota let it through after all)."""
+    uid = ((job or {}).get("metadata") or {}).get("uid")
+    refused = seen.refusals.get(uid) if uid else None
+    if refused is None:
+        return None
+    newest = max((str((p.get("metadata") or {}).get("creationTimestamp") or "") for p in pods), default="")
+    return refused.message if newest < refused.time else None
 
 
 def parse_spec(body: Body) -> tuple[FineTuneJobSpec | None, str | None]:
@@ -184,11 +212,6 @@ def job_patch(job: Body, spec: FineTuneJobSpec, settings: Settings) -> Body:
     return patch
 
 
-def owned_by(child: Body, uid: str | None) -> bool:
-    refs = (child.get("metadata") or {}).get("ownerReferences") or []
-    return uid is not None and any(r.get("uid") == uid for r in refs)
-
-
 def namespace_refusal(namespace: str, settings: Settings) -> str | None:
     """Why the operator makes nothing in this namespace (the fence refuses its children there too)."""
     if namespace not in settings.excluded_namespaces:
@@ -199,11 +222,30 @@ def namespace_refusal(namespace: str, settings: Settings) -> str | None:
     )
 
 
+def nodes_of(seen: Observed) -> Nodes | None:
+    """The GPU nodes as the planner's verdict reads them, where the watch cache knows them."""
+    if seen.nodes is None:
+        return None
+    return Nodes(seen.nodes, "the cluster's nodes", label=seen.settings.gpu_product_label)
+
+
+def judge(spec: FineTuneJobSpec, seen: Observed) -> Verdict:
+    """The verdict `ftjob plan` gives on the same spec (finetune_plan.pod.verdict): the pod's plan
+    where the model is known by name, its memory limit as the Job will set it, and the nodes."""
+    settings = seen.settings
+    planned = pod_plan(spec, host_memory_per_gpu=settings.host_memory_for(spec.resources.gpu_product))
+    memory = job_builder.memory_limit(spec, settings, planned.host)
+    plan = planned.launch.plan if planned.launch is not None else None
+    return verdict(spec, plan, nodes_of(seen), to_bytes(memory) if memory else None)
+
+
 def _refused(spec: FineTuneJobSpec, current: Body, seen: Observed) -> tuple[str, str] | None:
     """(message, reason) of a refusal decided before any Job exists: a namespace the operator
-    never writes in, an image outside the allow-list, or `resources.memory` below what the pod's
-    plan needs. Checked before the first Job, and again for as long as the job stays Failed for
-    one of them (a job that ran is never failed by a narrower list)."""
+    never writes in, an image outside the allow-list, a job above the platform's limits, or one
+    that cannot fit its GPUs or its host memory (`judge`: WontFit, as `ftjob plan` refuses it).
+    Checked before the first Job, and again for as long as the job stays Failed for one of them
+    (a job that ran is never failed by a narrower list). The nodes' verdict is no refusal: nodes
+    may yet be added, so it is a warning the job waits under (`room_of`)."""
     conditions = current.get("conditions") or []
     failed_for_it = any(c.get("type") == "Failed" and c.get("reason") in REFUSALS for c in conditions)
     if current.get("phase") in TERMINAL_PHASES and not failed_for_it:
@@ -216,9 +258,23 @@ def _refused(spec: FineTuneJobSpec, current: Body, seen: Observed) -> tuple[str,
         return image, IMAGE_NOT_ALLOWED
     if (limit := guardrails.limit_refusal(spec, settings)) is not None:
         return limit, EXCEEDS_LIMIT
-    per_gpu = settings.host_memory_for(spec.resources.gpu_product)
-    memory = memory_refusal(spec, pod_plan(spec, host_memory_per_gpu=per_gpu).host)
-    return (memory, WONT_FIT) if memory is not None else None
+    said = judge(spec, seen)
+    return (said.message, WONT_FIT) if said.reason == WONT_FIT else None
+
+
+# Phases in which no pod of the job runs yet: whether any node can ever hold one is worth saying.
+WAITING_PHASES = frozenset({None, "Pending", "Queued", "Admitted"})
+
+
+def room_of(spec: FineTuneJobSpec, current: Mapping[str, Any], seen: Observed) -> Room | None:
+    """The nodes' verdict on a GPU job still waiting for its pods, or one that was warned (its
+    Schedulable condition False) until the warning is lifted; None where there is nothing to say."""
+    warned = any(c.get("type") == SCHEDULABLE and c.get("status") == "False" for c in current.get("conditions") or [])
+    if spec.resources.gpus < 1 or seen.nodes is None:
+        return None
+    if current.get("phase") not in WAITING_PHASES and not warned:
+        return None
+    return judge(spec, seen).room
 
 
 def _unschedulable(
@@ -240,9 +296,7 @@ def _unschedulable(
     # rest), and it would unsuspend a Job it admitted as soon as we suspended it.
     queued = spec.placement.queue_name is not None
     if message is None and not queued and guardrails.pending_too_long(pods, seen.now, seen.settings):
-        if not seen.nodes_listed:
-            return Actions(list_nodes=True, phase=current.get("phase")), None
-        message = guardrails.unschedulable_message(spec, pods, seen.node_values, seen.settings)
+        message = guardrails.unschedulable_message(spec, pods, seen.nodes, seen.settings)
     if message is not None and not (job.get("spec") or {}).get("suspend"):
         return Actions(job_patch={"suspend": True}, phase=current.get("phase")), None
     return None, message
@@ -262,8 +316,9 @@ def _admission(
     return admission, seen.preemptors.get(uid) if uid else None
 
 
-def _with_spec(observed: Observation, owner: Owner, spec: FineTuneJobSpec | None) -> Observation:
-    """What the status reads of the spec (none for a spec that did not parse)."""
+def _with_spec(observed: Observation, owner: Owner, spec: FineTuneJobSpec | None, seen: Observed) -> Observation:
+    """What the status reads of the spec (none for a spec that did not parse): the output, the
+    suspend and queue asks, the nodes' verdict on a job that waits, why its Job has no pod."""
     if spec is None:
         return observed
     return replace(
@@ -273,6 +328,8 @@ def _with_spec(observed: Observation, owner: Owner, spec: FineTuneJobSpec | None
         queued=bool(spec.placement.queue_name),
         queue_name=spec.placement.queue_name,
         nodes=spec.resources.nodes,
+        room=room_of(spec, observed.current, seen) if observed.invalid is None else None,
+        refusal=refusal_of(seen, observed.job, observed.pods) if observed.job is not None else None,
     )
 
 
@@ -327,6 +384,7 @@ def decide(seen: Observed) -> Actions:
                 return Actions(job_patch=patch, phase=current.get("phase"))
     admission, preemptor = _admission(seen, spec, job)
     observed = Observation(
+        inputs=fetch_stage.inputs_of(seen.pods),
         generation=int(meta.get("generation") or 0),
         now=seen.now,
         current=current,
@@ -338,7 +396,7 @@ def decide(seen: Observed) -> Actions:
         admission=admission,
         preemptor=preemptor,
     )
-    outcome = compute(_with_spec(observed, owner, spec))
+    outcome = compute(_with_spec(observed, owner, spec, seen))
     if not needs_patch(current, outcome.status):
         return Actions(phase=outcome.phase)
     return Actions(

@@ -8,10 +8,12 @@ value was asked for nor which ones the nodes carry.
 """
 
 import datetime
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from finetune_api.spec import FineTuneJobSpec
+from finetune_plan.nodes import NodeFacts
 
 from .settings import Settings
 
@@ -79,13 +81,14 @@ def _scheduler_said(pods: Sequence[Mapping[str, Any]]) -> str:
 
 
 def unschedulable_message(
-    spec: FineTuneJobSpec, pods: Sequence[Mapping[str, Any]], node_values: Mapping[str, int] | None, settings: Settings
+    spec: FineTuneJobSpec, pods: Sequence[Mapping[str, Any]], nodes: Sequence[NodeFacts] | None, settings: Settings
 ) -> str:
     """One line: which label value no node carries and the values nodes do carry; or, where the
-    product exists (or the job wants no GPU), the scheduler's own reason. `node_values` counts
-    nodes by their value of the GPU product label (None: the nodes could not be listed)."""
+    product exists (or the job wants no GPU), the scheduler's own reason. `nodes`: those with the
+    GPU product label (None: the nodes are not known)."""
     waited = f"pods unschedulable for over {settings.pending_timeout_seconds} s"
     label, product = settings.gpu_product_label, spec.resources.gpu_product
+    node_values = Counter(n.product for n in nodes) if nodes is not None else None
     if spec.resources.gpus > 0 and node_values is not None and product not in node_values:
         have = ", ".join(
             f"{value} x {count}" for value, count in sorted(node_values.items(), key=lambda i: (-i[1], i[0]))

@@ -31,18 +31,21 @@ from typing import Any
 
 import kopf
 
-from finetune_api.constants import GROUP, LABEL_JOB, PLURAL, VERSION
+from finetune_api.constants import GROUP, LABEL_JOB, LABEL_SERVER, PLURAL, SERVER_PLURAL, VERSION
+from finetune_api.contract import TERMINAL_PHASES
+from finetune_plan.nodes import facts
 
 from .kube import Body, Kube, describe_error, load_config
 from .metrics import Metrics
 from .reconcile import Reconciler
 from .runtime import streams
-from .runtime.cache import WatchCache
+from .runtime.cache import Refusal, WatchCache
 from .runtime.leader import LeaderElector
 from .runtime.pacing import WritePacer
 from .runtime.resync import resync_forever
 from .runtime.streams import OnEvent, OnRelist, Source, Stream
 from .runtime.workqueue import NEW, UPDATE, WorkQueue
+from .servers.reconcile import ServerReconciler
 from .settings import Settings, from_env
 from .workloads import owner_job_name
 
@@ -70,7 +73,9 @@ class Operator:
         self.reconciler = Reconciler(
             kube=kube, settings=settings, cache=self.cache, queue=self.queue, pacer=self.pacer, metrics=metrics
         )
-        self.streams = [*self._streams(kube, settings.namespaces)]
+        # ModelServers: a queue of their own, read straight from the API server (servers/).
+        self.servers = ServerReconciler(kube, settings)
+        self.streams = [*self._streams(kube, settings.namespaces), *self._server_streams(kube, settings.namespaces)]
         self.tasks: list[asyncio.Task[None]] = []
         self.elector = self._elector(kube, settings)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -86,7 +91,7 @@ class Operator:
         if not settings.leader_election or not settings.lease_namespace:
             return None
         # Unique per process, as client-go makes it: a restarted pod is a new candidate.
-        identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        identity = f"{settings.pod_name or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         return LeaderElector(
             kube,
             namespace=settings.lease_namespace,
@@ -114,12 +119,16 @@ class Operator:
     def _lead(self) -> None:
         self.metrics.leader.set(1)
         self.queue.start()
+        self.servers.queue.start()
         self.pacer.start()
         # What the watches brought while this replica waited, every job in the cache, goes round once.
         for namespace, name in self.cache.finetunejob_keys():
             body = self.cache.finetunejob(namespace, name)
             urgent = body is not None and self.reconciler.needs_job(namespace, name, body)
             self.reconciler.enqueue(namespace, name, NEW if urgent else UPDATE)
+        for namespace, names in list(self.servers.known.items()):
+            for name in sorted(names):
+                self.servers.enqueue(namespace, name)
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._start_tasks)
 
@@ -128,6 +137,8 @@ class Operator:
             self.settings.resync_seconds, self.pacer.creating, self.cache.finetunejob_keys, self.queue.add
         )
         self.tasks.append(asyncio.create_task(resync))
+        servers = resync_forever(self.settings.resync_seconds, lambda: False, self.servers.keys, self.servers.queue.add)
+        self.tasks.append(asyncio.create_task(servers))
         if self.settings.namespaces:
             # The namespaces are known up front: their trainer identity is made now, not in the
             # way of the first job (cluster-wide, a namespace's first job still makes it).
@@ -147,6 +158,7 @@ class Operator:
             stream.stop()
         if self.elector is not None:
             # Writes end before the Lease is given up, so the successor never overlaps them.
+            self.servers.queue.stop(DRAIN_S)
             self.queue.stop(DRAIN_S)
             self.elector.stop(release=True)
             self.metrics.leader.set(0)
@@ -195,13 +207,66 @@ class Operator:
             self.cache.put_workload(job, body)
         self._queue((body.get("metadata") or {}).get("namespace"), job)
 
+    def node_event(self, type: str, body: Body) -> None:
+        """A GPU node came, went or changed: every job not finished is judged again against the
+        nodes (finetune_plan.nodes), only when what a verdict reads changed."""
+        name = str((body.get("metadata") or {}).get("name") or "")
+        found = None if type == "DELETED" else facts(body, self.settings.gpu_product_label, self.settings.gpu_resource)
+        if self.cache.put_node(name, found):
+            self._judge_again()
+
+    def nodes_relisted(self, listed: list[Body], _version: str) -> None:
+        if self.cache.keep_listed_nodes({str((b.get("metadata") or {}).get("name")) for b in listed}):
+            self._judge_again()
+
+    def _judge_again(self) -> None:
+        for namespace, name in self.cache.finetunejob_keys():
+            body = self.cache.finetunejob(namespace, name) or {}
+            if (body.get("status") or {}).get("phase") not in TERMINAL_PHASES:
+                self._queue(namespace, name)
+
+    def refusal_event(self, type: str, body: Body) -> None:
+        """The Job controller could not create a pod of a Job: ours when the cache holds that Job
+        (our trainer Job, or a pre-flight Job) by its UID; its job is queued to say why it waits."""
+        involved = body.get("involvedObject") or {}
+        namespace, name, uid = involved.get("namespace"), involved.get("name"), involved.get("uid")
+        if type == "DELETED" or not (namespace and name and uid):
+            return
+        labels = self.cache.job_labels(namespace, name, uid)
+        if labels is None or not labels.get(LABEL_JOB):
+            return
+        meta = body.get("metadata") or {}
+        when = body.get("lastTimestamp") or body.get("eventTime") or meta.get("creationTimestamp") or ""
+        self.cache.put_refusal(namespace, name, Refusal(str(uid), str(when), str(body.get("message") or "")))
+        self._queue(namespace, labels[LABEL_JOB])
+
     def finetunejob_event(self, type: str | None, body: Body, namespace: str, name: str) -> None:
+        # A server of the namespace may name this job (its phase, its fingerprint, its being gone).
+        self.servers.job_changed(namespace)
         if type == "DELETED":
             self.reconciler.forget(namespace, name)
             return
         self.cache.put_finetunejob(body)
         urgent = self.reconciler.needs_job(namespace, name, body)
         self.reconciler.enqueue(namespace, name, NEW if urgent else UPDATE)
+
+    def server_event(self, type: str | None, namespace: str, name: str) -> None:
+        self.servers.seen(namespace, name, present=type != "DELETED")
+        if type != "DELETED":
+            self.servers.enqueue(namespace, name)
+
+    def server_child_event(self, _type: str, body: Body) -> None:
+        """A server's Deployment or pod changed: its server (the label) is reconciled."""
+        meta = body.get("metadata") or {}
+        server = (meta.get("labels") or {}).get(LABEL_SERVER)
+        if meta.get("namespace") and server:
+            self.servers.enqueue(str(meta["namespace"]), str(server))
+
+    def _server_streams(self, kube: Kube, namespaces: tuple[str, ...]) -> list[Stream]:
+        """Deployments and pods labelled with a server: each event queues that server. Nothing is
+        kept, so a relist has nothing to forget."""
+        sources = streams.server_sources(kube, namespaces, LABEL_SERVER)
+        return [Stream(source, self.server_child_event, _nothing_kept) for source in sources]
 
     def _relisted(self, keep: KeepListed, ns: str | None) -> OnRelist:
         def relisted(listed: list[Body], version: str) -> None:
@@ -217,7 +282,17 @@ class Operator:
             (pod_sources, self.pod_event, self.cache.keep_listed_pods),
             (streams.workload_sources(kube, namespaces), self.workload_event, self.cache.keep_listed_workloads),
         ]
-        return [Stream(s, on_event, self._relisted(keep, s.namespace)) for ss, on_event, keep in kinds for s in ss]
+        made = [Stream(s, on_event, self._relisted(keep, s.namespace)) for ss, on_event, keep in kinds for s in ss]
+        made += [
+            Stream(s, self.node_event, self.nodes_relisted)
+            for s in streams.node_sources(kube, self.settings.gpu_product_label)
+        ]
+        made += [Stream(s, self.refusal_event, _nothing_kept) for s in streams.refusal_sources(kube, namespaces)]
+        return made
+
+
+def _nothing_kept(_listed: list[Body], _version: str) -> None:
+    return None
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -288,3 +363,13 @@ async def finetunejob_event(
     operator: Operator | None = memo.get("operator")
     if operator is not None and namespace and name:
         operator.finetunejob_event(type, dict(body), namespace, name)
+
+
+@kopf.on.event(GROUP, VERSION, SERVER_PLURAL)
+async def modelserver_event(
+    type: str | None, name: str | None, namespace: str | None, memo: kopf.Memo, **_: Any
+) -> None:
+    """A ModelServer changed: queue it (servers/reconcile.py reads it afresh)."""
+    operator: Operator | None = memo.get("operator")
+    if operator is not None and namespace and name:
+        operator.server_event(type, namespace, name)

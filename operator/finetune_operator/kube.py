@@ -6,7 +6,6 @@ reads the same shapes in unit tests and in the cluster.
 
 import json
 import logging
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +13,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from finetune_api import contract
-from finetune_api.constants import GROUP, KIND, LABEL_JOB, PLURAL, VERSION
+from finetune_api.constants import GROUP, KIND, LABEL_JOB, PLURAL, SERVER_KIND, SERVER_PLURAL, VERSION
 
 from .metrics import Metrics
 
@@ -80,6 +79,7 @@ class Kube:
         self.custom = client.CustomObjectsApi(api)
         self.networking = client.NetworkingV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
+        self.apps = client.AppsV1Api(api)
         self._create: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
             "ServiceAccount": (self.core.create_namespaced_service_account, self.core.read_namespaced_service_account),
             "PersistentVolumeClaim": (
@@ -94,6 +94,7 @@ class Kube:
                 self.networking.create_namespaced_network_policy,
                 self.networking.read_namespaced_network_policy,
             ),
+            "Deployment": (self.apps.create_namespaced_deployment, self.apps.read_namespaced_deployment),
         }
 
     @staticmethod
@@ -145,6 +146,18 @@ class Kube:
                 return None
             raise
 
+    def get_claim(self, namespace: str, name: str) -> Body | None:
+        """A PersistentVolumeClaim (the object cache claim a job fetches into), or None."""
+        read = self.core.read_namespaced_persistent_volume_claim
+        try:
+            return self._plain(
+                self._call("get", "PersistentVolumeClaim", read, name, namespace, _preload_content=False)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def patch_job(self, namespace: str, name: str, patch: Body) -> Body:
         return self._plain(
             self._call("patch", "Job", self.batch.patch_namespaced_job, name, namespace, patch, _preload_content=False)
@@ -161,18 +174,6 @@ class Kube:
         )
         items: list[Body] = self._plain(pods).get("items") or []
         return items
-
-    def node_values(self, label: str) -> dict[str, int] | None:
-        """Nodes by their value of `label` (nodes without it left out); None where the operator
-        may not list nodes (namespaced mode grants nothing cluster-wide)."""
-        try:
-            nodes = self._call("list", "Node", self.core.list_node, label_selector=label, _preload_content=False)
-        except ApiException as exc:
-            if exc.status == 403:
-                return None
-            raise
-        values = [((n.get("metadata") or {}).get("labels") or {}).get(label) for n in self._plain(nodes)["items"]]
-        return dict(Counter(str(v) for v in values if v))
 
     def get_finetunejob(self, namespace: str, name: str) -> Body | None:
         try:
@@ -200,6 +201,71 @@ class Kube:
         )
         return result
 
+    # --- ModelServers (servers/): few, so read straight from the API server, never cached
+
+    def _get_or_none(self, kind: str, fn: Callable[..., Any], *args: Any) -> Body | None:
+        try:
+            return self._plain(self._call("get", kind, fn, *args, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def get_server(self, namespace: str, name: str) -> Body | None:
+        get = self.custom.get_namespaced_custom_object
+        return self._get_or_none(SERVER_KIND, get, GROUP, VERSION, namespace, SERVER_PLURAL, name)
+
+    def patch_server_status(self, namespace: str, name: str, patch: Body) -> Body:
+        result: Body = self._call(
+            "patch",
+            f"{SERVER_KIND}/status",
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            SERVER_PLURAL,
+            name,
+            {"status": patch},
+        )
+        return result
+
+    def get_deployment(self, namespace: str, name: str) -> Body | None:
+        return self._get_or_none("Deployment", self.apps.read_namespaced_deployment, name, namespace)
+
+    def apply_deployment(self, body: Body) -> Body:
+        """The Deployment as the operator would make it now, by server-side apply: the fields it
+        wrote and no longer writes go (a removed toleration), the others' stay (the controller's)."""
+        meta = body["metadata"]
+        try:
+            applied = self._call(
+                "patch",
+                "Deployment",
+                self.apps.patch_namespaced_deployment,
+                meta["name"],
+                meta["namespace"],
+                body,
+                field_manager=COMPONENT,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            if exc.status in (400, 422) or _webhook_denied(exc):
+                raise ChildRejected("Deployment", meta["name"], _api_message(exc)) from exc
+            raise
+        return self._plain(applied)
+
+    def claim_exists(self, namespace: str, name: str) -> bool:
+        read = self.core.read_namespaced_persistent_volume_claim
+        return self._get_or_none("PersistentVolumeClaim", read, name, namespace) is not None
+
+    def list_pods_labelled(self, namespace: str, selector: str) -> list[Body]:
+        pods = self._call(
+            "list", "Pod", self.core.list_namespaced_pod, namespace, label_selector=selector, _preload_content=False
+        )
+        items: list[Body] = self._plain(pods).get("items") or []
+        return items
+
     def post_event(self, owner: Body, type_: str, reason: str, message: str) -> None:
         meta = owner["metadata"]
         now = contract.now()
@@ -209,7 +275,7 @@ class Kube:
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": owner.get("apiVersion"),
-                "kind": KIND,
+                "kind": owner.get("kind") or KIND,
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "uid": meta["uid"],

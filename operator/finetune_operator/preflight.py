@@ -11,7 +11,8 @@ from typing import Any, Literal
 from finetune_api.contract import on_claims, preflight_job_name
 from finetune_api.spec import FineTuneJobSpec
 
-from .status import CHECKING_INPUTS, failed_pods, pod_failure
+from .status.observation import CHECKING_INPUTS
+from .status.pods import failed_pods, pod_failure, terminated
 
 # Reason and words of a job whose pre-flight Job is checking its inputs (phase Pending).
 CHECKING = CHECKING_INPUTS
@@ -39,13 +40,33 @@ def checking_message(job: str) -> str:
     return f"checking inputs: Job {preflight_job_name(job)} looks for the model and dataset on their claims"
 
 
-def verdict(name: str, spec: FineTuneJobSpec, job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> Verdict:
-    """The pre-flight Job's verdict; `pods` are its own (owned by it)."""
+def passed_message(pods: Sequence[Mapping[str, Any]]) -> str:
+    """The termination message of the pod that passed (what it listed, or fetched)."""
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") == "Succeeded":
+            ended = terminated(pod) or {}
+            return str(ended.get("message") or "")
+    return ""
+
+
+def verdict(
+    name: str,
+    spec: FineTuneJobSpec,
+    job: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    doing: str = "",
+    *,
+    refusal: str | None = None,
+) -> Verdict:
+    """The pre-flight Job's verdict (or the fetch Job's, `doing` what it is doing); `pods` are its
+    own (owned by it). A passed verdict's message is what its pod said. `refusal`: why the Job
+    controller cannot create its pod (a ResourceQuota's words), said while it checks."""
     if _condition(job, "Complete") is not None:
-        return Verdict("passed")
+        return Verdict("passed", message=passed_message(pods))
     failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
     if failed is None:
-        return Verdict("checking", CHECKING, checking_message(name))
+        waiting = f"; its pod cannot be created: {refusal}" if refusal else ""
+        return Verdict("checking", CHECKING, (doing or checking_message(name)) + waiting)
     ended = failed_pods(pods)
     said = pod_failure(ended[-1]) if ended else None
     if said is not None and said.reason and said.reason != "OOMKilled":

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 # What a reconcile meets when the API server is away or busy: retried, never a crash.
 TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError)
-# Create (or list the nodes), then patch the Job, then write: no reconcile needs more decisions.
+# Create, then patch the Job, then write: no reconcile needs more decisions.
 MAX_DECISIONS = 4
 
 Key = tuple[str, str]
@@ -113,6 +113,7 @@ class Reconciler:
         # The pre-flight Job matters only until the Job exists (decide._inputs).
         check_name = contract.preflight_job_name(name)
         check = self.cache.job(namespace, check_name) if job is None else None
+        fetch = self.cache.job(namespace, contract.fetch_job_name(name)) if check is not None else None
         pods = self.cache.pods(namespace, name) if job is not None or check is not None else []
         status = (body or {}).get("status") or {}
         if job is None and status and status.get("phase") not in contract.TERMINAL_PHASES:
@@ -123,11 +124,16 @@ class Reconciler:
                 check = self.kube.get_job(namespace, check_name)
                 if check is not None:
                     self.cache.put_job(check)
+            if job is None and check is not None and fetch is None:
+                fetch = self.kube.get_job(namespace, contract.fetch_job_name(name))
+                if fetch is not None:
+                    self.cache.put_job(fetch)
             if job is not None:
                 self.cache.put_job(job)
             if job is not None or check is not None:
                 pods = self._list_pods(namespace, name)
         found = self.cache.workloads(namespace, name) if job is not None else []
+        refusals = {r.uid: r for r in (self.cache.refusal(job), self.cache.refusal(check)) if r is not None}
         return Observed(
             namespace=namespace,
             name=name,
@@ -136,9 +142,12 @@ class Reconciler:
             body=body,
             job=job,
             preflight=check,
+            fetch=fetch,
             pods=pods,
             workloads=found,
             preemptors=self._preemptors(found),
+            nodes=self.cache.nodes(),
+            refusals=refusals,
         )
 
     def _preemptors(self, found: list[Body]) -> dict[str, str]:
@@ -195,9 +204,22 @@ class Reconciler:
                     return actions.phase
                 seen = dataclasses.replace(seen, preflight=check, pods=self._list_pods(namespace, name))
                 continue
-            if actions.list_nodes:
-                values = self.kube.node_values(self.settings.gpu_product_label)
-                seen = dataclasses.replace(seen, nodes_listed=True, node_values=values)
+            if actions.fetch:
+                try:
+                    fetch, created = self._create_children(namespace, name, actions.fetch)
+                except ChildRejected as exc:
+                    seen = dataclasses.replace(seen, rejected=str(exc))
+                    continue
+                self.cache.put_job(fetch)
+                if created:
+                    self.pacer.created()
+                    self.enqueue(namespace, name, UPDATE)
+                    return actions.phase
+                seen = dataclasses.replace(seen, fetch=fetch, pods=self._list_pods(namespace, name))
+                continue
+            if actions.read_claim:
+                claim = self.kube.get_claim(namespace, actions.read_claim)
+                seen = dataclasses.replace(seen, claim_read=True, cache_claim=claim)
                 continue
             if actions.job_patch:
                 job = self.kube.patch_job(namespace, name, {"spec": actions.job_patch})

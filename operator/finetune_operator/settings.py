@@ -1,173 +1,308 @@
-"""Operator settings: what the platform team decides once (the chart sets them as env vars).
+"""Operator settings: what the platform team decides once, each declared once, in `Settings`.
 
-Every setting has an environment variable (the Helm chart's values feed them) and most have a
-command-line flag that wins over it. A bad value stops the operator with one line naming the
-variable, never a traceback.
+Each field of `Settings` that is a setting is declared with `setting(...)`: its environment
+variable, its parser (setting_parsers.py), its default, a line saying what it is, the chart
+values that feed the variable and its command-line flag, if it has one. `SETTINGS` is that table
+read back from the class, by field. From it follow the environment (`from_env`), the flags
+(__main__.py: a flag wins over its variable) and the chart's wiring: the chart's Deployment
+passes exactly the table's variables from the values it names, and values.yaml and
+values.schema.json document each (tests/chart/test_settings_table.py holds the chart to the
+table). A bad value stops the operator with one line naming the variable or flag, never a
+traceback.
 """
 
-import json
 import os
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Any, TypeVar, cast
 
 from finetune_api import images
-from finetune_api.base import LABEL_KEY_PATTERN, QUANTITY_PATTERN
-from finetune_api.constants import DEFAULT_IMAGE
-from finetune_api.contract import HUB_ENDPOINT_ENV
+from finetune_api.constants import DEFAULT_IMAGE, DEFAULT_SERVING_IMAGE
 from finetune_api.quantities import to_bytes
-from finetune_plan.gpu_products import known_names, lookup
+from finetune_plan.gpu_products import lookup
 
+from . import setting_parsers as p
 from .runtime.leader import LeaseTimings
+from .setting_parsers import SYSTEM_NAMESPACES, Parser, SettingsError, TrainerNetwork
 
-DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
-    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-)
-
-# Environment variables, one per setting; the chart writes exactly these names.
-ENV_TRAINER_IMAGE = "FINETUNE_TRAINER_IMAGE"
-ENV_IMAGE_PULL_POLICY = "FINETUNE_IMAGE_PULL_POLICY"
-ENV_GPU_PRODUCT_LABEL = "FINETUNE_GPU_PRODUCT_LABEL"
-ENV_GPU_RESOURCE = "FINETUNE_GPU_RESOURCE"
-ENV_GPU_TOLERATIONS = "FINETUNE_GPU_TOLERATIONS"
-ENV_HOST_MEMORY_PER_GPU = "FINETUNE_HOST_MEMORY_PER_GPU"
-ENV_DEFAULT_CPU = "FINETUNE_DEFAULT_CPU"
-ENV_DEFAULT_MEMORY = "FINETUNE_DEFAULT_MEMORY"
-ENV_SHM_SIZE = "FINETUNE_SHM_SIZE"
-ENV_TRAINER_UID = "FINETUNE_TRAINER_UID"
-ENV_NAMESPACES = "FINETUNE_NAMESPACES"
-ENV_METRICS_PORT = "FINETUNE_METRICS_PORT"
-ENV_HEALTH_PORT = "FINETUNE_HEALTH_PORT"
-# The address the health and metrics servers listen on: all by default. Replicas that share one
-# network namespace (the local cluster's node agent runs pods as host processes) each listen on
-# their pod's own address instead (`status.podIP`), so their ports do not collide.
-ENV_LISTEN_ADDRESS = "FINETUNE_LISTEN_ADDRESS"
-ENV_LOG_LEVEL = "FINETUNE_LOG_LEVEL"
-ENV_LOG_FORMAT = "FINETUNE_LOG_FORMAT"
-ENV_RESYNC_SECONDS = "FINETUNE_RESYNC_SECONDS"
-ENV_STATUS_COALESCE = "FINETUNE_STATUS_COALESCE_SECONDS"
-ENV_ALLOWED_IMAGES = "FINETUNE_ALLOWED_IMAGES"
-ENV_TMP_SIZE = "FINETUNE_TMP_SIZE"
-ENV_EPHEMERAL_STORAGE_REQUEST = "FINETUNE_EPHEMERAL_STORAGE_REQUEST"
-ENV_SHM_MEMORY_FRACTION = "FINETUNE_SHM_MEMORY_FRACTION"
-ENV_HUB_ENV = "FINETUNE_HUB_ENV"
-ENV_EXCLUDED_NAMESPACES = "FINETUNE_EXCLUDED_NAMESPACES"
-ENV_MAX_GPUS_PER_JOB = "FINETUNE_MAX_GPUS_PER_JOB"
-ENV_MAX_NODES_PER_JOB = "FINETUNE_MAX_NODES_PER_JOB"
-ENV_DEFAULT_ACTIVE_DEADLINE = "FINETUNE_DEFAULT_ACTIVE_DEADLINE_SECONDS"
-ENV_PENDING_TIMEOUT = "FINETUNE_PENDING_TIMEOUT_SECONDS"
-# The trainers' NetworkPolicy rules (trainer.networkPolicy), as the chart renders them; empty or
-# unset: the operator makes no NetworkPolicy (clusters without a NetworkPolicy controller).
-ENV_TRAINER_NETWORK = "FINETUNE_TRAINER_NETWORK"
-ENV_PREFLIGHT = "FINETUNE_PREFLIGHT"
-ENV_PREFLIGHT_CPU = "FINETUNE_PREFLIGHT_CPU"
-ENV_PREFLIGHT_MEMORY = "FINETUNE_PREFLIGHT_MEMORY"
-# Leader election (runtime/leader.py): off for a lone process; the chart turns it on for its replicas.
-ENV_LEADER_ELECTION = "FINETUNE_LEADER_ELECTION"
-ENV_LEASE_NAME = "FINETUNE_LEASE_NAME"
-# The Lease's namespace: the operator's own (the chart's POD_NAMESPACE when unset).
-ENV_LEASE_NAMESPACE = "FINETUNE_LEASE_NAMESPACE"
-ENV_POD_NAMESPACE = "POD_NAMESPACE"
-ENV_LEASE_DURATION = "FINETUNE_LEASE_DURATION_SECONDS"
-ENV_LEASE_RENEW_DEADLINE = "FINETUNE_LEASE_RENEW_DEADLINE_SECONDS"
-ENV_LEASE_RETRY_PERIOD = "FINETUNE_LEASE_RETRY_PERIOD_SECONDS"
-# Namespaces the operator never writes in, whatever the chart adds (it adds its own namespace).
-SYSTEM_NAMESPACES: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
-# Test hook only (acceptance: operator killed between two creates). Names the child kind after
-# whose creation the process exits hard, e.g. "Job". Never set it in production.
-ENV_CRASH_AFTER = "FINETUNE_TEST_CRASH_AFTER"
-
+T = TypeVar("T")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("json", "text")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
-_LABEL_KEY = re.compile(LABEL_KEY_PATTERN)
-_QUANTITY = re.compile(QUANTITY_PATTERN)
-
-
-class SettingsError(ValueError):
-    """One line naming the setting and what is wrong with it."""
+DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+)
+_ROW = "setting"  # the key of a setting's row in its field's metadata
 
 
 @dataclass(frozen=True)
-class TrainerNetwork:
-    """The egress every trainer gets, from the chart (`trainer.networkPolicy`), rule for rule.
+class Setting:
+    """One row of the table: where a setting comes from and how its text is read."""
 
-    The chart renders these rules once, for the operator (FINETUNE_TRAINER_NETWORK) and for the
-    fence, which admits a job's NetworkPolicy only with these rules; builders/network.py copies
-    them unchanged into each job's policy.
-    """
+    env: str
+    parse: Parser
+    doc: str
+    # The chart values (paths in values.yaml) the chart's Deployment feeds `env` from; () when
+    # the chart does not set it from values.
+    chart: tuple[str, ...] = ()
+    # Its command-line option strings, e.g. ("-n", "--namespace"); () when it has none.
+    flag: tuple[str, ...] = ()
+    # An empty value is a value (parsed), not the default: the chart writes "" for "none".
+    blank: bool = False
+    # A variable read when `env` is unset or empty (the chart sets it from the downward API).
+    fallback: str | None = None
+    # The flag may be given more than once; its values are joined by commas.
+    repeated: bool = False
+    # The Settings field: filled in from the class.
+    name: str = ""
 
-    # NetworkPolicyEgressRule objects every trainer gets: the API server, DNS, `extraEgress`.
-    egress: tuple[dict[str, Any], ...]
-    # The HTTPS rule of jobs that download from the Hub (`hubEgress`); None when it is off.
-    hub_egress: dict[str, Any] | None
-    # NetworkPolicyPort objects a multi-node job's pods open to each other, and only to each other:
-    # the rendezvous port and the collectives' range.
-    peer_ports: tuple[dict[str, Any], ...]
+
+def setting(
+    default: T,
+    env: str,
+    parse: Parser,
+    doc: str,
+    *,
+    chart: str | tuple[str, ...] = (),
+    flag: str | tuple[str, ...] = (),
+    blank: bool = False,
+    fallback: str | None = None,
+    repeated: bool = False,
+) -> T:
+    """A field of Settings that is a setting (typed as its value, as dataclasses.field is). A
+    mutable default (a dict) is copied for each Settings."""
+    row = Setting(
+        env=env,
+        parse=parse,
+        doc=doc,
+        chart=(chart,) if isinstance(chart, str) else chart,
+        flag=(flag,) if isinstance(flag, str) else flag,
+        blank=blank,
+        fallback=fallback,
+        repeated=repeated,
+    )
+    metadata = {_ROW: row}
+    if isinstance(default, dict):
+        made: Any = field(default_factory=lambda: dict(default), metadata=metadata)
+    else:
+        made = field(default=default, metadata=metadata)
+    return cast(T, made)
 
 
 @dataclass(frozen=True)
 class Settings:
-    trainer_image: str = DEFAULT_IMAGE
-    image_pull_policy: str = "IfNotPresent"
-    gpu_product_label: str = "nvidia.com/gpu.product"
-    gpu_resource: str = "nvidia.com/gpu"
-    gpu_tolerations: tuple[dict[str, Any], ...] = DEFAULT_GPU_TOLERATIONS
-    # Host memory a node offers a trainer pod per GPU, by product (`trainer.gpu.hostMemoryPerGpu`);
-    # a product not named here gets the planner's default (`GpuProduct.host_memory_gib`).
-    host_memory_per_gpu: Mapping[str, str] = field(default_factory=dict)
-    default_cpu: str | None = None
-    default_memory: str | None = None
-    shm_size: str = "8Gi"
+    """The table of settings (`setting(default, variable, parser, doc, ...)` each), and the few
+    fields that are no setting of their own."""
+
+    # One setting a row or two, as a table reads: the formatter would spread each over eight.
+    # fmt: off
+
+    trainer_image: str = setting(
+        DEFAULT_IMAGE, "FINETUNE_TRAINER_IMAGE", p.text, "trainer image for jobs that name none",
+        chart="trainer.image", flag="--trainer-image",
+    )
+    image_pull_policy: str = setting(
+        "IfNotPresent", "FINETUNE_IMAGE_PULL_POLICY", p.choice(PULL_POLICIES), "pull policy of trainer containers",
+        chart="trainer.imagePullPolicy",
+    )
+    gpu_product_label: str = setting(
+        "nvidia.com/gpu.product", "FINETUNE_GPU_PRODUCT_LABEL", p.label_key, "node label that holds the GPU product",
+        chart="trainer.gpu.productLabelKey",
+    )
+    gpu_resource: str = setting(
+        "nvidia.com/gpu", "FINETUNE_GPU_RESOURCE", p.text, "extended resource name of a GPU",
+        chart="trainer.gpu.resourceName",
+    )
+    gpu_tolerations: tuple[dict[str, Any], ...] = setting(
+        DEFAULT_GPU_TOLERATIONS, "FINETUNE_GPU_TOLERATIONS", p.tolerations, "tolerations of every GPU trainer pod",
+        chart="trainer.gpu.tolerations", blank=True,
+    )
+    # A product not named here gets the planner's default (`GpuProduct.host_memory_gib`).
+    host_memory_per_gpu: Mapping[str, str] = setting(
+        {}, "FINETUNE_HOST_MEMORY_PER_GPU", p.host_memory_per_gpu, "host memory a node offers per GPU, by product",
+        chart="trainer.gpu.hostMemoryPerGpu",
+    )
+    default_cpu: str | None = setting(
+        None, "FINETUNE_DEFAULT_CPU", p.quantity, "CPU of a trainer pod whose spec sets none",
+        chart="trainer.defaultResources.cpu", blank=True,
+    )
+    default_memory: str | None = setting(
+        None, "FINETUNE_DEFAULT_MEMORY", p.quantity, "memory of a trainer pod whose spec sets none",
+        chart="trainer.defaultResources.memory", blank=True,
+    )
+    shm_size: str = setting(
+        "8Gi", "FINETUNE_SHM_SIZE", p.quantity, "size of a trainer pod's memory-backed /dev/shm",
+        chart="trainer.shmSize",
+    )
     # /dev/shm is memory: it may take at most this share of the pod's memory limit, so that a
     # full /dev/shm is an error in the trainer, not an OOM kill of the whole pod.
-    shm_memory_fraction: float = 0.5
+    shm_memory_fraction: float = setting(
+        0.5, "FINETUNE_SHM_MEMORY_FRACTION", p.fraction, "largest share of a pod's memory limit /dev/shm takes",
+        chart="trainer.shmMemoryFraction",
+    )
     # The trainer's /tmp (its HOME: library caches) is capped, and the pod asks for disk.
-    tmp_size: str = "8Gi"
-    ephemeral_storage_request: str = "1Gi"
-    # Patterns of the images jobs may run (images.py); the default image must be one of them.
-    allowed_images: tuple[str, ...] = images.DEFAULT_ALLOWED_IMAGES
-    trainer_uid: int = 1000
-    # HF_ENDPOINT and proxy variables of Hub jobs; the fence admits them at these values only.
-    hub_env: Mapping[str, str] = field(default_factory=dict)
+    tmp_size: str = setting(
+        "8Gi", "FINETUNE_TMP_SIZE", p.quantity, "size limit of a trainer pod's /tmp", chart="trainer.tmpSize"
+    )
+    ephemeral_storage_request: str = setting(
+        "1Gi", "FINETUNE_EPHEMERAL_STORAGE_REQUEST", p.quantity, "ephemeral storage a trainer pod requests",
+        chart="trainer.ephemeralStorageRequest",
+    )
+    # The default image must be one of these (check).
+    allowed_images: tuple[str, ...] = setting(
+        images.DEFAULT_ALLOWED_IMAGES, "FINETUNE_ALLOWED_IMAGES", p.allowed_images, "images jobs may run (patterns)",
+        chart="trainer.allowedImages",
+    )
+    # ModelServers (servers/): their llama-server image and the images they may run.
+    serving_image: str = setting(
+        DEFAULT_SERVING_IMAGE, "FINETUNE_SERVING_IMAGE", p.text, "serving image for ModelServers that name none",
+        chart="serving.image",
+    )
+    allowed_serving_images: tuple[str, ...] = setting(
+        images.DEFAULT_ALLOWED_SERVING_IMAGES, "FINETUNE_ALLOWED_SERVING_IMAGES", p.allowed_images,
+        "images ModelServers may run (patterns)", chart="serving.allowedImages",
+    )
+    trainer_uid: int = setting(
+        1000, "FINETUNE_TRAINER_UID", p.user_id, "user and group id trainer pods run as", chart="trainer.uid"
+    )
+    # The fence admits these variables at these values only.
+    hub_env: Mapping[str, str] = setting(
+        {}, "FINETUNE_HUB_ENV", p.hub_env, "HF_ENDPOINT and proxy variables of Hub jobs", chart="trainer.hubEnv"
+    )
     # A FineTuneJob in one of these ends Failed (NamespaceNotAllowed); the fence refuses its children.
-    excluded_namespaces: tuple[str, ...] = SYSTEM_NAMESPACES
-    namespaces: tuple[str, ...] = field(default_factory=tuple)
+    excluded_namespaces: tuple[str, ...] = setting(
+        SYSTEM_NAMESPACES, "FINETUNE_EXCLUDED_NAMESPACES", p.excluded_namespaces,
+        "namespaces the operator never writes in, besides the system ones",
+        chart="watch.excludedNamespaces", blank=True,
+    )
+    namespaces: tuple[str, ...] = setting(
+        (), "FINETUNE_NAMESPACES", p.namespaces, "watch this namespace (repeatable); none: cluster-wide",
+        chart=("watch.mode", "watch.namespaces"), flag=("-n", "--namespace"), blank=True, repeated=True,
+    )
     # Guardrails of the platform team (None: no limit). A job above a limit ends Failed before
     # any child exists; one whose pods stay unschedulable this long ends Failed (Unschedulable).
-    max_gpus_per_job: int | None = None
-    max_nodes_per_job: int | None = None
-    default_active_deadline_seconds: int | None = None
-    pending_timeout_seconds: int | None = None
+    max_gpus_per_job: int | None = setting(
+        None, "FINETUNE_MAX_GPUS_PER_JOB", p.limit, "most GPUs one job may use (0: no limit)",
+        chart="guardrails.maxGpusPerJob",
+    )
+    max_nodes_per_job: int | None = setting(
+        None, "FINETUNE_MAX_NODES_PER_JOB", p.limit, "most nodes one job may use (0: no limit)",
+        chart="guardrails.maxNodesPerJob",
+    )
+    default_active_deadline_seconds: int | None = setting(
+        None, "FINETUNE_DEFAULT_ACTIVE_DEADLINE_SECONDS", p.limit, "activeDeadlineSeconds of jobs that set none",
+        chart="guardrails.defaultActiveDeadlineSeconds",
+    )
+    pending_timeout_seconds: int | None = setting(
+        None, "FINETUNE_PENDING_TIMEOUT_SECONDS", p.limit, "seconds a job may stay unschedulable (0: forever)",
+        chart="guardrails.pendingTimeoutSeconds",
+    )
     # None: no per-job NetworkPolicy (the chart's trainer.networkPolicy.enabled false).
-    trainer_network: TrainerNetwork | None = None
+    trainer_network: TrainerNetwork | None = setting(
+        None, "FINETUNE_TRAINER_NETWORK", p.trainer_network, "the trainers' NetworkPolicy rules, rendered",
+        chart="trainer.networkPolicy", blank=True,
+    )
     # The pre-flight Job (builders/preflight.py): its CPU pod checks a job's claims before the GPU
     # Job exists. Its memory holds the tokenizer and the dataset's records while they are checked.
-    preflight: bool = True
-    preflight_cpu: str = "1"
-    preflight_memory: str = "2Gi"
+    preflight: bool = setting(
+        True, "FINETUNE_PREFLIGHT", p.boolean, "check a job's inputs before its GPU Job", chart="preflight.enabled"
+    )
+    preflight_cpu: str = setting(
+        "1", "FINETUNE_PREFLIGHT_CPU", p.quantity, "CPU of the input check's pod", chart="preflight.cpu"
+    )
+    preflight_memory: str = setting(
+        "2Gi", "FINETUNE_PREFLIGHT_MEMORY", p.quantity, "memory of the input check's pod", chart="preflight.memory"
+    )
     preflight_deadline_seconds: int = 600
-    metrics_port: int = 8000
-    health_port: int = 8080
-    listen_address: str = "0.0.0.0"
-    log_level: str = "INFO"
-    log_format: str = "json"
-    resync_seconds: float = 30.0
+    # The namespace's object cache claim (builders/objects.py), made for jobs that name none.
+    object_cache_access_mode: str = setting(
+        "ReadWriteMany", "FINETUNE_OBJECT_CACHE_ACCESS_MODE",
+        p.choice(("ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod")),
+        "access mode of the namespace's object cache claim", chart="objectCache.accessMode",
+    )
+    object_cache_storage_class: str = setting(
+        "", "FINETUNE_OBJECT_CACHE_STORAGE_CLASS", p.text, "StorageClass of the namespace's object cache claim",
+        chart="objectCache.storageClassName", blank=True,
+    )
+    object_cache_least: str = setting(
+        "10Gi", "FINETUNE_OBJECT_CACHE_LEAST", p.quantity, "the least size of the namespace's object cache claim",
+        chart="objectCache.leastSize",
+    )
+    metrics_port: int = setting(
+        8000, "FINETUNE_METRICS_PORT", p.port, "Prometheus metrics port (0 = off)",
+        chart="metrics.port", flag="--metrics-port",
+    )
+    health_port: int = setting(
+        8080, "FINETUNE_HEALTH_PORT", p.port, "liveness port, serves /healthz (0 = off)",
+        chart="health.port", flag="--health-port",
+    )
+    # Replicas that share one network namespace (the local cluster's node agent runs pods as host
+    # processes) each listen on their pod's own address (`status.podIP`), so their ports do not collide.
+    listen_address: str = setting(
+        "0.0.0.0", "FINETUNE_LISTEN_ADDRESS", p.text, "address the health and metrics servers listen on"
+    )
+    log_level: str = setting(
+        "INFO", "FINETUNE_LOG_LEVEL", p.choice(LOG_LEVELS, upper=True), "log level: DEBUG, INFO, WARNING or ERROR",
+        chart="logLevel", flag="--log-level",
+    )
+    log_format: str = setting(
+        "json", "FINETUNE_LOG_FORMAT", p.choice(LOG_FORMATS), "log format: json (one object a line) or text",
+        chart="logFormat", flag="--log-format",
+    )
+    resync_seconds: float = setting(
+        30.0, "FINETUNE_RESYNC_SECONDS", p.seconds, "seconds between re-checks of every job", chart="resyncSeconds"
+    )
     # A job's status changes short of Succeeded or Failed wait until what the user would read has
     # stood unchanged this many seconds (at most four times that), then the newest state is
     # written once (runtime/coalesce.py); a terminal phase is written at once. 0: every change at once.
-    status_coalesce_seconds: float = 5.0
+    status_coalesce_seconds: float = setting(
+        5.0, "FINETUNE_STATUS_COALESCE_SECONDS", p.seconds_within(0, 300), "seconds a status change waits to stand",
+        chart="statusCoalesceSeconds",
+    )
     # Several replicas, one leader: only the holder of the Lease reconciles and writes.
-    leader_election: bool = False
-    lease_name: str = "finetune-operator"
-    lease_namespace: str | None = None
-    lease_timings: LeaseTimings = field(default_factory=LeaseTimings)
-    crash_after: str | None = None
+    leader_election: bool = setting(
+        False, "FINETUNE_LEADER_ELECTION", p.boolean, "reconcile only while holding the Lease",
+        chart="leaderElection.enabled", flag="--leader-elect",
+    )
+    lease_name: str = setting(
+        "finetune-operator", "FINETUNE_LEASE_NAME", p.text, "the Lease's name",
+        chart="leaderElection.leaseName", flag="--lease-name",
+    )
+    # The operator's own namespace, from the chart's downward API, when no other is named.
+    lease_namespace: str | None = setting(
+        None, "FINETUNE_LEASE_NAMESPACE", p.text, "the Lease's namespace",
+        flag="--lease-namespace", fallback="POD_NAMESPACE",
+    )
+    lease_duration_seconds: float = setting(
+        LeaseTimings.lease_duration_s, "FINETUNE_LEASE_DURATION_SECONDS", p.seconds,
+        "seconds a standby waits on the Lease's last change before it takes the Lease",
+        chart="leaderElection.leaseDuration",
+    )
+    lease_renew_deadline_seconds: float = setting(
+        LeaseTimings.renew_deadline_s, "FINETUNE_LEASE_RENEW_DEADLINE_SECONDS", p.seconds,
+        "seconds a leader tries to renew before it stops", chart="leaderElection.renewDeadline",
+    )
+    lease_retry_period_seconds: float = setting(
+        LeaseTimings.retry_period_s, "FINETUNE_LEASE_RETRY_PERIOD_SECONDS", p.seconds,
+        "seconds between tries to take or renew the Lease", chart="leaderElection.retryPeriod",
+    )
+    # The chart passes the pod's name from the downward API; it starts the leader's identity.
+    pod_name: str | None = setting(None, "POD_NAME", p.text, "the operator pod's name")
+    # Test hook only (acceptance: operator killed between two creates). Names the child kind after
+    # whose creation the process exits hard, e.g. "Job". Never set it in production.
+    crash_after: str | None = setting(None, "FINETUNE_TEST_CRASH_AFTER", p.text, "test hook: exit after this create")
+    # fmt: on
 
     @property
     def clusterwide(self) -> bool:
         return not self.namespaces
+
+    @property
+    def lease_timings(self) -> LeaseTimings:
+        return LeaseTimings(
+            self.lease_duration_seconds, self.lease_renew_deadline_seconds, self.lease_retry_period_seconds
+        )
 
     def host_memory_for(self, product: str) -> int | None:
         """Bytes a node of `product` offers a pod per GPU, where the chart names the product."""
@@ -178,270 +313,49 @@ class Settings:
         return None
 
 
-def _port(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}: expected a port number, got {raw!r}") from None
-    if not 0 <= value <= 65535:
-        raise SettingsError(f"{name}: port {value} is outside 0-65535")
-    return value
+# The table, by field, in the order of the class.
+SETTINGS: Mapping[str, Setting] = MappingProxyType(
+    {f.name: replace(f.metadata[_ROW], name=f.name) for f in fields(Settings) if _ROW in f.metadata}
+)
 
 
-def _choice(name: str, raw: str, choices: tuple[str, ...], *, upper: bool = False) -> str:
-    value = raw.upper() if upper else raw
-    if value not in choices:
-        raise SettingsError(f"{name}: expected one of {', '.join(choices)}, got {raw!r}")
-    return value
-
-
-def _quantity(name: str, raw: str) -> str | None:
-    if not raw:
-        return None
-    if not _QUANTITY.match(raw):
-        raise SettingsError(f"{name}: {raw!r} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)")
-    return raw
-
-
-def _tolerations(name: str, raw: str) -> tuple[dict[str, Any], ...]:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SettingsError(f"{name}: not JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        raise SettingsError(f"{name}: expected a JSON list of toleration objects")
-    return tuple(value)
-
-
-def _allowed_images(name: str, raw: str) -> tuple[str, ...]:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SettingsError(f"{name}: not JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(value, list) or not value or not all(isinstance(p, str) for p in value):
-        raise SettingsError(f"{name}: expected a non-empty JSON list of image patterns")
-    for pattern in value:
-        if problem := images.pattern_problem(pattern):
-            raise SettingsError(f"{name}: pattern {pattern!r}: {problem}")
-    return tuple(value)
-
-
-def _json_string_map(name: str, raw: str, expected: str) -> dict[str, str]:
-    """A JSON object of strings to strings; `expected` finishes the error when it is not one."""
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SettingsError(f"{name}: not JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise SettingsError(f"{name}: expected a JSON object of {expected}")
-    return value
-
-
-def _hub_env(name: str, raw: str) -> dict[str, str]:
-    value = _json_string_map(name, raw, "variable names to strings")
-    if unknown := sorted(set(value) - set(HUB_ENDPOINT_ENV)):
-        raise SettingsError(f"{name}: {', '.join(unknown)} not among {', '.join(HUB_ENDPOINT_ENV)}")
-    return value
-
-
-def _host_memory_per_gpu(name: str, raw: str) -> dict[str, str]:
-    value = _json_string_map(name, raw, "GPU products to quantities (e.g. 48Gi)")
-    for product, quantity in value.items():
-        if lookup(product) is None:
-            raise SettingsError(
-                f"{name}: {product!r} is not a GPU product the planner knows ({', '.join(known_names())})"
-            )
-        if not _QUANTITY.match(quantity) or to_bytes(quantity) <= 0:
-            raise SettingsError(f"{name}: {product}: {quantity!r} is not a positive quantity (e.g. 48Gi)")
-    return value
-
-
-def _fraction(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}: expected a number, got {raw!r}") from None
-    if not 0 < value <= 1:
-        raise SettingsError(f"{name}: {value} is not a fraction in (0, 1]")
-    return value
-
-
-def _limit(name: str, raw: str) -> int | None:
-    """A positive whole number; empty or 0 means no limit."""
-    if not raw.isdigit():
-        raise SettingsError(f"{name}: expected a whole number (0: no limit), got {raw!r}")
-    return int(raw) or None
-
-
-def _guardrails(env: Mapping[str, str]) -> dict[str, Any]:
-    names = {
-        "max_gpus_per_job": ENV_MAX_GPUS_PER_JOB,
-        "max_nodes_per_job": ENV_MAX_NODES_PER_JOB,
-        "default_active_deadline_seconds": ENV_DEFAULT_ACTIVE_DEADLINE,
-        "pending_timeout_seconds": ENV_PENDING_TIMEOUT,
-    }
-    return {key: _limit(name, env[name]) for key, name in names.items() if env.get(name)}
-
-
-def _rules(name: str, field_name: str, value: Any) -> tuple[dict[str, Any], ...]:
-    if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
-        raise SettingsError(f"{name}: {field_name} must be a JSON list of objects")
-    return tuple(value)
-
-
-def _trainer_network(name: str, raw: str) -> TrainerNetwork | None:
-    if not raw.strip():
-        return None
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SettingsError(f"{name}: not JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(value, dict):
-        raise SettingsError(f"{name}: expected a JSON object with egress, hubEgress and peerPorts")
-    hub = value.get("hubEgress")
-    if hub is not None and not isinstance(hub, dict):
-        raise SettingsError(f"{name}: hubEgress must be a JSON object or null")
-    egress = _rules(name, "egress", value.get("egress"))
-    if not egress:
-        raise SettingsError(f"{name}: egress is empty (the trainers need at least the API server)")
-    return TrainerNetwork(egress=egress, hub_egress=hub, peer_ports=_rules(name, "peerPorts", value.get("peerPorts")))
-
-
-def _seconds(name: str, raw: str, *, within: tuple[float, float] | None = None) -> float:
-    """Seconds, positive, or within `within` (both ends included) where given."""
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}: expected seconds, got {raw!r}") from None
-    if within is None and value <= 0:
-        raise SettingsError(f"{name}: must be positive")
-    if within is not None and not within[0] <= value <= within[1]:
-        raise SettingsError(f"{name}: expected {within[0]:g} to {within[1]:g} seconds")
-    return value
-
-
-def _leader_election(env: Mapping[str, str]) -> dict[str, Any]:
-    updates: dict[str, Any] = {}
-    if v := env.get(ENV_LEADER_ELECTION):
-        updates["leader_election"] = _choice(ENV_LEADER_ELECTION, v.lower(), ("true", "false")) == "true"
-    if v := env.get(ENV_LEASE_NAME):
-        updates["lease_name"] = v
-    if v := env.get(ENV_LEASE_NAMESPACE) or env.get(ENV_POD_NAMESPACE):
-        updates["lease_namespace"] = v
-    base = LeaseTimings()
-    timings = {
-        "lease_duration_s": env.get(ENV_LEASE_DURATION),
-        "renew_deadline_s": env.get(ENV_LEASE_RENEW_DEADLINE),
-        "retry_period_s": env.get(ENV_LEASE_RETRY_PERIOD),
-    }
-    names = dict(zip(timings, (ENV_LEASE_DURATION, ENV_LEASE_RENEW_DEADLINE, ENV_LEASE_RETRY_PERIOD), strict=True))
-    given = {key: _seconds(names[key], raw) for key, raw in timings.items() if raw}
-    if given:
-        updates["lease_timings"] = replace(base, **given)
-    return updates
-
-
-def _namespaces(raw: str) -> tuple[str, ...]:
-    return tuple(n.strip() for n in raw.split(",") if n.strip())
-
-
-def _timing(env: Mapping[str, str]) -> dict[str, Any]:
-    """The resync period (positive seconds) and the status coalescing window (0 to 300 s)."""
-    updates: dict[str, Any] = {}
-    if v := env.get(ENV_RESYNC_SECONDS):
-        updates["resync_seconds"] = _seconds(ENV_RESYNC_SECONDS, v)
-    if v := env.get(ENV_STATUS_COALESCE):
-        updates["status_coalesce_seconds"] = _seconds(ENV_STATUS_COALESCE, v, within=(0, 300))
-    return updates
+def given(row: Setting, env: Mapping[str, str]) -> tuple[str, str] | None:
+    """The variable that sets `row` in `env` and its text, or None where the default stands."""
+    raw = env.get(row.env)
+    if raw is not None and (raw or row.blank):
+        return row.env, raw
+    if row.fallback and (other := env.get(row.fallback)):
+        return row.fallback, other
+    return None
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Settings:
     """Settings from environment variables; defaults for the ones not set."""
     env = os.environ if env is None else env
-    s = Settings()
     updates: dict[str, Any] = {}
-    if v := env.get(ENV_TRAINER_IMAGE):
-        updates["trainer_image"] = v
-    if v := env.get(ENV_IMAGE_PULL_POLICY):
-        updates["image_pull_policy"] = _choice(ENV_IMAGE_PULL_POLICY, v, PULL_POLICIES)
-    if v := env.get(ENV_GPU_PRODUCT_LABEL):
-        if not _LABEL_KEY.match(v):
-            raise SettingsError(f"{ENV_GPU_PRODUCT_LABEL}: {v!r} is not a label key")
-        updates["gpu_product_label"] = v
-    if v := env.get(ENV_GPU_RESOURCE):
-        updates["gpu_resource"] = v
-    if ENV_GPU_TOLERATIONS in env:
-        updates["gpu_tolerations"] = _tolerations(ENV_GPU_TOLERATIONS, env[ENV_GPU_TOLERATIONS])
-    if v := env.get(ENV_HOST_MEMORY_PER_GPU):
-        updates["host_memory_per_gpu"] = _host_memory_per_gpu(ENV_HOST_MEMORY_PER_GPU, v)
-    if ENV_DEFAULT_CPU in env:
-        updates["default_cpu"] = _quantity(ENV_DEFAULT_CPU, env[ENV_DEFAULT_CPU])
-    if ENV_DEFAULT_MEMORY in env:
-        updates["default_memory"] = _quantity(ENV_DEFAULT_MEMORY, env[ENV_DEFAULT_MEMORY])
-    if v := env.get(ENV_SHM_SIZE):
-        updates["shm_size"] = _quantity(ENV_SHM_SIZE, v) or s.shm_size
-    if v := env.get(ENV_SHM_MEMORY_FRACTION):
-        updates["shm_memory_fraction"] = _fraction(ENV_SHM_MEMORY_FRACTION, v)
-    if v := env.get(ENV_TMP_SIZE):
-        updates["tmp_size"] = _quantity(ENV_TMP_SIZE, v) or s.tmp_size
-    if v := env.get(ENV_EPHEMERAL_STORAGE_REQUEST):
-        updates["ephemeral_storage_request"] = (
-            _quantity(ENV_EPHEMERAL_STORAGE_REQUEST, v) or s.ephemeral_storage_request
-        )
-    if v := env.get(ENV_ALLOWED_IMAGES):
-        updates["allowed_images"] = _allowed_images(ENV_ALLOWED_IMAGES, v)
-    if v := env.get(ENV_TRAINER_UID):
-        if not v.isdigit() or int(v) == 0:
-            raise SettingsError(f"{ENV_TRAINER_UID}: expected a non-zero user id, got {v!r}")
-        updates["trainer_uid"] = int(v)
-    if ENV_NAMESPACES in env:
-        updates["namespaces"] = _namespaces(env[ENV_NAMESPACES])
-    if v := env.get(ENV_HUB_ENV):
-        updates["hub_env"] = _hub_env(ENV_HUB_ENV, v)
-    if ENV_EXCLUDED_NAMESPACES in env:
-        updates["excluded_namespaces"] = tuple(
-            dict.fromkeys((*SYSTEM_NAMESPACES, *_namespaces(env[ENV_EXCLUDED_NAMESPACES])))
-        )
-    updates.update(_guardrails(env))
-    if ENV_TRAINER_NETWORK in env:
-        updates["trainer_network"] = _trainer_network(ENV_TRAINER_NETWORK, env[ENV_TRAINER_NETWORK])
-    if v := env.get(ENV_PREFLIGHT):
-        updates["preflight"] = _choice(ENV_PREFLIGHT, v.lower(), ("true", "false")) == "true"
-    if v := env.get(ENV_PREFLIGHT_CPU):
-        updates["preflight_cpu"] = _quantity(ENV_PREFLIGHT_CPU, v) or s.preflight_cpu
-    if v := env.get(ENV_PREFLIGHT_MEMORY):
-        updates["preflight_memory"] = _quantity(ENV_PREFLIGHT_MEMORY, v) or s.preflight_memory
-    if v := env.get(ENV_METRICS_PORT):
-        updates["metrics_port"] = _port(ENV_METRICS_PORT, v)
-    if v := env.get(ENV_HEALTH_PORT):
-        updates["health_port"] = _port(ENV_HEALTH_PORT, v)
-    if v := env.get(ENV_LISTEN_ADDRESS):
-        updates["listen_address"] = v
-    if v := env.get(ENV_LOG_LEVEL):
-        updates["log_level"] = _choice(ENV_LOG_LEVEL, v, LOG_LEVELS, upper=True)
-    if v := env.get(ENV_LOG_FORMAT):
-        updates["log_format"] = _choice(ENV_LOG_FORMAT, v, LOG_FORMATS)
-    updates.update(_timing(env))
-    updates.update(_leader_election(env))
-    if v := env.get(ENV_CRASH_AFTER):
-        updates["crash_after"] = v
-    return replace(s, **updates)
+    for row in SETTINGS.values():
+        if (found := given(row, env)) is not None:
+            updates[row.name] = row.parse(*found)
+    return Settings(**updates)
 
 
 def check(settings: Settings) -> Settings:
     """Rules across settings, checked once the flags are in: every job would fail otherwise."""
     if not images.allowed(settings.trainer_image, settings.allowed_images):
         raise SettingsError(
-            f"{ENV_TRAINER_IMAGE}: the default trainer image {settings.trainer_image!r} is not in "
-            f"{ENV_ALLOWED_IMAGES} ({', '.join(settings.allowed_images)})"
+            f"{SETTINGS['trainer_image'].env}: the default trainer image {settings.trainer_image!r} is not in "
+            f"{SETTINGS['allowed_images'].env} ({', '.join(settings.allowed_images)})"
+        )
+    if not images.allowed(settings.serving_image, settings.allowed_serving_images):
+        raise SettingsError(
+            f"{SETTINGS['serving_image'].env}: the default serving image {settings.serving_image!r} is not in "
+            f"{SETTINGS['allowed_serving_images'].env} ({', '.join(settings.allowed_serving_images)})"
         )
     if settings.leader_election:
+        lease = SETTINGS["lease_namespace"]
         if not settings.lease_namespace:
-            raise SettingsError(
-                f"{ENV_LEASE_NAMESPACE}: leader election needs the Lease's namespace (or {ENV_POD_NAMESPACE})"
-            )
+            raise SettingsError(f"{lease.env}: leader election needs the Lease's namespace (or {lease.fallback})")
         if problem := settings.lease_timings.problem():
-            raise SettingsError(
-                f"{ENV_LEASE_DURATION}, {ENV_LEASE_RENEW_DEADLINE}, {ENV_LEASE_RETRY_PERIOD}: {problem}"
-            )
+            timings = ("lease_duration_seconds", "lease_renew_deadline_seconds", "lease_retry_period_seconds")
+            raise SettingsError(f"{', '.join(SETTINGS[t].env for t in timings)}: {problem}")
     return settings

@@ -44,7 +44,7 @@ ATTENTION_MATRIX_COPIES_SAVED: Final = 1.0
 # without recompute (the parts record).
 ATTENTION_MATRIX_COPIES_BACKWARD: Final = 3.0
 MLP_FREED_HIDDEN_FLOATS: Final = 2.0
-# The fused attention the trainer runs in fp32 (`finetune_trainer/attention.py`: k and v expanded
+# The fused attention the trainer runs in fp32 (`finetune_trainer/model/attention.py`: k and v expanded
 # to every query head, SDPA's memory-efficient kernel by name) keeps no probabilities. Besides q
 # and the expanded k and v (`ACTIVATION_ATTENTION_FLOATS`) it keeps its output, one attention-wide
 # block, which is the o adapter's input where that adapter keeps its input (no dropout), and one

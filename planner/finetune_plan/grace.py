@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from .memory import FP32, optimizer_bytes
-from .plan import Plan
+from .results.plan import Plan
 
 # Stated write speed of the checkpoint volume: a network-attached PV's sustained write. A local
 # NVMe disk is ten times faster; a slower volume needs a longer grace period than planned.

@@ -14,7 +14,7 @@ from finetune_api.spec import FineTuneJobSpec
 
 from .gpu_products import DEFAULT_PRODUCT, GpuProduct, lookup
 from .memory import FP32, Attention, Recipe
-from .recompute import ActivationAsk
+from .recompute.ask import ActivationAsk
 
 
 def compute_bytes(precision: str, product: GpuProduct) -> int:

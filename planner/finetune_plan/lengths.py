@@ -2,7 +2,7 @@
 how long a context the GPUs hold (the attention kernel decides much of it: a materialised
 matrix grows with the square of the sequence, the fused kernel's memory with the sequence).
 
-Pure: bisection over `plan.fits_in`, the check `choose()` itself decides with, on the recipe as
+Pure: bisection over `search.best.fits_in`, the check `choose()` itself decides with, on the recipe as
 planned (checkpointing `auto` plans all-recompute first, so the longest is where every layer
 recomputes; kept layers only fill what is left).
 """
@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Final
 
+from .bisection import largest_fitting
 from .memory import Recipe
 from .model_shape import ModelShape
-from .plan import ALL_MODES, Hardware, fits_in
-from .recompute import largest_fitting
+from .results.layout import Hardware
+from .search.best import fits_in
+from .search.modes import ALL_MODES
 from .speed import Mode
 
 SHORTEST: Final = 16

@@ -1,13 +1,13 @@
 """Bytes, per component, that the recipe keeps on a GPU: pure arithmetic on shapes.
 
-Every function answers for the whole model or one layer; `plan.py` assigns them to GPUs
+Every function answers for the whole model or one layer; `layouts` assigns them to GPUs
 according to the mode. The recipe: frozen NF4 linear weights, embeddings and lm_head
-unquantised (lm_head and norms cast to FP32), LoRA adapters in FP32, FP32 compute.
+unquantised (lm_head and norms cast to FP32), LoRA adapters in FP32, FP32 compute. What the
+host holds is `host`'s, which reads these figures (a layer's saved tensors, a layer's input).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -132,53 +132,6 @@ def head_bytes(shape: ModelShape) -> float:
     return shape.head_params * FP32
 
 
-# Python, torch, CUDA's host libraries and the tokenizer: what a trainer process holds on the host
-# before the model (about 1.3 GiB measured on the 40-layer fsdp bench run; rounded up).
-PROCESS_HOST_BASE_BYTES = 1.5 * GIB
-
-
-def host_model_bytes(shape: ModelShape, recipe: Recipe) -> float:
-    """The whole quantised model on the host, as fsdp loads it before sharding: every layer's
-    packed weights and quantisation state, the fp32 embeddings, head and norms."""
-    return (
-        shape.layers * (layer_weight_bytes(shape, recipe) + norm_bytes_per_layer(shape))
-        + embedding_bytes(shape, recipe)
-        + head_bytes(shape)
-    )
-
-
-def host_bytes_per_process(shape: ModelShape, recipe: Recipe) -> float:
-    """One trainer process's host memory at its peak, the load. Every loader goes to the GPUs a
-    tensor at a time and stages at most the largest tensor in fp32: single, dataParallel and
-    deviceMap through from_pretrained, fsdp by streaming its safetensors (`modes.streaming`;
-    0.59 GiB of anonymous memory on a 16-layer 70B-shaped slice against 15.79 before,
-    bench/results/2026-12-01-h200-1gpu-16l-streamed.json)."""
-    largest = max(shape.embedding_params, shape.head_params, shape.largest_linear_params)
-    return largest * FP32 + PROCESS_HOST_BASE_BYTES
-
-
-# The pod's margin over its trainers' host memory (host.py says why; the README states it).
-POD_HOST_MARGIN_FRACTION: Final = 0.10
-POD_HOST_MARGIN_BYTES: Final = 2 * GIB
-
-
-def pod_host_bytes(per_process: float, processes: int) -> float:
-    """The host memory a pod of `processes` trainers of `per_process` bytes asks for."""
-    return processes * per_process * (1 + POD_HOST_MARGIN_FRACTION) + POD_HOST_MARGIN_BYTES
-
-
-def per_process_within(pod_bytes: float, processes: int) -> float:
-    """The most host memory each of `processes` trainers may hold in a pod of `pod_bytes`
-    (`pod_host_bytes` the other way round)."""
-    return (pod_bytes - POD_HOST_MARGIN_BYTES) / (processes * (1 + POD_HOST_MARGIN_FRACTION))
-
-
-def whole_load_host_bytes_per_process(shape: ModelShape, recipe: Recipe) -> float:
-    """fsdp's host memory per process when a checkpoint cannot be streamed (no safetensors
-    files): the whole packed model, as the loader before streaming held it."""
-    return host_model_bytes(shape, recipe) + PROCESS_HOST_BASE_BYTES
-
-
 def norm_bytes_per_layer(shape: ModelShape) -> float:
     return 2 * shape.hidden * FP32
 
@@ -204,7 +157,7 @@ def keeps_attention_matrix(recipe: Recipe) -> bool:
 def attention_mask_bytes(recipe: Recipe) -> float:
     """The fused kernel's additive mask, built once per forward where the batch has one (padded
     rows of a batch, packed samples): batch x seq x seq floats, rows padded to 16 elements
-    (`finetune_trainer.attention.aligned_mask`). A batch of one unpacked row has none."""
+    (`finetune_trainer.model.attention.aligned_mask`). A batch of one unpacked row has none."""
     if keeps_attention_matrix(recipe) or not (recipe.batch_size > 1 or recipe.packing):
         return 0.0
     aligned = -(-recipe.max_length // 16) * 16
@@ -380,31 +333,6 @@ def saved_storages(shape: ModelShape, recipe: Recipe) -> list[float]:
     return [w * per_float for w in widths] + masks + matrices
 
 
-def pinned_block(nbytes: float) -> float:
-    """What PyTorch's pinned host allocator holds for a request: the next power of two (it rounds
-    every block up, so blocks are reused across sizes). Counted per storage, it is what the
-    trainer's offload pinned on the GPU: a 13B-shaped layer at 4096 tokens saves 1.95 GiB and pins
-    2.75 (5 layers: 13.75 GiB planned per storage, 13.59 measured, 9.76 counted as the bytes
-    saved; bench/results/2026-12-05-h200-heldout-heldout-a.json)."""
-    if nbytes <= 0:
-        return 0.0
-    return float(2 ** math.ceil(math.log2(nbytes)))
-
-
-def pinned_layer_bytes(shape: ModelShape, recipe: Recipe) -> float:
-    """Pinned host memory of one offloaded layer's saved tensors, per storage as the allocator rounds."""
-    return sum(pinned_block(b) for b in saved_storages(shape, recipe))
-
-
-def offload_host_bytes(shape: ModelShape, recipe: Recipe) -> float:
-    """Pinned host memory one process holds for its offloaded layers' activations, or for its
-    recomputing layers' inputs (`offload_inputs`), each storage rounded as the pinned allocator
-    rounds it (`pinned_block`)."""
-    if inputs_offloaded(recipe):
-        return recomputed_layers(shape, recipe) * pinned_block(checkpoint_bytes_per_layer(shape, recipe))
-    return offloaded_layers(shape, recipe) * pinned_layer_bytes(shape, recipe)
-
-
 # Threads that run matmuls in a training step, each with its own cuBLAS handle and workspace: the
 # forward's (the trainer's thread) and the backward's (autograd's worker for the device).
 CUBLAS_HANDLES: Final = 2
@@ -422,7 +350,7 @@ def cublas_workspace_bytes(product: GpuProduct) -> float:
 def logits_bytes(shape: ModelShape, recipe: Recipe) -> float:
     """Transient bytes of the loss: FP32 logits for the whole micro-batch, or for one chunk. The
     loss head chunks the micro-batch's positions flattened, rows one after the other
-    (finetune_trainer/loss_head.py), so a chunk is `loss_chunk_tokens` positions whatever the
+    (finetune_trainer/model/loss_head.py), so a chunk is `loss_chunk_tokens` positions whatever the
     batch: planned per row, a batch of 4 x 512 tokens with chunks of 512 was planned as a whole
     loss, 2.1 GiB above its measured peak (bench/results/2026-12-01-h200-boundary.json)."""
     copies = cal.LOGITS_COPIES + (cal.SOFTCAP_SAVED_COPIES if shape.logit_softcap else 0.0)
@@ -430,6 +358,19 @@ def logits_bytes(shape: ModelShape, recipe: Recipe) -> float:
         chunk = recipe.loss_chunk_tokens * shape.vocab * FP32
         return copies * chunk + recipe.tokens * shape.hidden * FP32
     return copies * recipe.tokens * shape.vocab * FP32
+
+
+def logits_block_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    """One block of the micro-batch's seq x vocab FP32 logits: what a whole-sequence loss needs
+    to spare beyond the planner's margin (measured: one planned with 0.2 GiB to spare asked for a
+    4 GiB block beyond the cap)."""
+    return recipe.batch_size * recipe.max_length * shape.vocab * FP32
+
+
+def adapter_gradient_sum_bytes(shape: ModelShape, recipe: Recipe) -> float:
+    """The flat buffer in which a rank sums the adapter's gradients with the other ranks'
+    (dataParallel, and fsdp, which keeps the adapter outside its units)."""
+    return shape.layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets) * FP32
 
 
 @dataclass(frozen=True)
@@ -473,7 +414,7 @@ class GpuMemory:
         return self.capacity - self.total
 
     def parts_gib(self) -> dict[str, float]:
-        """The parts as the trainer's phase probe measures them (finetune_trainer.memory_phases):
+        """The parts as the trainer's phase probe measures them (finetune_trainer.memory.phases):
         resident, activations, and the backward's and the loss's transients above them."""
         parts = {
             "resident": self.resident - self.activations,

@@ -7,6 +7,8 @@ half the activations and the loss's logits, at the cost of one more forward of e
 without gradients (the loss of a pair needs both sides' log-probabilities before either side's
 gradient: `finetune_trainer.objectives.preference` runs each side once without gradients, then
 once with). Only an objective that names its sequences (`Objective.sequence_names`) splits.
+The search takes the split only where one pass fits no way (`search.pair_split`); these are the
+recipe's two shapes and their words, which the plan's records and `ftjob plan` print.
 """
 
 from __future__ import annotations

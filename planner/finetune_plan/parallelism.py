@@ -14,16 +14,19 @@ from typing import Any, Final, cast
 
 from finetune_api import modes
 from finetune_api.modes import RunMode as Parallelism
-from finetune_api.quantities import to_bytes
 from finetune_api.spec import FineTuneJobSpec
 
 from .families import DEFAULT_FAMILY, resolve_targets
 from .gpu_products import GpuProduct
-from .host_limit import HostLimit, node_limit, pod_limit, spec_limit
+from .host.limit import pod_host_limit
 from .inputs import product_for, recipe_from_spec
 from .memory import GIB, Attention
 from .model_shape import ModelConfigError, shape_from_config
-from .plan import LOSS_CHUNK_TOKENS, Hardware, ModeChoice, Plan, make_plan
+from .results.layout import Hardware
+from .results.plan import Plan
+from .search.chunks import LOSS_CHUNK_TOKENS
+from .search.make import make_plan
+from .search.modes import ModeChoice
 from .speed import Mode
 
 # Loss chunk sizes the trainer can run, tried in order; 0 = whole-sequence logits. Chunks are
@@ -75,9 +78,9 @@ def choose(
     when they differ; default: the product's), named `gpu_name` by torch (default: the spec's
     `resources.gpuProduct`); `product` replaces the looked-up product (what-if figures);
     `loss_chunks` the loss chunk sizes to try (a retry after an OOM names the one it runs).
-    The pod's host memory bounds the plan (`host_limit`): the spec's `resources.memory`, else
-    `host_memory` (the pod's own limit, read in the pod), else `host_memory_per_gpu` bytes per GPU
-    (the chart's figure for the product; default: the product's).
+    The pod's host memory bounds the plan (`host.limit.pod_host_limit`): the spec's
+    `resources.memory`, else `host_memory` (the pod's own limit, read in the pod), else
+    `host_memory_per_gpu` bytes per GPU (the chart's figure for the product; default: the product's).
 
     On the CPU: the spec's parallelism (auto: dataParallel) with `resources.processes`
     processes (deviceMap: one). On GPUs: the planner's mode (auto: the fastest of dataParallel
@@ -107,18 +110,7 @@ def choose(
         loss_chunks=loss_chunks,
         checkpointing=spec.training.gradient_checkpointing,
         offload=spec.training.activation_offload,
-        host_limit=host_limit(spec, gpus, chosen, host_memory, host_memory_per_gpu),
+        host_limit=pod_host_limit(spec, gpus, chosen, host_memory, host_memory_per_gpu),
     )
     parallelism = cast(Parallelism, modes.to_spec(plan.mode))
     return LaunchPlan(parallelism, modes.processes(parallelism, gpus), plan)
-
-
-def host_limit(
-    spec: FineTuneJobSpec, gpus: int, product: GpuProduct, host_memory: int | None, per_gpu: int | None
-) -> HostLimit:
-    """The pod's most host memory, as `choose` documents it."""
-    if spec.resources.memory is not None:
-        return spec_limit(to_bytes(spec.resources.memory))
-    if host_memory is not None:
-        return pod_limit(host_memory)
-    return node_limit(gpus, product, per_gpu)

@@ -7,6 +7,7 @@ The result is both an explicit `device_map` (module name -> GPU index, exact) an
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -48,6 +49,9 @@ def balance(
     gpus = len(capacities)
     if gpus == 1:
         return Placement((layers,))
+    # The bisection over margins asks the same (gpu, count) again and again (a 70B plan: 17,000
+    # calls for a few hundred pairs); the figure is a pure function of the pair.
+    total_for = functools.cache(total_for)
 
     def fits(gpu: int, count: int, margin: float) -> bool:
         return total_for(gpu, count) <= capacities[gpu] - margin

@@ -66,7 +66,7 @@ def flops_per_token(shape: ModelShape, recipe: Recipe) -> float:
 def head_passes(recipe: Recipe) -> int:
     """Matmuls of the LM head per token: its forward and its input gradient, plus the forward once
     more where the loss runs in chunks, since each chunk's logits are recomputed in the backward
-    instead of kept (`finetune_trainer/loss_head.py`). Planned without it, a 6-layer 8B-shaped
+    instead of kept (`finetune_trainer/model/loss_head.py`). Planned without it, a 6-layer 8B-shaped
     slice that kept every layer with the loss in chunks measured 0.79 of its planned speed, and
     the same slice offloading four layers with a whole loss 0.86 (the `fit` points of
     bench/results/2026-12-05-h200-heldout-fit.json)."""
@@ -191,7 +191,7 @@ def offload_stall_seconds(shape: ModelShape, recipe: Recipe, product: GpuProduct
     """What offloading adds to a micro-batch: each offloaded layer's activations cross the host
     link twice (out in the forward, back in the backward), hidden under the compute of the layer
     they overlap with (the next forward; the backward, about twice a forward) where they are shorter.
-    The backward fetches a layer back when it reaches the layer after it (`finetune_trainer.
+    The backward fetches a layer back when it reaches the layer after it (`finetune_trainer.memory.
     activations.Offloader.reached`), so the first offloaded layer it reaches, behind the kept ones,
     has nothing to hide its fetch: the backward waits for it whole. Planned without that wait,
     every held-out run that offloaded measured 3-6 % below the same point's runs that did not

@@ -25,8 +25,8 @@ from typing import Final
 
 from finetune_api.spec import FineTuneJobSpec
 
-from .plan import LOSS_CHUNK_TOKENS
-from .recompute import ActivationAsk
+from .recompute.ask import ActivationAsk
+from .search.chunks import LOSS_CHUNK_TOKENS
 
 # Below this a smaller loss chunk saves less than the chunking's own bookkeeping.
 MIN_LOSS_CHUNK_TOKENS: Final = 64

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.cluster
 # field path is what both sides must name.
 ADMISSION_FIELD = {
     "unknown field": 'unknown field "spec.lora.rank"',
-    "both model sources": "exactly one of pvc or hub",
-    "no model source": "exactly one of pvc or hub",
+    "both model sources": "exactly one of pvc, hub or s3",
+    "no model source": "exactly one of pvc, hub or s3",
     "bf16 on P40": "not supported on Pascal",
     "fp16 on P100": "not supported on Pascal",
     "epochs and maxSteps": "set either epochs or maxSteps",
@@ -35,6 +35,7 @@ ADMISSION_FIELD = {
     "deviceMap with processes": "spec.resources.processes",
     "deviceMap on two nodes": "spec.resources.nodes: Invalid value",
     "priority without a queue": "workloadPriorityClassName needs queueName",
+    "s3 and pvc model": "exactly one of pvc, hub or s3",
 }
 
 # Fields the CRD leaves untyped (targetModules: a list, or one name as PEFT takes it;

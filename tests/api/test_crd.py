@@ -76,7 +76,7 @@ def test_defaults_enums_and_rules_are_carried() -> None:
     assert spec["properties"]["quantization"]["properties"]["type"]["enum"] == ["nf4", "fp4", "none"]
     assert spec["properties"]["training"]["properties"]["learningRate"]["exclusiveMinimum"] is True
     rules = [r["rule"] for r in spec["properties"]["model"]["properties"]["source"]["x-kubernetes-validations"]]
-    assert "has(self.pvc) != has(self.hub)" in rules
+    assert "(has(self.pvc) ? 1 : 0) + (has(self.hub) ? 1 : 0) + (has(self.s3) ? 1 : 0) == 1" in rules
     assert any("Tesla-P" in r["rule"] for r in spec["x-kubernetes-validations"])
     assert {"rule": "self == oldSelf", "message": crd.IMMUTABLE_MESSAGE} in spec["properties"]["lora"][
         "x-kubernetes-validations"

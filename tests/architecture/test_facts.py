@@ -7,12 +7,14 @@ somewhere again (or a source changed without its readers) fails here.
 import argparse
 from typing import Any, get_args
 
+import pytest
+
 from finetune_api.multinode import several_nodes
 from finetune_api.objectives import dataset_formats
 from finetune_api.spec import DATASET_FORMATS, DatasetFormat, DatasetSpec, ResourcesSpec, TrainOn
 from finetune_api.status import FineTuneJobStatus
 from finetune_cli.main import build_parser
-from finetune_operator.status import OWNED_FIELDS
+from finetune_operator.status.patch import OWNED_FIELDS
 from finetune_trainer.data import formats
 from finetune_trainer.data.checks import check_records
 from finetune_trainer.data.records import Record
@@ -82,12 +84,8 @@ def test_the_data_check_counts_the_tokens_the_trainer_trains_on() -> None:
     # A conversation trains the assistant's text only (no special token here to close the turn).
     assert got[2].input_ids == [ord(c) for c in "user:j\nassistant:k\n"]
     assert [label for label in got[2].labels if label != IGNORE] == [ord("k")]
-    # In chunks as one by one, and from the trainer's split (a `datasets.Dataset`, whose slices are columns).
+    # In chunks as one by one.
     assert [t for s in samples for t in tokenize([s], CharTokenizer())] == got
-    from datasets import Dataset
-
-    texts = [{"text": "ab"}, {"text": "cde"}]
-    assert tokenize(Dataset.from_list(texts), CharTokenizer()) == tokenize(texts, CharTokenizer())
 
     records = [Record(f"line {n}", r) for n, r in enumerate(({"prompt": "ab", "completion": "cde"}, {"text": "fghi"}))]
     report = check_records(records[:1], "completion", tokenizer=CharTokenizer(), max_length=6)
@@ -98,9 +96,20 @@ def test_the_data_check_counts_the_tokens_the_trainer_trains_on() -> None:
     assert [p.field for p in report.problems] == ["prompt"]  # the prompt alone is 3 tokens
 
 
+# The trainer tier's: `datasets` loads pyarrow and pandas, seconds the fast tier does not spend.
+@pytest.mark.trainer
+def test_the_trainers_split_tokenizes_as_the_data_check_does() -> None:
+    """The trainer's split is a `datasets.Dataset`, whose slices are columns, not rows."""
+    from datasets import Dataset
+
+    texts = [{"text": "ab"}, {"text": "cde"}]
+    assert tokenize(Dataset.from_list(texts), CharTokenizer()) == tokenize(texts, CharTokenizer())
+
+
 def test_the_operator_owns_every_status_field_of_the_model_but_the_trainers() -> None:
     aliases = [field.alias for field in FineTuneJobStatus.model_fields.values()]
-    assert tuple(a for a in aliases if a not in ("progress", "lastCheckpoint", "sample")) == OWNED_FIELDS
+    trainers = ("progress", "lastCheckpoint", "sample", "modelFingerprint")
+    assert tuple(a for a in aliases if a not in trainers) == OWNED_FIELDS
 
 
 def test_a_job_of_several_nodes_is_told_by_one_rule() -> None:

@@ -1,5 +1,5 @@
 """No function of the project is longer than a screen, no class longer than a module should be: a
-long function is a recipe waiting for its stages (see finetune_trainer.recipe), a long class two
+long function is a recipe waiting for its stages (see finetune_trainer.training.recipe), a long class two
 jobs in one. Every package counts (the operator's, the API's, the planner's, the CLI's, the
 trainer's, bench and hack), counted with `ast` from the `def` or `class` line to the body's last
 line, docstring included."""

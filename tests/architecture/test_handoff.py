@@ -1,10 +1,10 @@
 """The planner hands the trainer its decisions typed, and `auto`, true and false are read once.
 
 The trainer reads the plan's choices from typed fields (`finetune_plan.LayerLayout`, the plan's
-properties, `finetune_trainer.preflight.MemoryPlan`), never from a summary dict: a key renamed in
+properties, `finetune_trainer.memory.budget.MemoryPlan`), never from a summary dict: a key renamed in
 the planner's summary would otherwise leave the trainer reading `None` without a word. Whether
 `training.gradientCheckpointing` and `training.activationOffload` are `auto`, true or false is
-read in one place, `finetune_plan.recompute.ActivationAsk`, which every other module asks.
+read in one place, `finetune_plan.recompute.ask.ActivationAsk`, which every other module asks.
 """
 
 import ast
@@ -16,7 +16,7 @@ from tests.support.layers import PACKAGES
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = PACKAGES["finetune_trainer"]
 PRODUCT = list(PACKAGES.values())
-RESOLVER = PACKAGES["finetune_plan"] / "recompute.py"
+RESOLVER = PACKAGES["finetune_plan"] / "recompute" / "ask.py"
 ASKED_FIELDS = {"gradient_checkpointing", "activation_offload"}
 
 

@@ -7,6 +7,10 @@ then the three parts that stand on them, `finetune_operator`, `finetune_cli` and
 the trainer, never on `tests`), `hack` (the local cluster's and the demo's tools, on nothing of
 the project) and `tests`, on all of them. Every import counts, also one inside a function or under
 `if TYPE_CHECKING:`: a lazy import or one made for the type checker is still an arrow.
+
+Inside a package, its rooms (modules at its top, sub-packages) import in no circle; inside the
+trainer they also stand on floors (`TRAINER_FLOORS`, bottom up), and every arrow between two of
+its rooms points to a lower floor.
 """
 
 import ast
@@ -160,20 +164,113 @@ def test_no_module_imports_in_a_circle() -> None:
 
 
 def room(module: str) -> str:
-    """The room a module stands in, as `farm-studio look` draws a package: a module directly in a
-    top package is a room of its own, a sub-package (`builders`, `data`, `modes`...) one room."""
+    """The room a module stands in, the unit the circle check and the floors inside a package
+    weigh: a module directly in a top package is a room of its own (`finetune_trainer.seam`), a
+    sub-package with everything under it is one room (`finetune_operator.builders`,
+    `finetune_trainer.model`); the top package's own `__init__` is a room too."""
     parts = module.split(".")
     return ".".join(parts[:2]) if len(parts) >= 3 else module
 
 
-def test_no_package_imports_in_a_circle() -> None:
-    """Inside a package too: its modules and sub-packages, each sub-package one room, form no circle
-    (two files of two sub-packages can make one though no file imports in a circle)."""
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The arrows between rooms of one package (an arrow into another package is not a room's)."""
     rooms: dict[str, set[str]] = {}
-    for module, targets in GRAPH.items():
+    for module, targets in graph.items():
         here = room(module)
         for target in targets:
             there = room(target)
             if there != here and module.split(".")[0] == target.split(".")[0]:
                 rooms.setdefault(here, set()).add(there)
-    assert not _cycles(rooms), f"room circles: {_cycles(rooms)}"
+    return rooms
+
+
+def test_no_package_imports_in_a_circle() -> None:
+    """Inside a package too: its modules and sub-packages, each sub-package one room, form no circle
+    (two files of two sub-packages can make one though no file imports in a circle)."""
+    assert not _cycles(room_graph(GRAPH)), f"room circles: {_cycles(room_graph(GRAPH))}"
+
+
+# The floors inside the trainer, bottom up: a room of `finetune_trainer` (a sub-package, or a
+# module at its top, by its name under the package; `__init__` is the package's own) imports
+# only rooms on floors below its own, never one beside it or above. A new room needs its floor
+# here; docs/trainer.md's map gives the same floors (tests/architecture/test_trainer_map.py).
+TRAINER = "finetune_trainer"
+TRAINER_FLOORS: tuple[frozenset[str], ...] = (
+    frozenset({"__init__", "failures", "test_hooks"}),
+    frozenset({"data", "distributed", "hardware", "objects", "reporting"}),
+    frozenset({"memory", "state"}),
+    frozenset({"modes"}),
+    frozenset({"model"}),
+    frozenset({"objectives", "outputs"}),
+    frozenset({"training"}),
+    frozenset({"launch"}),
+    frozenset({"__main__", "seam"}),
+)
+
+
+def trainer_room(module: str) -> str:
+    """A trainer module's room by its name under the package: `finetune_trainer.model.loading`
+    is `model`, `finetune_trainer.seam` is `seam`."""
+    name = room(module)
+    return "__init__" if name == TRAINER else name.removeprefix(f"{TRAINER}.")
+
+
+def floor_of(name: str, floors: tuple[frozenset[str], ...] = TRAINER_FLOORS) -> int | None:
+    return next((level for level, rooms in enumerate(floors) if name in rooms), None)
+
+
+def arrows_not_down(graph: dict[str, set[str]], floors: tuple[frozenset[str], ...] = TRAINER_FLOORS) -> list[str]:
+    """Every arrow between two rooms of the trainer that does not point to a lower floor (up, or
+    sideways to a room on the same floor), as `module -> target (floor -> floor)`."""
+    wrong = []
+    for module, targets in graph.items():
+        if module.split(".")[0] != TRAINER:
+            continue
+        here = trainer_room(module)
+        for target in targets:
+            there = trainer_room(target)
+            if target.split(".")[0] != TRAINER or there == here:
+                continue
+            low, high = floor_of(there, floors), floor_of(here, floors)
+            if low is None or high is None or low >= high:
+                wrong.append(f"{module} -> {target} ({here} on {high}, {there} on {low})")
+    return sorted(wrong)
+
+
+def test_every_room_of_the_trainer_has_its_floor() -> None:
+    rooms = {trainer_room(module) for module in MODULES if module.split(".")[0] == TRAINER}
+    placed = set().union(*TRAINER_FLOORS)
+    assert rooms - placed == set(), f"rooms of the trainer with no floor in TRAINER_FLOORS: {sorted(rooms - placed)}"
+    assert placed - rooms == set(), f"TRAINER_FLOORS names rooms that are not there: {sorted(placed - rooms)}"
+    assert sum(len(rooms) for rooms in TRAINER_FLOORS) == len(placed), "a room stands on two floors"
+
+
+def test_every_arrow_inside_the_trainer_points_down_its_floors() -> None:
+    wrong = arrows_not_down(GRAPH)
+    assert not wrong, f"arrows inside finetune_trainer that do not point down TRAINER_FLOORS: {wrong}"
+
+
+def _copy(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {module: set(targets) for module, targets in graph.items()}
+
+
+def test_the_floor_check_finds_a_planted_arrow_up_and_one_sideways() -> None:
+    """It can fail: in a copy of the graph, the hardware importing the model's attention (the arrow
+    this layout took out) and the state importing the memory beside it are both found."""
+    planted = _copy(GRAPH)
+    planted[f"{TRAINER}.hardware.capabilities"].add(f"{TRAINER}.model.attention")
+    planted[f"{TRAINER}.state.checkpoints"].add(f"{TRAINER}.memory.budget")
+    assert arrows_not_down(planted) == [
+        f"{TRAINER}.hardware.capabilities -> {TRAINER}.model.attention (hardware on 1, model on 4)",
+        f"{TRAINER}.state.checkpoints -> {TRAINER}.memory.budget (state on 2, memory on 2)",
+    ]
+
+
+def test_the_circle_check_finds_a_planted_circle_between_rooms() -> None:
+    """It can fail: two rooms that each import the other, through files that make no circle of
+    their own, are one circle."""
+    planted = _copy(GRAPH)
+    planted[f"{TRAINER}.distributed.topology"].add(f"{TRAINER}.reporting.progress")
+    planted[f"{TRAINER}.reporting.status_patch"].add(f"{TRAINER}.distributed.gradsync")
+    assert not _cycles(planted)
+    assert _cycles(room_graph(planted)) == [[f"{TRAINER}.distributed", f"{TRAINER}.reporting"]]

@@ -65,3 +65,14 @@ def test_make_dev_installs_every_layer() -> None:
     match = re.search(r"^LAYERS := (.+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
     assert match, "Makefile: no LAYERS"
     assert set(match.group(1).split()) == set(FOLDER.values())
+
+
+def test_make_lint_holds_every_layer_to_mypy_strict() -> None:
+    """`make lint` type-checks every package of the product, each in its layer's folder."""
+    lint = re.search(r"^lint:.*?(?=^\S)", (REPO / "Makefile").read_text(), re.MULTILINE | re.DOTALL)
+    assert lint, "Makefile: no lint target"
+    commands = [line.split() for line in lint.group(0).splitlines() if line.startswith("\t")]
+    mypy = next((words for words in commands if "--strict" in words and words[0].endswith("/mypy")), None)
+    assert mypy, "make lint runs no mypy --strict"
+    checked = {path for path in mypy if "/" in path and not path.startswith("$(")}
+    assert checked == {f"{FOLDER[name]}/{name}" for name in FOLDER}

@@ -127,7 +127,7 @@ def test_the_operator_status_gives_its_file_and_serve_command(tarball: str) -> N
 
 def test_the_pre_flight_runs_its_check(tarball: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from finetune_trainer.failures import TrainerFailure
-    from finetune_trainer.input_check import check_inputs
+    from finetune_trainer.launch.input_check import check_inputs
 
     config = _config(tmp_path, _spec(**HUB, output={"pvc": {"claimName": "outputs"}, "formats": ["tarball"]}))
     assert check_inputs(config)["formats"] == [tarball]
@@ -143,8 +143,8 @@ def test_the_trainer_export_writes_it_from_a_saved_adapter(tarball: str, tmp_pat
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from finetune_trainer.export import save_formats
-    from finetune_trainer.tiny_model import make_tiny_model
+    from finetune_trainer.model.tiny_model import make_tiny_model
+    from finetune_trainer.outputs.export import save_formats
 
     base = make_tiny_model(tmp_path / "model")
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)

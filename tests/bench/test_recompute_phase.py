@@ -13,8 +13,8 @@ import pytest
 from bench import recompute, trainer_job
 from bench.run import DEFAULT_PHASES, NO_PEAK_PHASES, PHASES, Bench, parse_args
 from finetune_api.trainer_config import TrainerConfig
-from finetune_trainer.hardware import Gpu, Hardware
-from finetune_trainer.launch_plan import decide
+from finetune_trainer.hardware.capabilities import Gpu, Hardware
+from finetune_trainer.training.launch_plan import decide
 
 H200_GIB = 139.8
 GIB = 2**30

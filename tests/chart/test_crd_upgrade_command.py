@@ -19,4 +19,5 @@ def test_readme_and_notes_carry_the_same_crd_upgrade_command() -> None:
 
 def test_the_command_applies_the_chart_crds_that_exist() -> None:
     folder = REPO / COMMAND.rsplit(" ", 1)[1]
-    assert sorted(p.name for p in folder.iterdir()) == ["finetune.dev_finetunejobs.yaml"]
+    crds = ["finetune.dev_finetunejobs.yaml", "finetune.dev_modelservers.yaml"]
+    assert sorted(p.name for p in folder.iterdir()) == crds

@@ -6,7 +6,7 @@ series (tests/chart/monitoring/alerts.test.yaml) that make each alert fire and s
 near misses. The dashboard is validated against tests/chart/monitoring/grafana-dashboard.schema.json
 with the pinned jsonschema (Grafana ships no JSON Schema of its dashboards; that one is ours, see
 its description) and every query in it goes through promtool's PromQL parser. Both only name
-metrics the operator exports. No cluster.
+metrics the operator exports. No cluster: helm and promtool only (their fixtures, the `tools` tier).
 """
 
 import copy
@@ -51,12 +51,14 @@ def _exported() -> set[str]:
     return names
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_monitoring_is_off_by_default() -> None:
     objects = render()
     assert by_kind(objects, "PrometheusRule") == []
     assert not [o for o in by_kind(objects, "ConfigMap") if "grafana_dashboard" in o["metadata"].get("labels", {})]
 
 
+@pytest.mark.usefixtures("helm_binary", "promtool_binary")
 def test_the_rendered_rule_passes_promtool_checkalerts(tmp_path: Path) -> None:
     groups = rule_groups(TESTED)
     assert set(alerts(groups)) == ALERTS
@@ -65,6 +67,7 @@ def test_the_rendered_rule_passes_promtool_checkalerts(tmp_path: Path) -> None:
     assert "SUCCESS: 4 rules found" in result.stdout + result.stderr
 
 
+@pytest.mark.usefixtures("helm_binary", "promtool_binary")
 def test_promtool_check_rules_refuses_a_broken_expression(tmp_path: Path) -> None:
     """The check above can fail: the same rule with one expression broken does not pass."""
     groups = copy.deepcopy(rule_groups(TESTED))
@@ -82,6 +85,7 @@ def _unit_test(tmp_path: Path, groups: list[dict[str, Any]], tests: Path = UNIT_
     return result.stdout + result.stderr
 
 
+@pytest.mark.usefixtures("helm_binary", "promtool_binary")
 def test_each_alert_fires_on_its_series_and_stays_silent_on_near_misses(tmp_path: Path) -> None:
     said = _unit_test(tmp_path, rule_groups(TESTED))
     assert "SUCCESS" in said
@@ -91,6 +95,7 @@ def test_each_alert_fires_on_its_series_and_stays_silent_on_near_misses(tmp_path
     assert tested == ALERTS
 
 
+@pytest.mark.usefixtures("helm_binary", "promtool_binary")
 def test_the_unit_tests_fail_when_an_alert_misses_its_series(tmp_path: Path) -> None:
     """promtool test rules can fail: with the floor at 5 % the idle job (10 %) no longer alerts."""
     groups = rule_groups([*TESTED[:-2], "monitoring.prometheusRule.gpuUtilization.floorPercent=5", TESTED[-1]])
@@ -101,6 +106,7 @@ def test_the_unit_tests_fail_when_an_alert_misses_its_series(tmp_path: Path) -> 
     assert "FineTuneJobGpuUnderused" in result.stdout + result.stderr
 
 
+@pytest.mark.usefixtures("helm_binary", "promtool_binary")
 def test_the_gpu_alert_reads_an_exporter_scraped_without_honouring_its_labels(tmp_path: Path) -> None:
     """DCGM exporter scraped with honorLabels off names the GPU's pod `exported_pod` (and its
     namespace `exported_namespace`); the same unit tests pass with the chart told so."""
@@ -120,6 +126,7 @@ def test_the_gpu_alert_reads_an_exporter_scraped_without_honouring_its_labels(tm
     assert "SUCCESS" in _unit_test(tmp_path, rule_groups(sets), exported)
 
 
+@pytest.mark.usefixtures("helm_binary")
 @pytest.mark.parametrize(
     ("sets", "pending_for"),
     [
@@ -134,13 +141,31 @@ def test_the_pending_alert_waits_past_the_operators_own_timeout(sets: list[str],
     assert rules["FineTuneJobPendingTooLong"]["for"] == pending_for
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_the_service_monitor_keeps_the_jobs_own_namespace_and_pod_labels() -> None:
     """Without honorLabels, Prometheus renames the series' `namespace` and `pod` to `exported_*`
     (the operator pod's own would win) and the alerts' joins would find nothing."""
-    monitor = one(render(sets=["metrics.serviceMonitor.enabled=true"]), "ServiceMonitor")
+    monitors = by_kind(render(sets=["metrics.serviceMonitor.enabled=true"]), "ServiceMonitor")
+    (monitor,) = [m for m in monitors if not m["metadata"]["name"].endswith("-servers")]
     assert [e.get("honorLabels") for e in monitor["spec"]["endpoints"]] == [True]
 
 
+@pytest.mark.usefixtures("helm_binary")
+def test_the_servers_service_monitor_scrapes_llama_servers_metrics_port_in_every_namespace() -> None:
+    """The ModelServers' Services (builders/model_server.py) by their labels and named port."""
+    from finetune_api.server_spec import SERVER_PORT_NAME
+    from finetune_operator.builders.model_server import ServerOwner, service
+
+    monitors = by_kind(render(sets=["metrics.serviceMonitor.enabled=true"]), "ServiceMonitor")
+    (servers,) = [m for m in monitors if m["metadata"]["name"].endswith("-servers")]
+    built = service(ServerOwner("chat", "team-a", "uid"))
+    assert servers["spec"]["selector"]["matchLabels"].items() <= built["metadata"]["labels"].items()
+    assert servers["spec"]["namespaceSelector"] == {"any": True}
+    assert [(e["port"], e["path"]) for e in servers["spec"]["endpoints"]] == [(SERVER_PORT_NAME, "/metrics")]
+    assert [p["name"] for p in built["spec"]["ports"]] == [SERVER_PORT_NAME]
+
+
+@pytest.mark.usefixtures("helm_binary")
 def test_alert_labels_and_rule_labels_come_from_values() -> None:
     objects = render(
         sets=[
@@ -154,6 +179,7 @@ def test_alert_labels_and_rule_labels_come_from_values() -> None:
     assert {r["labels"]["team"] for g in rule["spec"]["groups"] for r in g["rules"]} == {"ml"}
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_the_dashboard_passes_the_schema_and_lands_in_a_configmap_unchanged() -> None:
     schema = json.loads(SCHEMA.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -180,6 +206,7 @@ def test_the_schema_refuses_a_panel_grafana_could_not_place() -> None:
     assert not validator.is_valid(board)
 
 
+@pytest.mark.usefixtures("helm_binary", "promtool_binary")
 def test_every_dashboard_query_parses_as_promql(tmp_path: Path) -> None:
     """Grafana's variables replaced by what Grafana sends, each query becomes a recording rule
     that promtool parses."""
@@ -199,6 +226,7 @@ def test_every_dashboard_query_parses_as_promql(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr + result.stdout
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_the_rule_and_dashboard_name_only_metrics_the_operator_exports() -> None:
     """Against the operator's registry here; against its served /metrics in
     tests/operator/test_e2e_job_metrics.py."""

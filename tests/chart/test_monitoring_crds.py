@@ -62,10 +62,11 @@ def test_the_prometheus_operators_crds_admit_the_rule_and_the_monitor(
     objects = [
         o for o in render([ALL_ON_VALUES], namespace=namespace) if o["kind"] in ("PrometheusRule", "ServiceMonitor")
     ]
-    assert sorted(o["kind"] for o in objects) == ["PrometheusRule", "ServiceMonitor"]
+    # The operator's ServiceMonitor and the servers' (llama-server's metrics).
+    assert sorted(o["kind"] for o in objects) == ["PrometheusRule", "ServiceMonitor", "ServiceMonitor"]
     result = _dry_run(cluster, objects, namespace)
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.strip().splitlines()) == 2
+    assert len(result.stdout.strip().splitlines()) == 3
 
 
 def test_a_misspelt_rule_field_is_refused_naming_it(cluster: Cluster, monitoring_crds: None, namespace: str) -> None:

@@ -1,7 +1,7 @@
 """`helm lint` and `helm template` of the chart, checked object by object.
 
-Needs only the helm binary, no cluster: what the API server thinks of these objects is in
-test_install.py.
+Needs only the helm binary (the `helm_binary` fixture: the `tools` tier), no cluster: what the
+API server thinks of these objects is in test_install.py. The checks of values.yaml alone read files.
 """
 
 import json
@@ -32,6 +32,7 @@ DEFAULT_KINDS = {
 LEADER_SUFFIX = "-leader-election"
 
 
+@pytest.mark.usefixtures("helm_binary")
 @pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["defaults", "all-on"])
 def test_lint_strict_is_clean(values: list[Path]) -> None:
     args = ["lint", "--strict", str(CHART)]
@@ -42,12 +43,14 @@ def test_lint_strict_is_clean(values: list[Path]) -> None:
     assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_defaults_render_the_cluster_wide_operator_only() -> None:
     objects = render()
     assert {o["kind"] for o in objects} == DEFAULT_KINDS
     assert all(o["metadata"].get("namespace", "finetune-system") == "finetune-system" for o in objects)
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_all_on_renders_every_optional_part() -> None:
     objects = render([ALL_ON_VALUES])
     kinds = [o["kind"] for o in objects]
@@ -63,7 +66,15 @@ def test_all_on_renders_every_optional_part() -> None:
         ("finetune-system", "ft-finetune-operator-operator"),
         ("finetune-system", "ft-finetune-operator-trainer-rules"),
     ]
-    one(objects, "ServiceMonitor")
+    monitors = sorted(o["metadata"]["name"] for o in by_kind(objects, "ServiceMonitor"))
+    assert monitors == ["ft-finetune-operator", "ft-finetune-operator-servers"], monitors
+    servers = next(o for o in by_kind(objects, "ServiceMonitor") if o["metadata"]["name"].endswith("-servers"))
+    # llama-server's metrics of the servers in the namespaces the operator watches.
+    assert servers["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    assert servers["spec"]["selector"]["matchLabels"] == {
+        "finetune.dev/component": "server",
+        "app.kubernetes.io/managed-by": "finetune-operator",
+    }
     deployment = one(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"].endswith("@sha256:" + "0" * 64)
@@ -83,6 +94,7 @@ def test_all_on_renders_every_optional_part() -> None:
     assert [o["value"] for o in by_kind(objects, "WorkloadPriorityClass")] == [100, 1000]
 
 
+@pytest.mark.usefixtures("helm_binary")
 @pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["defaults", "all-on"])
 def test_operator_deployment_is_replicated_probed_and_restricted(values: list[Path]) -> None:
     deployment = one(render(values), "Deployment")
@@ -115,6 +127,7 @@ def _is_leader_election(o: dict[str, Any]) -> bool:
     return o["kind"] in ("Role", "RoleBinding") and o["metadata"]["name"].endswith(LEADER_SUFFIX)
 
 
+@pytest.mark.usefixtures("helm_binary")
 @pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["defaults", "all-on"])
 def test_replicas_spread_over_nodes_and_a_drain_keeps_one(values: list[Path]) -> None:
     objects = render(values)
@@ -137,6 +150,7 @@ def test_replicas_spread_over_nodes_and_a_drain_keeps_one(values: list[Path]) ->
     assert required["topologyKey"] == "kubernetes.io/hostname"
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_one_replica_without_leader_election_is_recreated_and_two_need_it() -> None:
     objects = render(sets=["replicaCount=1", "leaderElection.enabled=false"])
     spec = one(objects, "Deployment")["spec"]
@@ -151,6 +165,7 @@ def test_one_replica_without_leader_election_is_recreated_and_two_need_it() -> N
     assert result.returncode != 0 and "replicaCount: 2 replicas need leaderElection.enabled" in result.stderr
 
 
+@pytest.mark.usefixtures("helm_binary")
 @pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["cluster-mode", "namespaced-mode"])
 def test_leader_election_is_one_lease_in_the_release_namespace(values: list[Path]) -> None:
     """The Role grants the Lease's rights (files/operator-leader-rbac.yaml, what the tests apply)
@@ -180,11 +195,12 @@ def test_leader_election_is_one_lease_in_the_release_namespace(values: list[Path
     assert env_of(one(named, "Deployment"))["FINETUNE_LEASE_NAME"] == "fleet"
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_rendered_env_is_what_the_operator_reads() -> None:
     """The operator's own settings parser reads the rendered env: names and formats agree."""
     from finetune_operator import settings
 
-    known = {v for k, v in vars(settings).items() if k.startswith("ENV_")}
+    known = {row.env for row in settings.SETTINGS.values()}
     defaults = env_of(one(render(), "Deployment"))
     unknown = {name for name in defaults if name.startswith("FINETUNE_")} - known
     assert not unknown, f"the chart sets variables the operator does not read: {unknown}"
@@ -258,17 +274,22 @@ def _tenant_grants(objects: list[dict[str, Any]]) -> dict[str, set[tuple[str, st
     return grants
 
 
+@pytest.mark.usefixtures("helm_binary")
 @pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["cluster-mode", "namespaced-mode"])
 def test_tenant_roles_aggregate_finetunejobs_into_view_edit_and_admin(values: list[Path]) -> None:
     grants = _tenant_grants(render(values))
-    read = {(r, v) for r in ("finetunejobs", "finetunejobs/status") for v in ("get", "list", "watch")}
-    write = {("finetunejobs", v) for v in ("create", "update", "patch", "delete", "deletecollection")}
+    kinds = ("finetunejobs", "modelservers")
+    read = {(r, v) for k in kinds for r in (k, f"{k}/status") for v in ("get", "list", "watch")}
+    write = {(k, v) for k in kinds for v in ("create", "update", "patch", "delete", "deletecollection")}
     assert grants["view"] == read
     assert grants["edit"] == grants["admin"] == read | write
-    # Status is the operator's and the trainer's: a tenant who could patch it could fake Succeeded.
-    assert not {v for r, v in grants["admin"] if r == "finetunejobs/status"} - {"get", "list", "watch"}
+    # Status is the operator's and the trainer's: a tenant who could patch it could fake Succeeded
+    # (or, for a server, the adapters a request's id picks).
+    for kind in kinds:
+        assert not {v for r, v in grants["admin"] if r == f"{kind}/status"} - {"get", "list", "watch"}
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_tenant_roles_can_be_left_out() -> None:
     objects = render(sets=["rbac.tenantRoles=false"])
     assert not [o for o in by_kind(objects, "ClusterRole") if _is_tenant_role(o)]
@@ -285,6 +306,7 @@ def _strings(node: Any) -> list[str]:
     return []
 
 
+@pytest.mark.usefixtures("helm_binary")
 @pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["cluster-mode", "namespaced-mode"])
 def test_rbac_has_no_wildcards_and_exactly_the_operators_rules(values: list[Path]) -> None:
     objects = render(values)
@@ -313,6 +335,7 @@ def test_operator_rules_cannot_read_secrets_or_touch_nodes() -> None:
             assert not ({"nodes"} & resources and verbs - {"get", "list", "watch"}), rule
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_namespaced_mode_needs_namespaces_the_operator_may_write_in() -> None:
     """The release namespace is one the operator never writes in: namespaced mode names its own."""
     for sets in (["watch.mode=namespaced"], ["watch.mode=namespaced", "watch.namespaces={team-a,kube-system}"]):
@@ -324,6 +347,7 @@ def test_namespaced_mode_needs_namespaces_the_operator_may_write_in() -> None:
     assert env_of(one(objects, "Deployment"))["FINETUNE_NAMESPACES"] == "team-a"
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_excluded_namespaces_reach_the_operator_and_the_fence_from_one_value() -> None:
     from finetune_operator import settings
 
@@ -359,6 +383,7 @@ def _fence_rules(objects: list[dict[str, Any]]) -> dict[str, Any] | None:
     return found[0]["spec"] if found else None
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_no_static_trainer_policy_the_operator_makes_one_per_job() -> None:
     """The chart renders the operator's own NetworkPolicy and the fence's parameter (which selects
     no pod), nothing for trainers: each trainer's comes from the operator, per job, in whatever
@@ -370,6 +395,7 @@ def test_no_static_trainer_policy_the_operator_makes_one_per_job() -> None:
         assert rules is not None and rules["podSelector"] == {"matchLabels": {"finetune.dev/trainer-rules": "template"}}
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_trainer_rules_reach_the_operator_and_the_fence_from_one_value() -> None:
     """One render of trainer.networkPolicy feeds both the operator's builder and the fence: the
     API server's addresses and ports, DNS, extraEgress (with the protocol the API server would
@@ -417,6 +443,7 @@ def test_trainer_rules_reach_the_operator_and_the_fence_from_one_value() -> None
     assert _trainer_network(render(sets=bare))["egress"][2]["ports"] == [{"port": 8080, "protocol": "TCP"}]
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_network_policies_are_on_by_default_and_render_without_a_cluster_only_with_the_api_servers_address() -> None:
     """`helm template` cannot look the API server's addresses up: the chart refuses, in one line,
     rather than open the API server's ports on any address (which would reopen HTTPS to the
@@ -438,6 +465,7 @@ def test_network_policies_are_on_by_default_and_render_without_a_cluster_only_wi
     assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"} <= set(block["except"])
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_turned_off_the_operator_makes_no_policy_and_the_fence_admits_none() -> None:
     from finetune_operator.settings import from_env
 
@@ -449,6 +477,7 @@ def test_turned_off_the_operator_makes_no_policy_and_the_fence_admits_none() -> 
     assert rules is not None and "egress" not in rules and "ingress" not in rules
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_the_tests_rules_are_the_charts() -> None:
     """tests/support/harness.py's TRAINER_NETWORK (what the tests' operator and fence use) is what
     the chart renders from its defaults for the local API server's address, and so is the fence's
@@ -460,6 +489,7 @@ def test_the_tests_rules_are_the_charts() -> None:
     assert _fence_rules(objects) == trainer_rules_policy()["spec"]
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_operator_pod_admits_only_its_ports_from_the_named_namespaces() -> None:
     objects = render(sets=["networkPolicy.ingressNamespaces={monitoring}"])
     deployment = one(objects, "Deployment")
@@ -484,6 +514,7 @@ def test_operator_pod_admits_only_its_ports_from_the_named_namespaces() -> None:
     assert not by_kind(off, "NetworkPolicy")
 
 
+@pytest.mark.usefixtures("helm_binary")
 @pytest.mark.parametrize(
     ("setting", "named"),
     [
@@ -573,11 +604,13 @@ def test_schema_knows_every_value() -> None:
     walk(values, schema, "")
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_template_is_deterministic() -> None:
     """Two renders are identical: no random names or generated secrets that churn on upgrade."""
     assert helm(*template_args()).stdout == helm(*template_args()).stdout
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_trainer_status_policy_is_the_files_rule_named_after_the_release() -> None:
     from tests.support.harness import trainer_status_policy
 
@@ -595,6 +628,7 @@ def test_trainer_status_policy_is_the_files_rule_named_after_the_release() -> No
     assert not by_kind(off, "ValidatingAdmissionPolicy") and not by_kind(off, "ValidatingAdmissionPolicyBinding")
 
 
+@pytest.mark.usefixtures("helm_binary")
 @pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["defaults", "all-on"])
 def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) -> None:
     """The chart's fence equals the file's policies (what the tests apply) with this release's
@@ -622,7 +656,7 @@ def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) 
             assert rendered["spec"] == source["spec"], f"{suffix} drifted from files/operator-fence-policy.yaml"
         else:
             spec = {**source["spec"], "policyName": rendered["metadata"]["name"]}
-            if "paramRef" in spec:  # the release's trainer rules, in its namespace
+            if "name" in spec.get("paramRef", {}):  # the release's trainer rules, in its namespace
                 spec["paramRef"] = {**spec["paramRef"], "name": "ft-finetune-operator-trainer-rules"}
             assert rendered["spec"] == spec
     # The allow-list reaches both the policy and the operator, from the one value.
@@ -637,6 +671,7 @@ def test_operator_fence_is_the_files_rules_for_this_release(values: list[Path]) 
     assert not [o for o in off if "-fence-" in o["metadata"]["name"]]
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_the_default_trainer_image_is_allowed_and_a_wider_list_reaches_the_operator() -> None:
     from finetune_api import images
     from finetune_operator import settings
@@ -651,6 +686,7 @@ def test_the_default_trainer_image_is_allowed_and_a_wider_list_reaches_the_opera
     )
 
 
+@pytest.mark.usefixtures("helm_binary")
 def test_a_default_trainer_image_outside_the_allow_list_fails_the_install_in_one_line() -> None:
     result = helm(*template_args(sets=["trainer.image=docker.io/evil/miner:latest"]), check=False)
     assert result.returncode != 0

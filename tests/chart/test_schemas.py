@@ -5,7 +5,7 @@ kubeVersion), the current one (the local control plane's) and the newest the pac
 
 The schemas come with the pinned `kubernetes-validate` package (its strict form: an unknown
 field is an error, as `kubectl apply --validate=strict` makes it), so nothing is fetched.
-Chart rendering needs the helm binary only; no cluster.
+Chart rendering needs the helm binary only (the `helm_binary` fixture); no cluster.
 """
 
 import copy
@@ -19,13 +19,18 @@ import kubernetes_validate.utils
 import pytest
 import yaml
 
+from finetune_api.served_files import named_jobs, resolve
+from finetune_api.server_spec import ModelServerSpec
 from finetune_api.spec import FineTuneJobSpec
+from finetune_operator.builders import model_server
+from finetune_operator.builders.model_server import ServerOwner
 from finetune_operator.children import Owner
 from finetune_operator.decide import desired_children, namespace_children
-from finetune_operator.settings import ENV_TRAINER_NETWORK, Settings, from_env
+from finetune_operator.settings import SETTINGS, Settings, from_env
 from hack.cluster.binaries import K8S_VERSION
 from tests.support.harness import TRAINER_NETWORK
 from tests.support.helm import ALL_ON_VALUES, CHART, REPO, render
+from tests.support.server_cases import job
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 # Kinds of other projects' CRDs: no Kubernetes schema describes them (Kueue's objects are checked
@@ -61,18 +66,29 @@ def problems(obj: dict[str, Any], version: str) -> str | None:
 
 
 def builder_children() -> list[dict[str, Any]]:
-    """What the operator creates for each example job: what the namespace's jobs share (the
+    """What the operator creates for each example: for a job, what the namespace's jobs share (the
     trainer identity, the trainers' NetworkPolicies with the tests' network rules), the job's own
-    policy when it spans nodes, the output claim when the job asks for one, and the Job."""
-    network = from_env({ENV_TRAINER_NETWORK: json.dumps(TRAINER_NETWORK)}).trainer_network
+    policy when it spans nodes, the output claim when the job asks for one, and the Job; for a
+    ModelServer, its NetworkPolicy, Service and Deployment (its jobs' files on their claims)."""
+    network = from_env({SETTINGS["trainer_network"].env: json.dumps(TRAINER_NETWORK)}).trainer_network
     settings = Settings(trainer_network=network)
     objects: list[dict[str, Any]] = []
     for path in EXAMPLES:
         manifest = yaml.safe_load(path.read_text())
+        if manifest["kind"] == "ModelServer":
+            objects += server_children(manifest, settings)
+            continue
         spec = FineTuneJobSpec.model_validate(manifest["spec"])
         owner = Owner(name=manifest["metadata"]["name"], namespace="team-a", uid="0000-uid")
         objects += namespace_children(owner.namespace, settings) + desired_children(owner, spec, settings)
     return objects
+
+
+def server_children(manifest: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
+    spec = ModelServerSpec.model_validate(manifest["spec"])
+    owner = ServerOwner(manifest["metadata"]["name"], "team-a", "0000-uid")
+    jobs = {name: job(name) for name in named_jobs(spec)}
+    return model_server.children(owner, spec, resolve(spec, owner.namespace, jobs, None), settings)
 
 
 def test_the_supported_versions_have_schemas_in_the_package() -> None:
@@ -85,9 +101,10 @@ def test_the_supported_versions_have_schemas_in_the_package() -> None:
 def test_there_are_example_jobs_and_their_children() -> None:
     kinds = {o["kind"] for o in builder_children()}
     assert len(EXAMPLES) >= 2
-    assert {"Job", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy"} <= kinds
+    assert {"Job", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "Deployment", "Service"} <= kinds
 
 
+@pytest.mark.usefixtures("helm_binary")
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("values", [[], [ALL_ON_VALUES]], ids=["defaults", "all-on"])
 def test_every_rendered_object_is_valid(values: list[Path], version: str) -> None:
@@ -103,6 +120,7 @@ def test_every_child_of_the_example_jobs_is_valid(version: str) -> None:
     assert not found, "\n".join(found)
 
 
+@pytest.mark.usefixtures("helm_binary")
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_planted_invalid_field_fails_the_validation(version: str) -> None:
     """The check can fail: one unknown field, one wrong type, each named by its path."""

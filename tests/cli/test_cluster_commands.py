@@ -20,7 +20,8 @@ from kubernetes.client.exceptions import ApiException
 from finetune_api.constants import API_VERSION, GROUP, KIND, LABEL_COMPONENT, LABEL_JOB, PLURAL, VERSION
 from tests.fixtures.cluster import Cluster, wait_for, wait_pod_phase
 from tests.support.ci import require
-from tests.support.cli import PYTHONPATH, assert_one_line_error, ftjob
+from tests.support.cli import PYTHONPATH, assert_one_line_error
+from tests.support.cli import ftjob_process as ftjob
 from tests.support.specs import body as spec_body
 
 pytestmark = pytest.mark.cluster

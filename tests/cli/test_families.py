@@ -74,6 +74,7 @@ def test_a_missing_target_names_the_models_linear_modules(tmp_path: Path) -> Non
     assert "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj" in line
 
 
+@pytest.mark.trainer  # `check-data --tokenizer` loads the trainer's stack in its process
 def test_check_data_refuses_an_unsupported_model_folder(tmp_path: Path) -> None:
     model = _config(tmp_path, "gpt2", "GPT2LMHeadModel")
     data = tmp_path / "data.jsonl"

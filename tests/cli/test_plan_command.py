@@ -38,17 +38,16 @@ def test_70b_on_four_p40s_fits_and_prints_every_part(config_70b: str):
         "headroom",
     ):
         assert row in out
-    assert "GPU3" in out and "FITS:" in out
+    assert "GPU3" in out and out.splitlines()[1].startswith("FITS: 4 x Tesla-P40 in fsdp mode, peak")
     assert "parallelism fsdp, 4 processes" in out and "in fsdp mode, loss in chunks of 512 tokens" in out
     assert "tokens/s" in out and "epoch     10,000,000 tokens:" in out
 
 
 def test_the_plan_names_the_attention_kernel_and_the_longest_sequence_per_mode(config_70b: str):
     """Each mode's longest maxLength on these GPUs, as `finetune_plan.lengths` bisects it."""
-    from finetune_plan import Recipe, shape_from_config
+    from finetune_plan import Hardware, Recipe, shape_from_config
     from finetune_plan.lengths import longest_per_mode
     from finetune_plan.parallelism import TRAINER_LOSS_CHUNKS
-    from finetune_plan.plan import Hardware
 
     result = ftjob("plan", EXAMPLE_70B, "--model-config", config_70b)
     assert result.returncode == 0, result.stderr
@@ -66,7 +65,8 @@ def test_the_example_alone_is_planned_from_the_known_model_table():
     """No --model-config: the PVC folder is named after a model the planner knows."""
     result = ftjob("plan", EXAMPLE_70B, cwd=REPO / "examples")
     assert result.returncode == 0, result.stderr
-    assert "FITS: fits on 4 x Tesla-P40 in fsdp mode" in result.stdout
+    assert "FITS: 4 x Tesla-P40 in fsdp mode" in result.stdout
+    assert "memory    fits on 4 x Tesla-P40 in fsdp mode" in result.stdout
     assert "80 layers" in result.stdout
 
 
@@ -270,7 +270,33 @@ def test_memory_below_the_pods_host_figure_is_refused_by_plan_and_validate(tmp_p
         assert result.returncode == 3, (command, result.stdout, result.stderr)
         assert "spec.resources.memory 16.0 GiB is below" in result.stdout
         assert "Traceback" not in result.stderr
+    # One verdict: the plan says DOES NOT FIT once, on its first line, and never FITS beside it.
+    lines = ftjob("plan", str(short)).stdout.splitlines()
+    assert [x for x in lines if x.startswith(("FITS", "DOES NOT FIT"))] == [lines[1]]
     assert ftjob("validate", EXAMPLE_70B).returncode == 0
+
+
+def test_with_volumes_a_memory_short_job_gets_one_verdict_not_fits_and_does_not_fit(tmp_path: Path) -> None:
+    """`--volumes` plans from the model's own config.json: a plan that fits its GPUs but not the
+    pod's host memory says DOES NOT FIT once, where it used to print FITS beside it."""
+    volumes = tmp_path / "volumes"
+    model = volumes / "models" / "meta-llama" / "Llama-3.3-70B-Instruct"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(LLAMA_3_8B))
+    data = volumes / "datasets" / "support" / "alpaca.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text('{"instruction": "hi", "output": "hello"}\n' * 100)
+    job = yaml.safe_load(Path(EXAMPLE_70B).read_text())
+    job["spec"]["resources"]["memory"] = "1Gi"
+    short = tmp_path / "short.yaml"
+    short.write_text(yaml.safe_dump(job))
+    result = ftjob("plan", str(short), "--volumes", str(volumes), "--offline")
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    lines = result.stdout.splitlines()
+    assert [x for x in lines if x.startswith(("FITS", "DOES NOT FIT"))] == [lines[1]]
+    assert lines[1].startswith("DOES NOT FIT: spec.resources.memory 1.0 GiB is below"), lines[1]
+    said = json.loads(ftjob("plan", str(short), "--volumes", str(volumes), "--offline", "--json").stdout)
+    assert said["fits"] is False and said["verdict"]["reason"] == "WontFit"
 
 
 def _batch_manifest(tmp_path: Path, resources: dict[str, Any], parallelism: str, batch: int, accumulation: int) -> str:
@@ -379,3 +405,38 @@ def test_nothing_that_fits_a_node_names_the_field_to_change(tmp_path: Path) -> N
 
 def test_a_bad_host_memory_per_gpu_is_one_line(tmp_path: Path) -> None:
     assert_one_line_error(ftjob("plan", EXAMPLE_70B, "--host-memory-per-gpu", "lots"), "--host-memory-per-gpu")
+
+
+def test_the_first_lines_are_the_verdict_the_whole_jobs_time_and_the_nodes(tmp_path: Path) -> None:
+    """The time of the whole job by the planner: maxSteps x the optimizer step, or the epochs over
+    --tokens; not known (and said how to know it) where the dataset's size is not."""
+    job = yaml.safe_load(Path(EXAMPLE_70B).read_text())
+    job["spec"]["training"].pop("epochs", None)
+    job["spec"]["training"]["maxSteps"] = 10
+    stepped = tmp_path / "steps.yaml"
+    stepped.write_text(yaml.safe_dump(job))
+    lines = ftjob("plan", str(stepped), "--offline").stdout.splitlines()
+    assert lines[1].startswith("FITS: ")
+    assert lines[2].startswith("time      about ") and "for the whole job: 10 steps (training.maxSteps) of" in lines[2]
+    assert lines[3] == (
+        "nodes     one Tesla-P40 server can hold a pod of 4 GPUs (the planner's figure of 8 GPUs a server) "
+        "(not the cluster's nodes: --offline)"
+    )
+    plan = json.loads(ftjob("plan", str(stepped), "--offline", "--json").stdout)
+    step = plan["speed"]["step_seconds"] * job["spec"]["training"]["gradientAccumulation"]
+    assert plan["jobSeconds"] == pytest.approx(10 * step, rel=1e-3)
+    told = ftjob("plan", EXAMPLE_70B, "--offline", "--tokens", "1000000").stdout.splitlines()
+    assert "for the whole job: 1 epoch(s) of 1,000,000 tokens at" in told[2]
+    unknown = ftjob("plan", EXAMPLE_70B, "--offline").stdout.splitlines()
+    assert unknown[2].startswith("time      not known yet: 1 epoch(s) of a dataset whose size is not known here")
+    assert "pass --tokens N, or --volumes DIR where the dataset is" in unknown[2]
+
+
+def test_more_gpus_than_a_server_holds_is_refused_with_a_split_that_would_fit() -> None:
+    result = ftjob("plan", EXAMPLE_70B, "--offline", "--gpus", "16")
+    assert result.returncode == 3, result.stdout
+    verdict = result.stdout.splitlines()[1]
+    assert verdict.startswith("DOES NOT FIT: 16 GPUs per pod: no Tesla-P40 node has more than 8")
+    assert "resources.nodes: 2 with gpus: 8 (the same 16 GPUs)" in verdict
+    said = json.loads(ftjob("plan", EXAMPLE_70B, "--offline", "--gpus", "16", "--json").stdout)
+    assert said["fits"] is False and said["verdict"]["reason"] == "TooManyGpusPerNode"

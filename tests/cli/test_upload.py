@@ -19,7 +19,8 @@ import pytest
 from kubernetes import client
 
 from tests.fixtures.cluster import Cluster, wait_for
-from tests.support.cli import PYTHONPATH, REPO, assert_one_line_error, ftjob
+from tests.support.cli import PYTHONPATH, REPO, assert_one_line_error
+from tests.support.cli import ftjob_process as ftjob
 from tests.support.harness import volume_folder
 
 pytestmark = pytest.mark.cluster

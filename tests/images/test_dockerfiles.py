@@ -1,5 +1,5 @@
-"""The two Dockerfiles. Docker cannot run here, so what the images would hold is checked from
-the files themselves: hadolint, pinned bases and packages, the sources they copy, the entry
+"""The three Dockerfiles (operator, trainer, serving). Docker cannot run here, so what the images
+would hold is checked from the files themselves: hadolint, pinned bases and packages, the sources they copy, the entry
 points, and users that agree with the chart's securityContexts.
 """
 
@@ -19,9 +19,11 @@ from tests.support.layers import PACKAGES, closure
 
 OPERATOR = REPO / "operator" / "Dockerfile"
 TRAINER = REPO / "trainer_image" / "Dockerfile"
-DOCKERFILES = [OPERATOR, TRAINER]
-IDS = ["operator", "trainer"]
-# The package each image runs: it installs that package's layer and every layer under it.
+SERVING = REPO / "serving_image" / "Dockerfile"
+DOCKERFILES = [OPERATOR, TRAINER, SERVING]
+IDS = ["operator", "trainer", "serving"]
+# The package each image runs: it installs that package's layer and every layer under it. The
+# serving image runs llama-server alone: no layer of the project.
 RUNS = {"operator": "finetune_operator", "trainer": "finetune_trainer"}
 
 
@@ -94,7 +96,8 @@ def test_images_install_their_layers_as_projects(dockerfile: Path) -> None:
     """Each image copies whole layer folders and installs them with pip (their pyproject.toml):
     the layer of what it runs and the layers under it, no other, and no package copied by hand."""
     name = IDS[DOCKERFILES.index(dockerfile)]
-    wanted = {PACKAGES[package].parent.relative_to(REPO).as_posix() for package in closure(RUNS[name])}
+    runs = closure(RUNS[name]) if name in RUNS else set()
+    wanted = {PACKAGES[package].parent.relative_to(REPO).as_posix() for package in runs}
     copied: dict[str, str] = {}
     for word, rest in _instructions(dockerfile):
         if word == "COPY" and "--from=" not in rest:
@@ -122,8 +125,9 @@ def test_users_agree_with_the_chart_and_the_operator() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     # The operator's pod runs as the chart's user; the image's files must be readable by it.
     assert _user_id(OPERATOR) == values["podSecurityContext"]["runAsUser"]
-    # Trainer pods run as the uid the operator is configured with (the chart's trainer.uid).
-    assert _user_id(TRAINER) == values["trainer"]["uid"] == Settings().trainer_uid
+    # Trainer pods run as the uid the operator is configured with (the chart's trainer.uid), and
+    # so do a ModelServer's (builders/model_server.py takes the trainers' security contexts).
+    assert _user_id(TRAINER) == values["trainer"]["uid"] == Settings().trainer_uid == _user_id(SERVING)
 
 
 def _entrypoint(dockerfile: Path) -> list[str]:
@@ -141,6 +145,9 @@ def test_entry_points_are_the_commands_the_cluster_runs() -> None:
     assert _entrypoint(OPERATOR) == ["python", "-m", "finetune_operator"]
     assert 'command: ["python", "-m", "finetune_operator"]' in chart_deployment
     assert _entrypoint(TRAINER)[:3] == list(COMMAND)[:3] == ["python", "-m", "finetune_trainer"]
+    from finetune_operator.builders import model_server
+
+    assert _entrypoint(SERVING) == list(model_server.COMMAND) == ["llama-server"]
 
 
 @pytest.mark.parametrize("module", ["finetune_operator", "finetune_trainer"])
@@ -153,7 +160,7 @@ def test_entry_modules_start(module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "requirements", [REPO / "operator" / "requirements.txt", REPO / "trainer_image" / "requirements.txt"], ids=IDS
+    "requirements", [REPO / "operator" / "requirements.txt", REPO / "trainer_image" / "requirements.txt"], ids=IDS[:2]
 )
 def test_image_requirements_are_exact_pins_of_what_the_tests_run(requirements: Path) -> None:
     """The images install these files; CI installs with them as constraints. Same versions."""
@@ -192,7 +199,7 @@ def test_the_trainer_image_unpacks_the_llama_cpp_the_tests_pin() -> None:
 def test_the_trainer_image_builds_the_llama_quantize_the_tests_build() -> None:
     """llama-quantize (ggufType q4_k_m) is compiled in the image from the pinned sdist with the
     CMake flags hack/llama_cpp.py builds the tests' copy with, and the trainer finds it there."""
-    from finetune_trainer import gguf_export
+    from finetune_trainer.outputs import gguf_export
     from hack import llama_cpp
 
     runs = [rest for word, rest in _instructions(TRAINER) if word == "RUN" and "cmake -S" in rest]
@@ -206,3 +213,41 @@ def test_the_trainer_image_builds_the_llama_quantize_the_tests_build() -> None:
     assert f"/out/llama-quantize {gguf_export.IMAGE_QUANTIZE}\n" in text
     assert f"{gguf_export.QUANTIZE_ENV}={gguf_export.IMAGE_QUANTIZE}" in text
     assert "libgomp1" in text, "llama-quantize's OpenMP runtime"
+
+
+def _cmake_flags(dockerfile: Path, target: str) -> list[str]:
+    """The -D flags of the one RUN that configures llama.cpp, quotes taken off, and that its build
+    makes `target`."""
+    runs = [rest for word, rest in _instructions(dockerfile) if word == "RUN" and "cmake -S" in rest]
+    assert len(runs) == 1, "one RUN compiles llama.cpp"
+    assert f"--target {target}" in runs[0]
+    assert "llama-cpp-python==${LLAMA_CPP_PYTHON_VERSION}" in runs[0]
+    return [w.strip('"') for w in runs[0].split() if w.strip('"').startswith("-D") and "=" in w]
+
+
+def test_the_serving_image_builds_llama_server_from_the_trainers_llama_cpp_with_cuda_for_every_gpu_product() -> None:
+    """The GGUF the trainer writes is one the server reads: the same sdist, the same flags as the
+    tools the tests run, with CUDA on for the compute capability of every product the planner
+    knows (Pascal's sm_60/61 first), on the trainer's CUDA 11.8 runtime base."""
+    from finetune_plan.gpu_products import known_names
+    from hack import llama_cpp
+
+    text = SERVING.read_text()
+    assert f"ARG LLAMA_CPP_PYTHON_VERSION={llama_cpp.VERSION}\n" in text
+    assert f"ARG LLAMA_CPP_PYTHON_VERSION={llama_cpp.VERSION}\n" in TRAINER.read_text()
+    flags = _cmake_flags(SERVING, "llama-server")
+    architectures = sorted(set(llama_cpp.CUDA_ARCHITECTURES.values()))
+    assert flags == [
+        *llama_cpp.SERVING_CMAKE_FLAGS,
+        f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(architectures)}",
+        "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined",
+    ]
+    assert architectures[:2] == ["60", "61"]
+    assert sorted(llama_cpp.CUDA_ARCHITECTURES) == sorted(known_names()), "a GPU product without its architecture"
+    assert _cmake_flags(TRAINER, "llama-quantize") == list(llama_cpp.TOOLS_CMAKE_FLAGS)
+    bases = {_expand(d, rest).split()[0] for d in (SERVING, TRAINER) for w, rest in _instructions(d) if w == "FROM"}
+    runtime = _expand(TRAINER, "${BASE_IMAGE}")
+    assert "cuda:11.8.0-runtime" in runtime and runtime in bases
+    assert [rest for word, rest in _instructions(SERVING) if word == "FROM"][-1] == "${BASE_IMAGE}"
+    # On PATH: the Deployment's command names it bare, as the node agent's PATH resolves it.
+    assert "COPY --from=llama-server /out/llama-server /usr/local/bin/llama-server" in text

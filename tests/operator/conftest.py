@@ -61,7 +61,7 @@ def jobs(kube: client.ApiClient, namespace: str) -> Jobs:
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-init Llama and a learnable Alpaca file, made once per session."""
-    from finetune_trainer.tiny_model import make_tiny_model, write_alpaca
+    from finetune_trainer.model.tiny_model import make_tiny_model, write_alpaca
 
     root = tmp_path_factory.mktemp("tiny-assets")
     make_tiny_model(root / "model" / "tiny-llama")

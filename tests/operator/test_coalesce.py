@@ -3,7 +3,7 @@
 from finetune_operator.decide import Actions
 from finetune_operator.reconcile import written_at_once
 from finetune_operator.runtime.coalesce import StatusCoalescer
-from finetune_operator.status import transitions
+from finetune_operator.status.events import transitions
 
 
 class Clock:

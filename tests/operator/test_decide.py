@@ -6,6 +6,7 @@ from typing import Any
 
 from finetune_operator.decide import Actions, Observed, decide
 from finetune_operator.settings import Settings
+from finetune_plan.nodes import NodeFacts
 from tests.support import bodies
 from tests.support.specs import OWNER, body
 
@@ -418,15 +419,18 @@ def timed(job_body: dict[str, Any], **kwargs: Any) -> Observed:
     )
 
 
-def test_a_job_pending_past_the_timeout_lists_the_nodes_stops_its_pods_then_fails_unschedulable() -> None:
+def gpu_nodes(counts: dict[str, int]) -> tuple[NodeFacts, ...]:
+    """Nodes of 4 GPUs by product, as the watch cache holds them."""
+    return tuple(NodeFacts(f"{p}-{i}", p, 4, 256 * 2**30) for p, n in counts.items() for i in range(n))
+
+
+def test_a_job_pending_past_the_timeout_stops_its_pods_then_fails_unschedulable_naming_the_nodes() -> None:
     ftj = finetunejob(status=PENDING, resources={"gpus": 2, "gpuProduct": "NVIDIA-H100-80GB-HBM3"})
     pods = [stuck_pod("2026-01-01T00:04:00Z")]  # 6 minutes ago
-    first = decide(timed(ftj, job=batch_job(), pods=pods))
-    assert first.list_nodes and first.status_patch is None and first.job_patch is None
-    listed = {"Tesla-P40": 12, "NVIDIA-A100-80GB": 4}
-    second = decide(timed(ftj, job=batch_job(), pods=pods, nodes_listed=True, node_values=listed))
-    assert second.job_patch == {"suspend": True}  # its pods go: none can be placed later
-    third = decide(timed(ftj, job=batch_job(suspend=True), pods=pods, nodes_listed=True, node_values=listed))
+    listed = gpu_nodes({"Tesla-P40": 12, "NVIDIA-A100-80GB": 4})
+    first = decide(timed(ftj, job=batch_job(), pods=pods, nodes=listed))
+    assert first.job_patch == {"suspend": True}  # its pods go: none can be placed later
+    third = decide(timed(ftj, job=batch_job(suspend=True), pods=pods, nodes=listed))
     said = (
         "pods unschedulable for over 300 s: no node has nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 "
         "(nodes have: Tesla-P40 x 12, NVIDIA-A100-80GB x 4)"
@@ -439,7 +443,7 @@ def test_a_job_pending_past_the_timeout_lists_the_nodes_stops_its_pods_then_fail
     # For good: with its pods gone and the verdict written, the job stays Failed and suspended.
     written = finetunejob(status=third.status_patch, resources={"gpus": 2, "gpuProduct": "NVIDIA-H100-80GB-HBM3"})
     later = decide(timed(written, job=batch_job(suspend=True), pods=[]))
-    assert later.phase == "Failed" and later.job_patch is None and not later.list_nodes
+    assert later.phase == "Failed" and later.job_patch is None
 
 
 def test_before_the_timeout_or_without_one_a_pending_job_waits() -> None:
@@ -452,14 +456,14 @@ def test_before_the_timeout_or_without_one_a_pending_job_waits() -> None:
     # A job queued through Kueue is left to Kueue, which would unsuspend what we suspend.
     queued = finetunejob(status=PENDING, resources={"gpus": 2}, placement={"queueName": "team-a"})
     actions = decide(timed(queued, job=batch_job(), pods=old))
-    assert not actions.list_nodes and actions.job_patch is None and actions.phase != "Failed"
+    assert actions.job_patch is None and actions.phase != "Failed"
 
 
 def test_where_the_product_exists_or_nodes_cannot_be_listed_the_schedulers_words_are_the_message() -> None:
     ftj = finetunejob(status=PENDING, resources={"gpus": 2})  # Tesla-P40, which nodes have
     pods = [stuck_pod("2026-01-01T00:00:00Z")]
-    for values in ({"Tesla-P40": 2}, None):
-        actions = decide(timed(ftj, job=batch_job(suspend=True), pods=pods, nodes_listed=True, node_values=values))
+    for listed in (gpu_nodes({"Tesla-P40": 2}), None):
+        actions = decide(timed(ftj, job=batch_job(suspend=True), pods=pods, nodes=listed))
         assert actions.status_patch is not None
         assert actions.status_patch["message"] == f"pods unschedulable for over 300 s: {SCHEDULER_SAID}"
 

@@ -142,10 +142,10 @@ def test_the_namespace_policy_fences_the_input_check_and_a_jobs_own_comes_first(
     import json
 
     from finetune_operator.decide import namespace_children
-    from finetune_operator.settings import ENV_TRAINER_NETWORK, from_env
+    from finetune_operator.settings import SETTINGS, from_env
     from tests.support.harness import TRAINER_NETWORK
 
-    rules = from_env({ENV_TRAINER_NETWORK: json.dumps(TRAINER_NETWORK)}).trainer_network
+    rules = from_env({SETTINGS["trainer_network"].env: json.dumps(TRAINER_NETWORK)}).trainer_network
     settings = Settings(trainer_network=rules)
     job = seen(finetunejob(), preflight=None)
     fenced = type(job)(**{**job.__dict__, "settings": settings})

@@ -11,7 +11,7 @@ from kubernetes import client
 
 from finetune_cli.export_job import LABEL_EXPORT_OF
 from finetune_trainer.test_hooks import EXPORT_FAIL
-from tests.support.cli import ftjob
+from tests.support.cli import ftjob_process as ftjob
 from tests.support.harness import Jobs, OperatorProcess
 from tests.support.specs import body
 from tests.support.training import CHECKPOINTS, host_path, trainer_hooks, watch_until_done

@@ -33,6 +33,7 @@ from tests.support.training import (
     summary,
     trainer_event,
     trainer_hooks,
+    trainer_hooks_off,
     watch_until_done,
 )
 
@@ -288,6 +289,8 @@ def test_a_high_priority_job_preempts_the_trainer_which_resumes_from_its_checkpo
     # On SIGTERM the trainer wrote a checkpoint of the point it had reached. (Its micro-batch and
     # the checkpoint took over 30 s once on a 2-core machine running a load soak beside the suite.)
     stop = wait_for(lambda: trainer_event(cluster, namespace, low_pod["metadata"]["name"], "stopped"), 90, "low's stop")
+    # Stopped where it was: low's next attempt (after high) finishes the run at full speed.
+    trainer_hooks_off(core, namespace, "low")
 
     high = watch_until_done(jobs, "high")[2]
     assert high["phase"] == "Succeeded", high

@@ -20,7 +20,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from finetune_api.multinode import COMPLETION_INDEX_ANNOTATION
-from tests.support.cli import assert_one_line_error, ftjob
+from tests.support.cli import assert_one_line_error
+from tests.support.cli import ftjob_process as ftjob
 from tests.support.harness import Jobs, OperatorProcess, wait_for
 from tests.support.processes import trainer_pid, worker_pid
 from tests.support.specs import body

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.support.cli import ftjob
+from tests.support.cli import ftjob_process as ftjob
 from tests.support.harness import Jobs, OperatorProcess
 from tests.support.specs import body
 from tests.support.training import (

@@ -52,7 +52,7 @@ def test_a100_job_never_lands_on_a_p40(jobs: Jobs, operator: OperatorProcess) ->
     assert jobs.pods("a100")[0]["spec"]["nodeName"].startswith("gpu-a100-")
 
 
-def test_more_gpus_than_any_node_has_stays_pending_with_the_schedulers_message(
+def test_more_gpus_than_any_node_has_stays_pending_with_the_schedulers_message_and_the_operators_warning(
     jobs: Jobs, operator: OperatorProcess
 ) -> None:
     jobs.create("huge", gpu_spec(gpus=8))
@@ -66,11 +66,13 @@ def test_more_gpus_than_any_node_has_stays_pending_with_the_schedulers_message(
     assert "nvidia.com/gpu" in cond["message"]
     status = jobs.status("huge")
     assert status["phase"] == "Pending"
-    assert status["message"] == cond["message"]
-    # The scheduler's own Warning on the pod says it; no Event of the operator repeats it.
+    # The scheduler's words stay on Scheduled, its own Warning on the pod; the message and the
+    # operator's one Warning say what the scheduler cannot: no node will ever do, and what would.
+    warned = jobs.condition("huge", "Schedulable")
+    assert warned["status"] == "False" and status["message"] == f"TooManyGpusPerNode: {warned['message']}"
     pod = jobs.pods("huge")[0]["metadata"]["name"]
     assert "FailedScheduling" in {e["reason"] for e in jobs.events_with(pod, "FailedScheduling")}
-    assert jobs.operator_events("huge") == []
+    assert [e["reason"] for e in jobs.operator_events("huge")] == ["TooManyGpusPerNode"]
 
 
 def test_memory_below_the_pods_plan_fails_wont_fit_before_any_job(jobs: Jobs, operator: OperatorProcess) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from finetune_trainer.tiny_model import write_preference
-from tests.support.harness import Jobs, OperatorProcess
+from finetune_trainer.model.tiny_model import write_preference
+from tests.support.harness import Jobs, OperatorProcess, wait_for
 from tests.support.specs import body
 from tests.support.training import (
     adapter_tensors,
@@ -57,6 +57,9 @@ def test_a_dpo_job_of_two_nodes_trains_the_adapter_of_one_pod_with_two_processes
     assert len({p["status"]["podIP"] for p in pods}) == 2
     # Pod 0 holds rank 0, which reports: its last step's figures are DPO's.
     first = next(p for p in pods if index_of(p) == 0)["metadata"]["name"]
+    # The node agent copies the pod's output into its log on its own time: read once the last
+    # line (`done`) is there.
+    wait_for(lambda: trainer_event(cluster, namespace, first, "done"), 90, "pod 0's last line in its log")
     last = trainer_event(cluster, namespace, first, "progress")
     assert last is not None and last["step"] == TRAINING["maxSteps"], last
     assert 0.0 <= last["rewardAccuracy"] <= 1.0 and "rewardMargin" in last, last

@@ -105,7 +105,7 @@ def test_a_gguf_job_whose_tokenizer_the_converter_refuses_fails_in_the_pre_fligh
 ) -> None:
     """The tiny model's tokenizer (a byte-level BPE whose pre-tokenizer llama.cpp does not know):
     llama.cpp's converter, run on it by the pre-flight's CPU pod, refuses it before any GPU Job."""
-    from finetune_trainer.gguf_export import CONVERTERS_ENV
+    from finetune_trainer.outputs.gguf_export import CONVERTERS_ENV
     from hack import llama_cpp as pinned
     from tests.support.training import trainer_hooks
 

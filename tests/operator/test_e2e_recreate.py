@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.support.cli import ftjob
+from tests.support.cli import ftjob_process as ftjob
 from tests.support.harness import Jobs, OperatorProcess, wait_for
 from tests.support.specs import body
 from tests.support.training import CHECKPOINTS, summary, watch_until_done

@@ -10,8 +10,8 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.cli import ftjob
-from tests.support.harness import Jobs, OperatorProcess, wait_for
+from tests.support.cli import ftjob_process as ftjob
+from tests.support.harness import Jobs, OperatorProcess, reported_the_end, wait_for
 from tests.support.processes import trainer_pid, worker_pid
 from tests.support.specs import body
 from tests.support.training import (
@@ -24,6 +24,7 @@ from tests.support.training import (
     summary,
     trainer_event,
     trainer_hooks,
+    trainer_hooks_off,
     watch_until_done,
 )
 
@@ -52,6 +53,7 @@ def test_tiny_cpu_job_trains_reports_progress_and_leaves_an_adapter(
     jobs.create("tiny", cpu_spec(output={"samples": {"count": 1, "maxNewTokens": 8}}))
     phases, steps, status = watch_until_done(jobs, "tiny")
     assert status["phase"] == "Succeeded", status
+    status = jobs.status_when("tiny", lambda s: reported_the_end(s, sample=True), "the trainer's last status")
     assert "Running" in phases
     assert len(steps) >= 2 and steps == sorted(steps), f"progress.step should increase during the run: {steps}"
     assert status["progress"]["step"] == TRAINING["maxSteps"]
@@ -68,12 +70,18 @@ def test_tiny_cpu_job_trains_reports_progress_and_leaves_an_adapter(
     assert status["startTime"] and status["completionTime"]
     # A job that runs well posts no Event: its phases, conditions and times are in the status.
     assert jobs.operator_events("tiny") == []
-    served = operator.metrics()
-    assert 'finetune_jobs{phase="Succeeded"} 1.0' in served
-    # What the trainer reported, served per job for the chart's dashboard.
+    # What the trainer reported, served per job for the chart's dashboard: read from the operator's
+    # watch cache at each scrape, which the trainer's last patch reaches in its own time.
     tiny = {"namespace": jobs.namespace, "name": "tiny"}
-    per_job = {s.name: s.value for f in text_string_to_metric_families(served) for s in f.samples if s.labels == tiny}
-    assert per_job["finetune_job_progress_step"] == TRAINING["maxSteps"]
+
+    def served_at_the_end() -> dict[str, float] | None:
+        served = operator.metrics()
+        families = text_string_to_metric_families(served)
+        per_job = {s.name: s.value for f in families for s in f.samples if s.labels == tiny}
+        at_end = per_job.get("finetune_job_progress_step") == TRAINING["maxSteps"]
+        return per_job if at_end and 'finetune_jobs{phase="Succeeded"} 1.0' in served else None
+
+    per_job = wait_for(served_at_the_end, 30, "the finished job on the operator's /metrics")
     assert per_job["finetune_job_loss"] == status["progress"]["loss"]
     assert per_job["finetune_job_progress_ratio"] == 1.0
 
@@ -152,6 +160,7 @@ def test_two_process_pods_train_in_each_mode_and_a_killed_rank_retries_to_the_sa
     for name, mode in (("two-dp", "dataParallel"), ("two-fsdp", "fsdp")):
         phases, _, status = final[name]
         assert status["phase"] == "Succeeded", status
+        status = jobs.status_when(name, reported_the_end, "the trainer's last progress")
         assert status["progress"]["step"] == TRAINING["maxSteps"]
         assert status["restarts"] == 0
         done = summary(training_volumes, name)
@@ -208,6 +217,9 @@ def test_ftjob_suspend_mid_accumulation_loses_no_micro_batch_and_ends_with_the_u
         # The pod is gone, so the trainer has exited; its last lines may still be on their way to
         # the log on a loaded machine (4 test workers on 2 cores: once over 30 s).
         stops.append(wait_for(lambda: trainer_event(cluster, namespace, pod_name, "stopped"), 90, "the stop"))  # noqa: B023
+        if stops[-1]["microBatchesDone"]:
+            # The stop this test needs: the attempt that finishes the run has nothing to wait for.
+            trainer_hooks_off(core, namespace, "pause")
         done = ftjob("resume", "pause", "-n", namespace)
         assert done.returncode == 0, done.stderr
         if stops[-1]["microBatchesDone"]:

@@ -13,8 +13,9 @@ import yaml
 
 from finetune_api import contract
 from finetune_api.spec import FineTuneJobSpec
-from finetune_operator.builders import job, multinode
-from finetune_operator.settings import SYSTEM_NAMESPACES, Settings
+from finetune_operator.builders import job, multinode, objects, preflight
+from finetune_operator.setting_parsers import SYSTEM_NAMESPACES
+from finetune_operator.settings import Settings
 from tests.support.harness import FENCE_POLICY_FILE, SYSTEM_NAMESPACE
 from tests.support.specs import OWNER, SETTINGS, body, gpu_spec
 
@@ -78,10 +79,28 @@ def test_the_fence_admits_the_folders_the_builders_mount_and_no_other() -> None:
         assert {m["mountPath"] for m in _container(built)["volumeMounts"]} <= set(contract.MOUNT_PATHS), kind
 
 
+S3 = {"bucket": "bucket", "endpoint": "http://store:9000"}
+S3_KIND = body(
+    model={"source": {"pvc": None, "s3": {**S3, "key": "m/", "secretName": "models"}}},
+    dataset={"source": {"pvc": None, "s3": {**S3, "key": "d.jsonl", "secretName": "data"}}, "format": "alpaca"},
+    output={"s3": {**S3, "key": "out/", "secretName": "out"}},
+)
+
+
+def _s3_jobs() -> list[tuple[str, dict[str, Any]]]:
+    """A job reading S3 and copying to it: its pre-flight, its fetch and its trainer."""
+    spec = FineTuneJobSpec.model_validate(S3_KIND)
+    return [
+        ("s3-preflight", preflight.preflight_job(OWNER, spec, SETTINGS)),
+        ("s3-fetch", objects.fetch_job(OWNER, spec, SETTINGS, "10Gi")),
+        ("s3-trainer", multinode.indexed_job(OWNER, spec, SETTINGS)),
+    ]
+
+
 def test_the_fence_admits_the_environment_names_the_builders_write_and_no_other() -> None:
     assert _literal(JOBS, "envNames") == sorted(job.ENV_NAMES | multinode.ENV_NAMES)
     written: set[str] = set()
-    for kind, built in _jobs():
+    for kind, built in [*_jobs(), *_s3_jobs()]:
         names = {e["name"] for e in _container(built)["env"]}
         assert names <= job.ENV_NAMES | multinode.ENV_NAMES, f"{kind}: {names - job.ENV_NAMES - multinode.ENV_NAMES}"
         written |= names
@@ -161,3 +180,17 @@ def test_the_fence_pins_the_preflight_shape_from_the_contract_and_the_builder() 
             assert set(container["resources"][side]) <= set(_literal(JOBS, "preflightResources")), kind
         assert pod["automountServiceAccountToken"] is False and "nodeSelector" not in pod, kind
         assert preflight_job["metadata"]["name"].endswith(contract.PREFLIGHT_SUFFIX), kind
+
+
+def test_s3_credentials_reach_a_pod_only_from_the_key_of_their_own_name() -> None:
+    pairs = _literal(JOBS, "s3KeyEnv")
+    assert set(pairs) == set(contract.S3_KEY_ENV) | set(contract.DATASET_S3_KEY_ENV) == job.S3_ENV_NAMES
+    assert all(pairs[name] == name.removeprefix(contract.DATASET_S3_PREFIX) for name in pairs)
+    assert _literal(JOBS, "fetchCommand") == list(contract.FETCH_COMMAND)
+    assert json.loads(_expression(JOBS, "objectsMount").replace("'", '"')) == contract.OBJECTS_MOUNT
+    assert json.loads(_expression(JOBS, "fetchSuffix").replace("'", '"')) == contract.FETCH_SUFFIX
+    for kind, built in _s3_jobs():
+        for entry in _container(built)["env"]:
+            ref = entry.get("valueFrom", {}).get("secretKeyRef")
+            if ref is not None:
+                assert pairs[entry["name"]] == ref["key"], (kind, entry)

@@ -9,7 +9,8 @@ import pytest
 
 from finetune_operator.runtime.leader import LeaseTimings, claimed, holder, micro_time, released
 from finetune_operator.runtime.workqueue import WorkQueue
-from finetune_operator.settings import SettingsError, check, from_env
+from finetune_operator.setting_parsers import SettingsError
+from finetune_operator.settings import check, from_env
 
 STAMP = "2026-12-04T10:00:00.000000Z"
 

@@ -19,10 +19,13 @@ from finetune_operator.builders import multinode, network
 from finetune_operator.builders import preflight as preflight_builder
 from finetune_operator.children import Owner, labels
 from finetune_operator.decide import desired_children, namespace_children
-from finetune_operator.settings import ENV_TRAINER_NETWORK, SettingsError, TrainerNetwork, from_env
+from finetune_operator.setting_parsers import SettingsError, TrainerNetwork
+from finetune_operator.settings import SETTINGS as TABLE
+from finetune_operator.settings import from_env
 from tests.support.harness import FENCE_POLICY_FILE, TRAINER_NETWORK
 from tests.support.specs import OWNER, SETTINGS, gpu_spec, spec
 
+ENV_TRAINER_NETWORK = TABLE["trainer_network"].env
 RULES = from_env({ENV_TRAINER_NETWORK: json.dumps(TRAINER_NETWORK)}).trainer_network
 TWO_NODES = {"resources": {"gpus": 0, "cpu": "1", "memory": "2Gi", "nodes": 2}}
 
@@ -127,9 +130,12 @@ def test_the_fence_names_the_shared_policies_and_their_labels_as_the_builder_doe
         if p["metadata"]["name"] == "finetune-fence-networkpolicies"
     ]
     variables = {v["name"]: v["expression"] for v in fence["spec"]["variables"]}
-    assert re.findall(r"'([^']+)'", variables["shared"]) == [network.TRAINERS, network.HUB_TRAINERS]
-    pods, hub_pods = re.findall(r"\{([^}]*)\}", variables["sharedPods"])
-    for said, policy in zip((pods, hub_pods), network.namespace_policies("x", _rules()), strict=True):
+    shared = [network.TRAINERS, network.HUB_TRAINERS, network.OBJECT_TRAINERS]
+    assert re.findall(r"'([^']+)'", variables["shared"]) == shared
+    said_pods = re.findall(r"\{([^}]*)\}", variables["sharedPods"])
+    store = {"to": [{"ipBlock": {"cidr": "10.0.5.10/32"}}], "ports": [{"protocol": "TCP", "port": 9000}]}
+    rules = dataclasses.replace(_rules(), object_egress=(store,))
+    for said, policy in zip(said_pods, network.namespace_policies("x", rules), strict=True):
         pairs = dict(re.findall(r"'([^']+)': '([^']+)'", said))
         assert pairs == policy["spec"]["podSelector"]["matchLabels"]
 

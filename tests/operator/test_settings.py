@@ -1,9 +1,12 @@
 """Operator settings from env vars and flags: defaults, overrides, one-line errors."""
 
+import dataclasses
+
 import pytest
 
 from finetune_operator.__main__ import build_parser, main, settings_from
-from finetune_operator.settings import Settings, SettingsError, check, from_env
+from finetune_operator.setting_parsers import SettingsError
+from finetune_operator.settings import SETTINGS, Settings, check, from_env
 
 
 def test_defaults_are_cluster_wide_with_the_standard_gpu_keys():
@@ -56,6 +59,28 @@ def test_flags_win_over_env():
     s = settings_from(args, Settings(namespaces=("z",)))
     assert s.namespaces == ("x", "y") and s.trainer_image == "t:3" and s.metrics_port == 0
     assert settings_from(build_parser().parse_args(["-A"]), Settings(namespaces=("z",))).clusterwide
+
+
+def test_flags_follow_the_table_and_a_bad_one_is_named_in_one_line(capsys):
+    options = {o for action in build_parser()._actions for o in action.option_strings}
+    for row in SETTINGS.values():
+        assert set(row.flag) <= options, row.name
+    assert settings_from(build_parser().parse_args(["--leader-elect"]), Settings()).leader_election
+    assert not settings_from(
+        build_parser().parse_args(["--no-leader-elect"]), Settings(leader_election=True)
+    ).leader_election
+    assert settings_from(build_parser().parse_args(["--log-level", "debug"]), Settings()).log_level == "DEBUG"
+    assert main(["--metrics-port", "99999"]) == 2
+    assert capsys.readouterr().err == "error: --metrics-port: port 99999 is outside 0-65535\n"
+
+
+def test_the_table_has_one_row_per_variable_and_flag():
+    envs = [row.env for row in SETTINGS.values()]
+    flags = [flag for row in SETTINGS.values() for flag in row.flag]
+    assert len(envs) == len(set(envs)) and len(flags) == len(set(flags))
+    assert all(row.doc and row.env.isupper() for row in SETTINGS.values())
+    # Every field is a setting but the one no variable sets.
+    assert set(SETTINGS) == {f.name for f in dataclasses.fields(Settings)} - {"preflight_deadline_seconds"}
 
 
 def test_main_prints_one_line_on_a_bad_setting(monkeypatch, capsys):

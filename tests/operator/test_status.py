@@ -1,6 +1,9 @@
 """The status logic: phase, conditions and Events from what the cluster shows."""
 
-from finetune_operator.status import Observation, compute, hand_over, needs_patch, status_patch, transitions
+from finetune_operator.status.events import transitions
+from finetune_operator.status.observation import Observation
+from finetune_operator.status.patch import needs_patch, status_patch
+from finetune_operator.status.phase import compute, hand_over
 from tests.support.bodies import NOW, cond, job, pod
 
 

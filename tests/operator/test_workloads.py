@@ -2,7 +2,9 @@
 on the local control plane (pending for quota, admitted, preempted, admitted again)."""
 
 from finetune_operator import workloads
-from finetune_operator.status import NO_WORKLOAD, Observation, compute
+from finetune_operator.status.observation import Observation
+from finetune_operator.status.phase import compute
+from finetune_operator.status.queue import NO_WORKLOAD
 from tests.support.bodies import NOW, job, pod
 
 PREEMPTED = (

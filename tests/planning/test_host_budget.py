@@ -14,8 +14,8 @@ from finetune_api import modes
 from finetune_api.spec import FineTuneJobSpec
 from finetune_plan import GIB, Hardware, Plan, Recipe, choose, lookup, make_plan, memory, shape_from_config
 from finetune_plan.gpu_products import PRODUCTS
-from finetune_plan.host import host_need
-from finetune_plan.host_limit import CHART_FIELD, SPEC_FIELD
+from finetune_plan.host.limit import CHART_FIELD, SPEC_FIELD
+from finetune_plan.messages.host import need_line
 from finetune_plan.pod import memory_refusal
 
 from .models import LLAMA_2_13B, LLAMA_3_8B, LLAMA_33_70B
@@ -41,15 +41,16 @@ def job_spec(
     )
 
 
-def planned(spec: FineTuneJobSpec, config: dict[str, Any], **kwargs: Any) -> tuple[Plan, int]:
+def planned(spec: FineTuneJobSpec, config: dict[str, Any], **kwargs: Any) -> Plan:
+    """The launch's plan, whose host figure is for the processes the launch runs."""
     launch = choose(spec, config, spec.resources.gpus, **kwargs)
-    assert launch.plan is not None
-    return launch.plan, launch.processes
+    assert launch.plan is not None and launch.plan.host.processes == launch.processes
+    return launch.plan
 
 
-def pod_gib(plan: Plan, processes: int) -> int:
+def pod_gib(plan: Plan) -> int:
     """What the operator writes as the pod's memory, in GiB."""
-    return host_need(plan, processes).gib
+    return plan.host.gib
 
 
 def test_every_product_has_a_host_budget_per_gpu_of_at_least_its_memory() -> None:
@@ -65,12 +66,12 @@ def test_13b_on_four_p40s_pins_only_what_a_node_offers(attention: str) -> None:
     offload `auto` pinned 54.7 GiB per process (materialised attention) and asked for a 252Gi pod;
     now it offloads fewer layers, the first ones recompute, and the pod fits 4 x 28 GiB."""
     assert P40 is not None
-    plan, processes = planned(job_spec(), LLAMA_2_13B, attention=attention)
+    plan = planned(job_spec(), LLAMA_2_13B, attention=attention)
     assert plan.fits, plan.message
-    assert pod_gib(plan, processes) <= 4 * P40.host_memory_gib
+    assert pod_gib(plan) <= 4 * P40.host_memory_gib
     asked = replace(plan.recipe, max_offloaded=None)
     unbounded = make_plan(plan.shape, asked, plan.hardware, checkpointing="auto", offload="auto")
-    assert pod_gib(unbounded, processes) > 4 * P40.host_memory_gib  # the issue's figure, without the limit
+    assert pod_gib(unbounded) > 4 * P40.host_memory_gib  # the issue's figure, without the limit
     offloaded = memory.offloaded_layers(plan.shape, plan.recipe)
     assert 0 < offloaded < memory.offloaded_layers(unbounded.shape, unbounded.recipe)
     assert plan.activations is not None and f"{offloaded} layers: what fits the 112 GiB" in plan.activations.offload
@@ -82,26 +83,26 @@ def test_13b_on_four_p40s_pins_only_what_a_node_offers(attention: str) -> None:
 def test_the_headline_70b_example_still_fits_with_its_margin_and_a_48gi_pod() -> None:
     """70B on 4 x P40 at 2048 tokens: fsdp, the 80 recomputing layers' inputs in host memory, 4.1
     GiB to spare per GPU, 48Gi for the pod: well inside 4 x 28 GiB."""
-    plan, processes = planned(example_spec(), LLAMA_33_70B, attention="memory_efficient")
+    plan = planned(example_spec(), LLAMA_33_70B, attention="memory_efficient")
     assert plan.fits and plan.parallelism == "fsdp", plan.message
     assert plan.summary["inputs_offloaded"] and plan.layout.fullest.headroom >= 4.1 * GIB
-    assert host_need(plan, processes).quantity == "48Gi"
+    assert plan.host.quantity == "48Gi"
     assert plan.host_limit is not None and plan.host_limit.limit == 112 * GIB
 
 
 def test_the_charts_figure_replaces_the_products_default() -> None:
-    roomy, processes = planned(job_spec(), LLAMA_2_13B, host_memory_per_gpu=96 * GIB)
-    default, _ = planned(job_spec(), LLAMA_2_13B)
-    assert pod_gib(roomy, processes) > pod_gib(default, processes)
+    roomy = planned(job_spec(), LLAMA_2_13B, host_memory_per_gpu=96 * GIB)
+    default = planned(job_spec(), LLAMA_2_13B)
+    assert pod_gib(roomy) > pod_gib(default)
     assert memory.offloaded_layers(roomy.shape, roomy.recipe) > memory.offloaded_layers(default.shape, default.recipe)
     assert roomy.host_limit is not None and f"4 x 96 GiB, {CHART_FIELD}" == roomy.host_limit.detail
 
 
 def test_the_pods_own_limit_in_the_pod_plans_what_the_operator_planned() -> None:
     """The trainer plans against its container's limit, the operator's figure: the same plan."""
-    operator, processes = planned(job_spec(), LLAMA_2_13B)
-    limit = pod_gib(operator, processes) * GIB
-    trainer, _ = planned(job_spec(), LLAMA_2_13B, host_memory=limit)
+    operator = planned(job_spec(), LLAMA_2_13B)
+    limit = pod_gib(operator) * GIB
+    trainer = planned(job_spec(), LLAMA_2_13B, host_memory=limit)
     assert trainer.recipe == operator.recipe and trainer.mode == operator.mode
 
 
@@ -110,17 +111,17 @@ def _one_line(text: str) -> None:
 
 
 def test_offload_true_above_the_node_says_to_set_auto_or_raise_the_memory() -> None:
-    plan, processes = planned(job_spec(activationOffload=True, gradientCheckpointing=True), LLAMA_2_13B)
+    plan = planned(job_spec(activationOffload=True, gradientCheckpointing=True), LLAMA_2_13B)
     assert not plan.fits and plan.host_refusal is not None
     _one_line(plan.message)
     assert plan.message.startswith("does not fit the host memory: the pod needs")
     assert "set training.activationOffload: auto" in plan.message and SPEC_FIELD in plan.message
-    host = host_need(plan, processes)
+    host = plan.host
     assert memory_refusal(job_spec(activationOffload=True, gradientCheckpointing=True), host) == plan.host_refusal
 
 
 def test_a_node_too_small_for_the_trainers_themselves_names_the_memory_fields() -> None:
-    plan, _ = planned(job_spec(), LLAMA_2_13B, host_memory_per_gpu=2 * GIB)
+    plan = planned(job_spec(), LLAMA_2_13B, host_memory_per_gpu=2 * GIB)
     assert not plan.fits and plan.host_refusal is not None
     _one_line(plan.message)
     assert SPEC_FIELD in plan.message and CHART_FIELD in plan.message
@@ -130,7 +131,7 @@ def test_a_node_too_small_for_the_trainers_themselves_names_the_memory_fields() 
 def test_inputs_the_gpus_need_in_host_memory_above_the_node_say_maxlength_or_memory() -> None:
     """The headline job at 2048 tokens fits the GPUs only with its 80 inputs in host memory (48Gi):
     a node offering 4 x 10 GiB cannot hold them, and the plan says what to change."""
-    plan, _ = planned(example_spec(), LLAMA_33_70B, attention="memory_efficient", host_memory_per_gpu=10 * GIB)
+    plan = planned(example_spec(), LLAMA_33_70B, attention="memory_efficient", host_memory_per_gpu=10 * GIB)
     assert not plan.fits
     _one_line(plan.message)
     assert "the recomputing layers' inputs in host memory would fit the GPUs, but take the pod to" in plan.message
@@ -208,7 +209,7 @@ def test_no_plan_asks_more_host_memory_than_its_limit(
     )
     if memory is not None:
         spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"memory": memory})})
-    plan, processes = planned(
+    plan = planned(
         spec,
         FAMILIES[family],
         attention="memory_efficient",
@@ -216,10 +217,10 @@ def test_no_plan_asks_more_host_memory_than_its_limit(
     )
     limit = plan.host_limit
     assert limit is not None
-    host = host_need(plan, processes)
+    host = plan.host
     refusal = memory_refusal(spec, host)
     if plan.fits and refusal is None:
-        assert host.gib * GIB <= limit.limit, (plan.message, host.describe())
+        assert host.gib * GIB <= limit.limit, (plan.message, need_line(host))
         assert math.ceil(host.pod_bytes / GIB) == host.gib
     if refusal is not None:
         _one_line(refusal)

@@ -9,7 +9,7 @@ import pytest
 from finetune_plan import Hardware, Recipe, lookup, shape_from_config
 from finetune_plan.lengths import longest_max_length, longest_per_mode
 from finetune_plan.parallelism import TRAINER_LOSS_CHUNKS
-from finetune_plan.plan import fits_in
+from finetune_plan.search.best import fits_in
 
 from .models import LLAMA_3_8B, LLAMA_33_70B
 

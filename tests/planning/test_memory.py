@@ -6,6 +6,7 @@ import pytest
 
 from finetune_plan import GIB, Hardware, Recipe, lookup, make_plan, shape_from_config
 from finetune_plan import memory as mem
+from finetune_plan.host.pinned import offload_host_bytes, pinned_block, pinned_layer_bytes
 from finetune_plan.model_shape import ModelConfigError
 
 from .models import LLAMA_2_13B, LLAMA_3_8B, LLAMA_33_70B
@@ -207,7 +208,8 @@ def test_every_loader_stages_at_most_the_largest_tensor() -> None:
 
 def test_the_pods_host_figure_adds_the_stated_margin() -> None:
     """3 processes of 10 GiB: 30 x 1.10 + 2 = 35.0 GiB, written 35Gi; 34 GiB is refused."""
-    from finetune_plan.host import HostNeed, shortfall
+    from finetune_plan.host.need import HostNeed
+    from finetune_plan.messages.host import shortfall
 
     need = HostNeed(10 * 2**30, 3, "fsdp")
     assert need.pod_bytes == pytest.approx(35.0 * 2**30) and need.quantity == "35Gi"
@@ -300,7 +302,7 @@ def test_offloading_some_layers_recomputes_the_first_ones() -> None:
     checkpoint = mem.checkpoint_bytes_per_layer(SHAPE_8B, recipe)
     assert (mem.kept_layers(SHAPE_8B, recipe), mem.offloaded_layers(SHAPE_8B, recipe)) == (3, 10)
     assert mem.recomputed_layers(SHAPE_8B, recipe) == 19
-    assert mem.offload_host_bytes(SHAPE_8B, recipe) == 10 * mem.pinned_layer_bytes(SHAPE_8B, recipe)
+    assert offload_host_bytes(SHAPE_8B, recipe) == 10 * pinned_layer_bytes(SHAPE_8B, recipe)
     assert mem.activations_on_gpu(SHAPE_8B, recipe, 32, 3) == 3 * full + 19 * checkpoint
     # Layers 19-28 offload: a GPU holding 16-23 has 5 of them, 3 recomputing, none kept.
     assert mem.offloaded_on_gpu(SHAPE_8B, recipe, 16, 8) == 5
@@ -328,10 +330,10 @@ def test_pinned_memory_is_counted_per_storage_as_the_allocator_rounds_it() -> No
     )
     storages = mem.saved_storages(shape, recipe)
     assert sum(storages) == pytest.approx(mem.full_layer_activation_bytes(shape, recipe))
-    assert mem.pinned_block(80 * 2**20) == 128 * 2**20 and mem.pinned_block(64 * 2**20) == 64 * 2**20
-    assert mem.pinned_layer_bytes(shape, recipe) == sum(mem.pinned_block(b) for b in storages)
+    assert pinned_block(80 * 2**20) == 128 * 2**20 and pinned_block(64 * 2**20) == 64 * 2**20
+    assert pinned_layer_bytes(shape, recipe) == sum(pinned_block(b) for b in storages)
     assert mem.full_layer_activation_bytes(shape, recipe) / GIB == pytest.approx(1.95, abs=0.01)
-    assert mem.pinned_layer_bytes(shape, recipe) / GIB == pytest.approx(2.75, abs=0.01)
+    assert pinned_layer_bytes(shape, recipe) / GIB == pytest.approx(2.75, abs=0.01)
     # Without dropout the adapters share their inputs and the o adapter keeps the attention output.
     plain = replace(recipe, lora_dropout=False)
     assert sum(mem.saved_storages(shape, plain)) == pytest.approx(mem.full_layer_activation_bytes(shape, plain))

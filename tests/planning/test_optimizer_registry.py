@@ -50,7 +50,7 @@ def test_the_built_in_entries_keep_the_planner_figures() -> None:
         "adafactor": 0.5,
         "sgd": 0.0,
     }
-    assert all(o.factory.startswith("finetune_trainer.optim:") for o in OPTIMIZERS)
+    assert all(o.factory.startswith("finetune_trainer.training.optim:") for o in OPTIMIZERS)
 
 
 def test_a_throwaway_optimizer_is_one_module(heavy: None) -> None:

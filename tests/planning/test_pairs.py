@@ -13,8 +13,8 @@ from finetune_api.spec import FineTuneJobSpec
 from finetune_plan import GIB, Plan, choose, lookup, make_plan
 from finetune_plan import pairs as pair_split
 from finetune_plan.inputs import recipe_from_spec
+from finetune_plan.messages.report import render
 from finetune_plan.parallelism import AUTO_MODES
-from finetune_plan.report import render
 from finetune_plan.speed import forward_seconds
 
 from .models import EXAMPLE, LLAMA_3_8B, LLAMA_33_70B

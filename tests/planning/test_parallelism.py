@@ -19,7 +19,7 @@ from finetune_plan import (
     shape_from_config,
 )
 from finetune_plan.inputs import recipe_from_spec
-from finetune_plan.plan import fsdp_layout
+from finetune_plan.layouts.fsdp import fsdp_layout
 from tests.planning.models import EXAMPLE
 
 from .models import LLAMA_3_8B, LLAMA_33_70B

@@ -9,9 +9,10 @@ import pytest
 
 from finetune_api.spec import FineTuneJobSpec
 from finetune_plan import GIB, Hardware, Plan, Recipe, calibration, lookup, make_plan, memory, shape_from_config
-from finetune_plan.host import host_need
+from finetune_plan.host import need, pinned
+from finetune_plan.messages.host import need_line
+from finetune_plan.messages.report import render
 from finetune_plan.parallelism import choose
-from finetune_plan.report import render
 from finetune_plan.tighter import savers_of, tighter
 
 from .models import LLAMA_3_8B, LLAMA_33_70B
@@ -86,12 +87,11 @@ def test_offload_true_is_counted_in_the_pods_host_memory() -> None:
     offloaded = _auto(22.4, offload=True)
     moved = memory.offloaded_layers(SHAPE_8B, offloaded.recipe)
     assert moved > 0 and memory.recomputed_layers(SHAPE_8B, offloaded.recipe) == 0
-    pinned = moved * memory.pinned_layer_bytes(SHAPE_8B, offloaded.recipe)
-    assert offloaded.pinned_host_gib_per_process == pytest.approx(pinned / GIB)
-    assert offloaded.host_gib_per_process == pytest.approx(plain.host_gib_per_process + pinned / GIB)
-    need = host_need(offloaded, 1)
-    assert need.pod_bytes > host_need(plain, 1).pod_bytes + pinned
-    assert "of offloaded activations, pinned" in need.describe()
+    held = moved * pinned.pinned_layer_bytes(SHAPE_8B, offloaded.recipe)
+    assert offloaded.pinned_host_gib_per_process == pytest.approx(held / GIB)
+    assert offloaded.host_gib_per_process == pytest.approx(plain.host_gib_per_process + held / GIB)
+    assert offloaded.host.pod_bytes > plain.host.pod_bytes + held
+    assert "of offloaded activations, pinned" in need_line(offloaded.host)
     assert offloaded.activations is not None and f"offload {moved} (" in offloaded.activations.checkpointing
 
 
@@ -136,7 +136,7 @@ def test_auto_offloads_the_layers_left_to_recompute_when_the_copies_cost_less() 
     summary = plan.summary
     assert summary["recomputed_layers"] == 0 and summary["offloaded_layers"] > 0
     assert summary["offloaded_layers"] + summary["kept_layers"] == 32
-    moved = memory.pinned_layer_bytes(SHAPE_8B, plan.recipe)
+    moved = pinned.pinned_layer_bytes(SHAPE_8B, plan.recipe)
     assert 0.6 * GIB < memory.full_layer_activation_bytes(SHAPE_8B, plan.recipe) < moved < 0.9 * GIB
     kept_only = _auto(plan.hardware.memory_gib)
     assert kept_only.speed is not None and plan.speed.tokens_per_second > kept_only.speed.tokens_per_second
@@ -163,15 +163,15 @@ def test_auto_offloads_only_the_layers_the_pods_memory_holds() -> None:
     assert f"{summary['offloaded_layers']} layers: what fits the 16 GiB of spec.resources.memory" in (
         some.activations.offload
     )
-    assert host_need(some, 1).pod_bytes <= 16 * GIB
+    assert some.host.pod_bytes <= 16 * GIB
     # One layer more would not fit: the pinned memory is all the pod has left.
-    moved = memory.pinned_layer_bytes(SHAPE_8B, some.recipe)
-    assert host_need(some, 1).pod_bytes + moved * (1 + memory.POD_HOST_MARGIN_FRACTION) > 16 * GIB
+    moved = pinned.pinned_layer_bytes(SHAPE_8B, some.recipe)
+    assert some.host.pod_bytes + moved * (1 + need.MARGIN_FRACTION) > 16 * GIB
     none, summary = _offloaded("6Gi")
     assert summary["offloaded_layers"] == 0 and summary["recomputed_layers"] > 0
     assert none.activations is not None and "off (auto): not one layer's" in none.activations.offload
     assert "of spec.resources.memory" in none.activations.offload
-    assert host_need(none, 1).pod_bytes <= 6 * GIB
+    assert none.host.pod_bytes <= 6 * GIB
 
 
 def test_the_70b_slice_uncapped_keeps_every_layer() -> None:

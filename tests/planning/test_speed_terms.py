@@ -13,7 +13,7 @@ from bench.calibration import lora_cost
 from finetune_plan import GIB, Hardware, Recipe, lookup, shape_from_config, speed
 from finetune_plan import calibration as cal
 from finetune_plan import memory as mem
-from finetune_plan.plan import device_map_layout
+from finetune_plan.layouts.device_map import device_map_layout
 
 RECORD = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-05-h100-lora-cost.json"
 LLAMA3_8B = {

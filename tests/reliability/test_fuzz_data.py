@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from finetune_cli.errors import CliError
 from finetune_cli.main import build_parser
+from tests.support.tiers import fuzz_corpus
 
 from .data_strategies import DataCase, data_cases
 
@@ -73,8 +74,11 @@ def fuzz_files(folder: Path, count: int, capsys: pytest.CaptureFixture[str]) -> 
     return checked
 
 
-def test_fuzzed_data_files_report_every_bad_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert fuzz_files(tmp_path, CI_FILES, capsys) >= CI_FILES
+def test_fuzzed_data_files_report_every_bad_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
+) -> None:
+    files = fuzz_corpus(request.config.option.markexpr or "", CI_FILES)
+    assert fuzz_files(tmp_path, files, capsys) >= files
 
 
 @pytest.mark.soak

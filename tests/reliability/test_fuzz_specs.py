@@ -1,6 +1,7 @@
 """Fuzzed FineTuneJob specs through `ftjob validate`: each is valid, or one line naming the field.
 
-The short version runs in `make test`; the soak version does the full corpus of 1000+.
+The short version runs in `make test` (a quarter of it in `make test-fast`); the soak version
+does the full corpus of 1000+.
 """
 
 import subprocess
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from finetune_cli.validate import validate_file
+from tests.support.tiers import fuzz_corpus
 
 from .spec_strategies import SpecCase, dotdot_cases, manifest, spec_cases
 
@@ -89,9 +91,10 @@ def check_cli(corpus: list[tuple[Path, SpecCase]]) -> None:
         check_lines(path, case, problems)
 
 
-def test_fuzzed_specs_get_one_line_per_problem(tmp_path: Path) -> None:
-    corpus, kinds = run_corpus(tmp_path, CI_EXAMPLES)
-    assert len(corpus) >= CI_EXAMPLES
+def test_fuzzed_specs_get_one_line_per_problem(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    examples = fuzz_corpus(request.config.option.markexpr or "", CI_EXAMPLES)
+    corpus, kinds = run_corpus(tmp_path, examples)
+    assert len(corpus) >= examples
     assert kinds["valid"] and kinds["invalid"], kinds
     check_cli(corpus)
 

@@ -33,11 +33,12 @@ from finetune_api.spec import FineTuneJobSpec
 from finetune_operator.builders import job as job_builder
 from finetune_operator.builders import multinode as multinode_builder
 from finetune_operator.builders import network as network_builder
+from finetune_operator.builders import objects as objects_builder
 from finetune_operator.builders import preflight as preflight_builder
 from finetune_operator.builders import pvc as pvc_builder
 from finetune_operator.builders import rbac as rbac_builder
 from finetune_operator.children import Owner
-from finetune_operator.settings import ENV_TRAINER_NETWORK, Settings, from_env
+from finetune_operator.settings import SETTINGS, Settings, from_env
 from tests.fixtures.cluster import Cluster, token_client
 from tests.support.harness import (
     FENCE_HUB_ENV,
@@ -466,6 +467,146 @@ def test_a_job_made_under_an_earlier_hub_endpoint_can_still_be_suspended(
     fenced.batch.patch_namespaced_job("earlier", fenced.namespace, {"spec": {"suspend": False}}, dry_run="All")
 
 
+# --- S3 credentials: the Secrets the job names, and no other ---------------------------------
+
+S3_STORE = {"endpoint": "http://minio.storage:9000"}
+S3_SPEC = spec_body(
+    model={"source": {"pvc": None, "s3": {"bucket": "models", "key": "tiny/", "secretName": "s3-models", **S3_STORE}}},
+    dataset={
+        "source": {"pvc": None, "s3": {"bucket": "data", "key": "a.jsonl", "secretName": "s3-data", **S3_STORE}},
+        "format": "alpaca",
+    },
+    output={
+        "pvc": {"claimName": "outputs"},
+        "s3": {"bucket": "out", "key": "tiny/", "secretName": "s3-out", **S3_STORE},
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def s3_owner(kube: client.ApiClient, fenced: Fenced) -> Owner:
+    """A FineTuneJob of the fenced namespace that names a Secret for each of its s3 fields."""
+    made = client.CustomObjectsApi(kube).create_namespaced_custom_object(
+        "finetune.dev",
+        "v1alpha1",
+        fenced.namespace,
+        "finetunejobs",
+        {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "s3-owner"}, "spec": S3_SPEC},
+    )
+    owner = Owner(name="s3-owner", namespace=fenced.namespace, uid=made["metadata"]["uid"])
+
+    # The policy reads FineTuneJobs as its parameters: wait until it knows this one. Admitting
+    # the builders' Job alone does not show it: a namespace whose FineTuneJobs the policy has not
+    # seen yet is skipped, so another Secret would pass too. It knows the job once it admits the
+    # Secrets the job names and refuses another.
+    def knows() -> bool:
+        other = _s3_jobs(owner)["fetch"]
+        _other_secret(other)
+        refused = fenced.refusal(fenced.batch.create_namespaced_job, other)
+        return (
+            refused is not None
+            and "rule job-store-secrets:" in refused
+            and fenced.refusal(fenced.batch.create_namespaced_job, _s3_jobs(owner)["fetch"]) is None
+        )
+
+    wait_for(knows, 60, "the fence to read the new FineTuneJob")
+    return owner
+
+
+def _s3_jobs(owner: Owner) -> dict[str, dict[str, Any]]:
+    spec = FineTuneJobSpec.model_validate(S3_SPEC)
+    return {
+        "preflight": preflight_builder.preflight_job(owner, spec, FENCE_SETTINGS),
+        "fetch": objects_builder.fetch_job(owner, spec, FENCE_SETTINGS, "10Gi"),
+        "trainer": job_builder.job(owner, spec, FENCE_SETTINGS),
+    }
+
+
+def _secret_names(job: dict[str, Any]) -> set[str]:
+    env = _container(job)["env"]
+    return {e["valueFrom"]["secretKeyRef"]["name"] for e in env if "secretKeyRef" in e.get("valueFrom", {})}
+
+
+@pytest.mark.parametrize("kind", ["preflight", "fetch", "trainer"])
+def test_a_job_naming_secrets_under_s3_gets_exactly_those(fenced: Fenced, s3_owner: Owner, kind: str) -> None:
+    job = _s3_jobs(s3_owner)[kind]
+    assert fenced.refusal(fenced.batch.create_namespaced_job, job) is None
+    # The pods that fetch hold the inputs' Secrets; the trainer the output's alone.
+    assert _secret_names(job) == ({"s3-out"} if kind == "trainer" else {"s3-models", "s3-data"})
+
+
+def test_the_namespaces_object_cache_claim_is_admitted(fenced: Fenced) -> None:
+    claim = objects_builder.cache_claim(fenced.namespace, "10Gi", FENCE_SETTINGS)
+    assert fenced.refusal(fenced.core.create_namespaced_persistent_volume_claim, claim) is None
+    renamed = copy.deepcopy(claim)
+    renamed["metadata"]["name"] = "other-cache"
+    _assert_rule(fenced.refusal(fenced.core.create_namespaced_persistent_volume_claim, renamed), "claim-owner")
+
+
+def _other_secret(job: dict[str, Any]) -> None:
+    for entry in _container(job)["env"]:
+        if entry["name"] == "AWS_SECRET_ACCESS_KEY":
+            entry["valueFrom"]["secretKeyRef"]["name"] = "db"
+
+
+# A job's S3 Jobs changed in one way: each refused by the rule named.
+S3_VARIANTS: list[tuple[str, str, Callable[[dict[str, Any]], object], str]] = [
+    ("another-secret", "fetch", _other_secret, "job-store-secrets"),
+    ("another-secret-trainer", "trainer", _other_secret, "job-store-secrets"),
+    (
+        "another-key",
+        "fetch",
+        lambda j: _set_env(j, {"name": "AWS_ACCESS_KEY_ID", "valueFrom": _secret("s3-models", "password")}),
+        "job-env-secrets",
+    ),
+    (
+        "no-route-to-a-store",
+        "trainer",
+        lambda j: j["spec"]["template"]["metadata"]["labels"].pop("finetune.dev/object-egress"),
+        "job-env-secrets",
+    ),
+    (
+        "env-from-secret",
+        "fetch",
+        lambda j: _container(j).update(envFrom=[{"secretRef": {"name": "db"}}]),
+        "job-env-from",
+    ),
+    (
+        "other-variable-from-secret",
+        "fetch",
+        lambda j: _set_env(j, {"name": "HOME", "valueFrom": _secret("db", "x")}),
+        "job-fetch",
+    ),
+    ("fetch-with-a-gpu", "fetch", lambda j: _limit(j, "nvidia.com/gpu", "1"), "job-fetch"),
+    ("fetch-with-a-token", "fetch", lambda j: _pod(j).update(automountServiceAccountToken=True), "job-fetch"),
+    (
+        "fetch-writing-the-model-claim",
+        "fetch",
+        lambda j: (
+            _pod(j)["volumes"].append({"name": "m", "persistentVolumeClaim": {"claimName": "models"}}),
+            _container(j)["volumeMounts"].append({"name": "m", "mountPath": "/mnt/model"}),
+        ),
+        "job-fetch",
+    ),
+    ("fetch-another-name", "fetch", lambda j: j["metadata"].update(name="s3-owner-other"), "job-fetch"),
+]
+
+
+@pytest.mark.parametrize(("kind", "change", "rule"), [v[1:] for v in S3_VARIANTS], ids=[v[0] for v in S3_VARIANTS])
+def test_an_s3_job_changed_in_one_way_is_refused_naming_its_rule(
+    fenced: Fenced, s3_owner: Owner, kind: str, change: Callable[[dict[str, Any]], object], rule: str
+) -> None:
+    job = _s3_jobs(s3_owner)[kind]
+    change(job)
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), rule)
+
+
+def test_a_job_of_a_finetunejob_naming_no_secret_gets_none(fenced: Fenced, s3_owner: Owner) -> None:
+    """The S3 fetch Job of another FineTuneJob of the namespace, one that names no Secret."""
+    job = _s3_jobs(fenced.owner)["fetch"]
+    _assert_rule(fenced.refusal(fenced.batch.create_namespaced_job, job), "job-store-secrets")
+
+
 # --- namespaces the operator never writes in ------------------------------------------------
 
 
@@ -604,7 +745,8 @@ def test_services_must_be_owned_and_internal(fenced: Fenced) -> None:
 # --- NetworkPolicies: a job's own, no broader -------------------------------------------------
 
 NETWORK_SETTINGS = dataclasses.replace(
-    FENCE_SETTINGS, trainer_network=from_env({ENV_TRAINER_NETWORK: json.dumps(TRAINER_NETWORK)}).trainer_network
+    FENCE_SETTINGS,
+    trainer_network=from_env({SETTINGS["trainer_network"].env: json.dumps(TRAINER_NETWORK)}).trainer_network,
 )
 
 

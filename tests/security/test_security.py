@@ -40,24 +40,31 @@ RESTRICTED = {
 
 # What the operator may do where it watches: the security contract, written out by hand so
 # that a widened rules file fails here instead of slipping through.
-# Read-only: the node labels an Unschedulable message names (the pending timeout's "nodes have:
-# Tesla-P40 x 12, ..."). It is in the rules of the namespaces the operator serves; nodes being
-# cluster-scoped, a namespace's Role (this test's namespaced mode) lists it but grants nothing.
-CLUSTER_READ: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {("nodes", ()): frozenset({"list"})}
+# Read-only: the GPU nodes' product and allocatable GPUs and memory, held in the watch cache
+# (whether any node can ever hold a job: Schedulable), and the labels an Unschedulable message names
+# (the pending timeout's "nodes have: Tesla-P40 x 12, ..."). It is in the rules of the namespaces
+# the operator serves; nodes being cluster-scoped, a namespace's Role (this test's namespaced mode)
+# lists it but grants nothing.
+CLUSTER_READ: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {("nodes", ()): frozenset({"get", "list", "watch"})}
 OPERATOR_CAN: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {
     ("finetunejobs.finetune.dev", ()): frozenset({"get", "list", "watch"}),
     ("finetunejobs.finetune.dev/status", ()): frozenset({"patch"}),
     ("jobs.batch", ()): frozenset({"get", "list", "watch", "create", "patch"}),
+    # ModelServers: read, their status written; their Deployments made, applied again and watched.
+    ("modelservers.finetune.dev", ()): frozenset({"get", "list", "watch"}),
+    ("modelservers.finetune.dev/status", ()): frozenset({"patch"}),
+    ("deployments.apps", ()): frozenset({"get", "list", "watch", "create", "patch"}),
     ("pods", ()): frozenset({"get", "list", "watch"}),
     ("serviceaccounts", ()): frozenset({"get", "create"}),
     ("persistentvolumeclaims", ()): frozenset({"get", "create"}),
-    # The headless Service of a job of several nodes.
+    # The headless Service of a job of several nodes, and a ModelServer's.
     ("services", ()): frozenset({"get", "create"}),
     ("roles.rbac.authorization.k8s.io", ()): frozenset({"get", "create"}),
     ("rolebindings.rbac.authorization.k8s.io", ()): frozenset({"get", "create"}),
     # The trainers' NetworkPolicies (the namespace's and a multi-node job's), held by the fence to their shapes.
     ("networkpolicies.networking.k8s.io", ()): frozenset({"get", "create"}),
-    ("events", ()): frozenset({"create"}),
+    # Created on FineTuneJobs; read only as the Job controller's FailedCreate (a quota's refusal).
+    ("events", ()): frozenset({"create", "list", "watch"}),
     # Kueue's Workload of a queued job's Job: read only, for the job's status.
     ("workloads.kueue.x-k8s.io", ()): frozenset({"get", "list", "watch"}),
     **CLUSTER_READ,

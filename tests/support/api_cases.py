@@ -39,9 +39,9 @@ WRONG_SPECS = [
     (
         "both model sources",
         {"model": {"source": {"hub": {"id": "meta-llama/Llama-3.3-70B-Instruct"}}}},
-        "spec.model.source: exactly one of pvc or hub",
+        "spec.model.source: exactly one of pvc, hub or s3",
     ),
-    ("no model source", {"model": {"source": {"pvc": None}}}, "spec.model.source: exactly one of pvc or hub"),
+    ("no model source", {"model": {"source": {"pvc": None}}}, "spec.model.source: exactly one of pvc, hub or s3"),
     (
         "bf16 on P40",
         {"precision": "bf16", "resources": {"gpus": 4, "gpuProduct": "Tesla-P40"}},
@@ -125,5 +125,36 @@ WRONG_SPECS = [
         "priority without a queue",
         {"placement": {"workloadPriorityClassName": "high"}},
         "workloadPriorityClassName needs queueName",
+    ),
+    # Object storage: one source, a model is a prefix, the bucket, key, endpoint and output prefix.
+    (
+        "s3 and pvc model",
+        {"model": {"source": {"s3": {"bucket": "models", "key": "tiny/"}}}},
+        "spec.model.source: exactly one of pvc, hub or s3",
+    ),
+    (
+        "s3 model as one object",
+        {"model": {"source": {"pvc": None, "s3": {"bucket": "models", "key": "tiny/config.json"}}}},
+        "a model is a folder: s3.key must be a prefix ending in /",
+    ),
+    (
+        "s3 bucket in capitals",
+        {"dataset": {"source": {"pvc": None, "s3": {"bucket": "Data_Sets", "key": "a.jsonl"}}}},
+        "spec.dataset.source.s3.bucket:",
+    ),
+    (
+        "s3 key climbing out",
+        {"dataset": {"source": {"pvc": None, "s3": {"bucket": "data", "key": "a/../b.jsonl"}}}},
+        "spec.dataset.source.s3.key:",
+    ),
+    (
+        "s3 endpoint not http",
+        {"dataset": {"source": {"pvc": None, "s3": {"bucket": "data", "key": "a.jsonl", "endpoint": "ftp://x"}}}},
+        "spec.dataset.source.s3.endpoint:",
+    ),
+    (
+        "output s3 not a prefix",
+        {"output": {"s3": {"bucket": "results", "key": "tiny"}}},
+        "spec.output.s3.key:",
     ),
 ]

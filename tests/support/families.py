@@ -1,7 +1,7 @@
 """Tiny random-init models of every supported family, built from their transformers config classes.
 
 Each is 64 hidden, 2 layers, 4 heads of 16, 2 KV heads, with the project's locally trained
-tokenizer (`finetune_trainer.tiny_model.train_tokenizer`), saved as float32 safetensors: what a
+tokenizer (`finetune_trainer.model.tiny_model.train_tokenizer`), saved as float32 safetensors: what a
 PVC folder holds. Logit transforms are set small enough to matter: Gemma 2's soft-cap at 2, not
 30, so a loss that skipped it, or soft-capped the summed loss, would be far off.
 """
@@ -43,7 +43,7 @@ _TOKENIZER: list[Any] = []
 
 def tokenizer() -> Any:
     if not _TOKENIZER:
-        from finetune_trainer.tiny_model import train_tokenizer
+        from finetune_trainer.model.tiny_model import train_tokenizer
 
         _TOKENIZER.append(train_tokenizer(512))
     return _TOKENIZER[0]

@@ -25,8 +25,8 @@ from kubernetes.client.exceptions import ApiException
 
 from finetune_api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from finetune_api.contract import PREFLIGHT_POD_LABEL
-from finetune_api.images import DEFAULT_ALLOWED_IMAGES
-from finetune_operator.settings import SYSTEM_NAMESPACES
+from finetune_api.images import DEFAULT_ALLOWED_IMAGES, DEFAULT_ALLOWED_SERVING_IMAGES
+from finetune_operator.setting_parsers import SYSTEM_NAMESPACES
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO / "charts" / "finetune-operator" / "files" / "operator-rbac.yaml"
@@ -73,6 +73,7 @@ TRAINER_NETWORK: dict[str, Any] = {
         "ports": [{"protocol": "TCP", "port": 443}],
     },
     "peerPorts": [{"protocol": "TCP", "port": 29400}, {"protocol": "TCP", "port": 32768, "endPort": 60999}],
+    "objectEgress": [],
 }
 
 T = TypeVar("T")
@@ -116,6 +117,7 @@ def trainer_rules_policy(trainer_network: Mapping[str, Any] = TRAINER_NETWORK) -
     ingress rule holds the multi-node ports."""
     none = {"podSelector": {"matchLabels": {"finetune.dev/trainer-rules": "template"}}}
     hub = trainer_network.get("hubEgress")
+    objects = list(trainer_network.get("objectEgress") or [])
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -124,7 +126,7 @@ def trainer_rules_policy(trainer_network: Mapping[str, Any] = TRAINER_NETWORK) -
             **none,
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [{"from": [none], "ports": list(trainer_network["peerPorts"])}],
-            "egress": [*trainer_network["egress"], *([hub] if hub else [])],
+            "egress": [*trainer_network["egress"], *([hub] if hub else []), *objects],
         },
     }
 
@@ -141,6 +143,7 @@ def operator_fence_policies(
     assert isinstance(policies, list) and policies
     values = {
         "allowedImages": list(allowed_images),
+        "allowedServingImages": list(DEFAULT_ALLOWED_SERVING_IMAGES),
         "hubEnv": dict(hub_env),
         "excludedNamespaces": [*SYSTEM_NAMESPACES, SYSTEM_NAMESPACE],
         "operatorNamespace": SYSTEM_NAMESPACE,
@@ -160,7 +163,10 @@ def operator_fence_policies(
             "metadata": {"name": name},
             "spec": {"policyName": name, "validationActions": ["Deny"]},
         }
-        if "paramKind" in spec:
+        if spec.get("paramKind", {}).get("kind") == "FineTuneJob":
+            # Every FineTuneJob of the request's namespace (finetune-fence-job-secrets).
+            binding["spec"]["paramRef"] = {"selector": {}, "parameterNotFoundAction": "Allow"}
+        elif "paramKind" in spec:
             # The chart's trainer rules (trainer_rules_policy), in the operator's namespace.
             binding["spec"]["paramRef"] = {
                 "name": TRAINER_RULES,
@@ -441,6 +447,21 @@ class Jobs:
 
         return wait_for(check, timeout, f"{name} phase in {wanted} (status: {self.status(name)})")
 
+    def status_when(
+        self, name: str, ready: Callable[[dict[str, Any]], bool], what: str, timeout: float = 75
+    ) -> dict[str, Any]:
+        """The status once `ready` holds. For what another process writes in the background (the
+        trainer's status patches): the default outlasts the trainer's retries of its last one."""
+
+        def check() -> dict[str, Any] | None:
+            status = self.status(name)
+            return status if ready(status) else None
+
+        try:
+            return wait_for(check, timeout, f"{name}: {what}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its status: {self.status(name)}") from None
+
     def condition(self, name: str, kind: str) -> dict[str, Any]:
         return next((c for c in self.status(name).get("conditions") or [] if c["type"] == kind), {})
 
@@ -471,6 +492,14 @@ class Jobs:
             return found if set(reasons) <= {e["reason"] for e in found} else None
 
         return wait_for(check, timeout, f"Events {sorted(reasons)} on {name}")
+
+
+def reported_the_end(status: Mapping[str, Any], sample: bool = False) -> bool:
+    """Whether the trainer's last status is in: its progress at the last step (and its sample
+    answer when the job asked for one)."""
+    progress = status.get("progress") or {}
+    at_end = bool(progress.get("totalSteps")) and progress.get("step") == progress.get("totalSteps")
+    return at_end and (not sample or "sample" in status)
 
 
 def volume_folder(repo: Path, namespace: str, claim: str) -> Path:

@@ -7,7 +7,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from finetune_api import crd as crd_model
-from finetune_api.constants import CRD_NAME
+from finetune_api import server_crd
+from finetune_api.constants import CRD_NAME, SERVER_CRD_NAME
 from tests.support.harness import (
     SYSTEM_NAMESPACE,
     operator_fence_policies,
@@ -82,24 +83,28 @@ def operator_fence_install(kube: client.ApiClient) -> None:
 
 
 def finetune_crd_install(kube: client.ApiClient) -> str:
-    """Create or update the CRD as the models generate it, and the admission policies that come
-    with it in the chart; wait until the CRD is Established."""
-    trainer_status_policy_install(kube)
-    operator_fence_install(kube)
+    """Create or update the CRDs as the models generate them (FineTuneJob, ModelServer), wait until
+    both are Established, then the admission policies that come with them in the chart (one of the
+    fence's reads FineTuneJobs as its parameters: its kind must be served first, as Helm installs
+    the chart's crds/ first)."""
     api = client.ApiextensionsV1Api(kube)
-    body = crd_model.crd()
-    try:
-        api.create_custom_resource_definition(body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        _replace_latest(body, api.read_custom_resource_definition, api.replace_custom_resource_definition)
+    for body in (crd_model.crd(), server_crd.crd()):
+        try:
+            api.create_custom_resource_definition(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            _replace_latest(body, api.read_custom_resource_definition, api.replace_custom_resource_definition)
 
     def established() -> bool:
-        found = api.read_custom_resource_definition(CRD_NAME)
-        return any(c.type == "Established" and c.status == "True" for c in found.status.conditions or [])
+        found = [
+            api.read_custom_resource_definition(name).status.conditions or [] for name in (CRD_NAME, SERVER_CRD_NAME)
+        ]
+        return all(any(c.type == "Established" and c.status == "True" for c in conditions) for conditions in found)
 
-    wait_for(established, 30, "the FineTuneJob CRD to be Established")
+    wait_for(established, 30, "the FineTuneJob and ModelServer CRDs to be Established")
+    trainer_status_policy_install(kube)
+    operator_fence_install(kube)
     return CRD_NAME
 
 

@@ -21,6 +21,13 @@ def trainer_hooks(core: client.CoreV1Api, namespace: str, job: str, **env: str) 
     core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=meta, data=env))
 
 
+def trainer_hooks_off(core: client.CoreV1Api, namespace: str, job: str) -> None:
+    """No more hooks for the pods of Job `job` that start from now on (the node agent reads them
+    as it starts a pod): a delay that only had to hold a run until a test stopped it costs
+    nothing in the attempt that finishes it."""
+    core.delete_namespaced_config_map(f"node-agent-test-env-{job}", namespace)
+
+
 def host_path(folders: dict[str, Path], pod_path: str) -> Path:
     """Where a path inside the pod's /mnt/output lies in the outputs PVC folder."""
     relative = Path(pod_path).relative_to("/mnt/output")

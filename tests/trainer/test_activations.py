@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from finetune_plan import LayerLayout
-from finetune_trainer.activations import Offloader, stays
+from finetune_trainer.memory.activations import Offloader, stays
 from tests.support.training import ADAPTER_TOLERANCE, max_difference
 
 from .conftest import JobDir, make_job_dir
@@ -189,7 +189,7 @@ def test_a_recomputing_layer_sends_only_its_input_to_the_host_and_trains_as_befo
     and the gradients are the plain checkpointed run's, bit for bit."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from finetune_trainer import activations
+    from finetune_trainer.memory import activations
 
     config = LlamaConfig(
         hidden_size=256,
@@ -236,7 +236,7 @@ def test_where_the_host_holds_only_some_layers_those_before_the_kept_offload_and
     gradients are the all-checkpointed run's, bit for bit."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from finetune_trainer import activations
+    from finetune_trainer.memory import activations
 
     config = LlamaConfig(
         hidden_size=256,

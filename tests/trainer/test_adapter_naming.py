@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from finetune_api.trainer_config import TrainerConfig
-from finetune_trainer.export import name_base, public_name
+from finetune_trainer.outputs.export import name_base, public_name
 from tests.support.specs import body
 
 

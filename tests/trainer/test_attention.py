@@ -1,4 +1,4 @@
-"""The trainer's fp32 attention (`finetune_trainer/attention.py`, issue 38): k and v expanded to
+"""The trainer's fp32 attention (`finetune_trainer/model/attention.py`, issue 38): k and v expanded to
 every query head and SDPA's fused kernel asked for by name give the math kernel's loss and LoRA
 gradients, for every family of the families test, loaded by the product's own `load_model` (NF4,
 fp32, LoRA), and for one 70B-shaped attention (64 heads, 8 KV heads, head_dim 128). On the CPU the
@@ -17,13 +17,14 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
-from finetune_trainer import attention
 from finetune_trainer.data.batches import collate, make_rows
-from finetune_trainer.hardware import Hardware, choose_attention, planned_attention
-from finetune_trainer.model_loading import load_model, load_tokenizer
+from finetune_trainer.hardware.capabilities import Hardware
+from finetune_trainer.memory.budget import MemoryPlan
+from finetune_trainer.model import attention
+from finetune_trainer.model.attention_choice import choose_attention, planned_attention
+from finetune_trainer.model.loading import load_model, load_tokenizer
+from finetune_trainer.model.tiny_model import alpaca_records
 from finetune_trainer.modes import for_run
-from finetune_trainer.preflight import MemoryPlan
-from finetune_trainer.tiny_model import alpaca_records
 from tests.support.families import FAMILIES
 from tests.trainer.test_families import _config, models  # noqa: F401 (the families' tiny models, one fixture)
 
@@ -131,6 +132,6 @@ def test_the_self_check_picks_the_fused_kernel_in_fp32_and_falls_back_with_the_r
         raise RuntimeError("No available kernel. Aborting execution.")
 
     monkeypatch.setattr(attention, "fused_attention", missing)
-    with caplog.at_level(logging.WARNING, logger="finetune_trainer.hardware"):
+    with caplog.at_level(logging.WARNING, logger="finetune_trainer.model.attention_choice"):
         assert choose_attention(cpu, 128, torch.float32) == "sdpa"
     assert "sdpa_expanded failed at head_dim 128 (No available kernel" in caplog.text

@@ -2,13 +2,13 @@
 
 import json
 import os
-import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
 
-from finetune_trainer.checkpoints import MARKER, CheckpointStore, _is_whole, exchange_folders
+from finetune_trainer.state.checkpoints import MARKER, CheckpointStore, _is_whole, exchange_folders
 
 
 def write_checkpoint(store: CheckpointStore, step: int, payload: bytes = b"weights") -> Path:
@@ -81,46 +81,54 @@ def test_marker_for_another_step_is_not_trusted(tmp_path: Path) -> None:
 
 # --- a same-step save killed between any two filesystem operations -----------------------------
 
-# Runs in a child process: stage step 20 again with new bytes, then count every filesystem
-# change commit() makes (Python's audit events, raised before each one happens) and exit hard
-# before the KILL_AT-th. Exit 0: commit finished before reaching it.
-KILLED_COMMIT = """
-import os, sys
-from pathlib import Path
-from finetune_trainer.checkpoints import CheckpointStore
+# Commit changes the filesystem through these calls; each is a kill point (Python's audit events
+# are raised before the change happens).
+CHANGES = frozenset({"os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree", "ctypes.call_function"})
 
-root, kill_at, swap = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "swap"
-store = CheckpointStore(root, keep=2, **({} if swap else {"exchange": lambda a, b: False}))
-folder = store.begin(20) / "checkpoint-20"
-folder.mkdir()
-(folder / "adapter_model.safetensors").write_bytes(b"new")
-(folder / "optimizer.pt").write_bytes(b"newnew")
-CHANGES = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree", "ctypes.call_function"}
-count = 0
 
-def hook(event, args):
-    global count
-    writes = event == "open" and (
-        isinstance(args[1], str) and any(c in args[1] for c in "wax+")
-        or isinstance(args[2], int) and args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
+def _writes(event: str, args: tuple[object, ...]) -> bool:
+    if event != "open":
+        return False
+    mode, flags = args[1], args[2]
+    return (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+        isinstance(flags, int) and bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
     )
-    if event in CHANGES or writes:
-        count += 1
-        if count == kill_at:
-            os._exit(86)
 
-sys.addaudithook(hook)
-store.commit(20)
-os._exit(0)
-"""
+
+def _commit_killed_at(root: Path, kill_at: int, swap: bool) -> None:
+    """In a forked child: stage step 20 again with new bytes, then count every filesystem change
+    commit() makes and exit hard before the KILL_AT-th (exit 0: commit finished first). A fork,
+    not a new interpreter: the child starts in microseconds with the store already imported, and
+    its audit hook (which cannot be removed) dies with it."""
+    store = CheckpointStore(root, keep=2, **({} if swap else {"exchange": lambda a, b: False}))
+    folder = store.begin(20) / "checkpoint-20"
+    folder.mkdir()
+    (folder / "adapter_model.safetensors").write_bytes(b"new")
+    (folder / "optimizer.pt").write_bytes(b"newnew")
+    count = 0
+
+    def hook(event: str, args: tuple[object, ...]) -> None:
+        nonlocal count
+        if event in CHANGES or _writes(event, args):
+            count += 1
+            if count == kill_at:
+                os._exit(86)
+
+    sys.addaudithook(hook)
+    store.commit(20)
+    os._exit(0)
 
 
 def _killed_commit(root: Path, kill_at: int, swap: bool) -> int:
-    mode = "swap" if swap else "journal"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run(
-        [sys.executable, "-c", KILLED_COMMIT, str(root), str(kill_at), mode], check=False, env=env
-    ).returncode
+    child = os.fork()
+    if child == 0:
+        try:
+            _commit_killed_at(root, kill_at, swap)
+        except BaseException:
+            traceback.print_exc()
+        os._exit(99)  # the child failed: never back into pytest's loop
+    _, status = os.waitpid(child, 0)
+    return os.waitstatus_to_exitcode(status)
 
 
 @pytest.mark.parametrize("swap", [True, False], ids=["swap", "journal"])
@@ -137,7 +145,7 @@ def test_a_same_step_save_killed_anywhere_leaves_a_complete_checkpoint_of_that_s
         code = _killed_commit(root, kill_at, swap)
         if code == 0:
             break
-        assert code == 86, f"the child failed before the kill point {kill_at}"
+        assert code == 86, f"the child failed before the kill point {kill_at} (exit {code})"
         points += 1
         final = root / "checkpoint-20"
         staged = root / ".staging-20" / "checkpoint-20"

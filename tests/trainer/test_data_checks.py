@@ -249,8 +249,8 @@ def test_a_file_mixing_string_and_message_pairs_is_refused_at_the_odd_lines(tmp_
 @pytest.mark.trainer  # a Hugging Face tokenizer, and the trainer's pair rows (torch)
 @pytest.mark.parametrize("chat", [False, True], ids=["strings", "messages"])
 def test_the_pair_check_counts_what_the_trainer_scores(tmp_path: Path, tokenizer: Any, chat: bool) -> None:
+    from finetune_trainer.model.tiny_model import write_preference
     from finetune_trainer.objectives.preference import pair_rows
-    from finetune_trainer.tiny_model import write_preference
 
     path = write_preference(tmp_path / "pairs.jsonl", count=12, chat=chat)
     report = check_records(read_records(path), "preference", tokenizer=tokenizer, max_length=128)
@@ -298,7 +298,7 @@ def test_pairs_maxlength_cuts_are_named_by_side_or_prompt(tmp_path: Path, tokeni
 def test_message_pairs_need_the_models_chat_template(tmp_path: Path, tiny_assets: Path) -> None:
     from transformers import AutoTokenizer
 
-    from finetune_trainer.tiny_model import write_preference
+    from finetune_trainer.model.tiny_model import write_preference
 
     no_template = AutoTokenizer.from_pretrained(str(tiny_assets / "models" / "tiny-llama"))
     no_template.chat_template = None
@@ -327,7 +327,7 @@ def test_check_data_cli_names_bad_pairs_and_exits_1(tmp_path: Path) -> None:
 
 @pytest.mark.trainer  # the CLI loads a Hugging Face tokenizer in its subprocess (transformers, torch)
 def test_check_data_cli_summarises_pairs(tmp_path: Path, tiny_assets: Path) -> None:
-    from finetune_trainer.tiny_model import write_preference
+    from finetune_trainer.model.tiny_model import write_preference
 
     data = write_preference(tmp_path / "pairs.jsonl", count=16)
     model = str(tiny_assets / "models" / "tiny-llama")

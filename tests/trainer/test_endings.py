@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from finetune_api.reasons import ExitReason
-from finetune_trainer.entry import fail
+from finetune_trainer.launch.entry import fail
 
 
 def test_an_interrupted_run_logs_at_info_and_a_failure_at_error(
@@ -28,7 +28,7 @@ def test_progress_columns_read_as_kubectl_shows_them() -> None:
     """PROGRESS and LOSS are printer columns of strings the trainer writes: a column cannot
     format a number (8.3, not 8.3%; every digit of a float)."""
     from finetune_api.status import FineTuneJobStatus
-    from finetune_trainer.progress import Progress
+    from finetune_trainer.reporting.progress import Progress
 
     progress = Progress(None, None, 12)
     progress.begin(0)
@@ -45,8 +45,8 @@ def test_the_eval_loss_goes_into_the_status_patch() -> None:
     """The held-out loss measured at a checkpoint rides the next status patch (the checkpoint's),
     as `status.progress.evalLoss`, and `-o wide` reads its text."""
     from finetune_api.status import FineTuneJobStatus
-    from finetune_trainer.progress import Progress
-    from finetune_trainer.status_patch import StatusReporter
+    from finetune_trainer.reporting.progress import Progress
+    from finetune_trainer.reporting.status_patch import StatusReporter
 
     sent: list[dict[str, object]] = []
 

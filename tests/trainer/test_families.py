@@ -26,18 +26,18 @@ from finetune_api.resource import FineTuneJob
 from finetune_api.trainer_config import TrainerConfig
 from finetune_cli.run_local import local_paths
 from finetune_plan.families import FAMILIES as TABLE
-from finetune_trainer import families
 from finetune_trainer.data.batches import collate, make_rows
-from finetune_trainer.export import save_adapter, save_merged
-from finetune_trainer.hardware import Hardware
-from finetune_trainer.loop import dropout_off
-from finetune_trainer.loss_head import install
-from finetune_trainer.model_loading import load_model, load_model_config, load_tokenizer
+from finetune_trainer.hardware.capabilities import Hardware
+from finetune_trainer.memory.budget import MemoryPlan
+from finetune_trainer.model import families
+from finetune_trainer.model.dropout import dropout_off
+from finetune_trainer.model.loading import load_model, load_model_config, load_tokenizer
+from finetune_trainer.model.loss_head import install
+from finetune_trainer.model.tiny_model import alpaca_records, write_alpaca
 from finetune_trainer.modes import for_run
 from finetune_trainer.objectives.sft import loss_sum
-from finetune_trainer.preflight import MemoryPlan
-from finetune_trainer.tiny_model import alpaca_records, write_alpaca
-from finetune_trainer.train_state import Adapter
+from finetune_trainer.outputs.export import save_adapter, save_merged
+from finetune_trainer.state.train_state import Adapter
 from tests.support.families import FAMILIES, make_family_model
 from tests.trainer.conftest import BASE_JOB, JobDir, _merge
 
@@ -229,7 +229,7 @@ def test_the_trainer_refuses_an_unsupported_family_in_one_line(models: Path, tmp
 
 def test_the_status_says_what_was_adapted() -> None:
     from finetune_api.status import FineTuneJobStatus
-    from finetune_trainer.progress import Progress
+    from finetune_trainer.reporting.progress import Progress
 
     progress = Progress(None, None, 8)
     progress.lora = {"modules": ["qkv_proj", "o_proj"], "layers": 4}

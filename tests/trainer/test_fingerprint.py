@@ -11,9 +11,9 @@ import pytest
 from finetune_api.reasons import NON_RETRYABLE, ExitReason
 from finetune_api.spec import FineTuneJobSpec
 from finetune_api.trainer_config import RuntimePaths, TrainerConfig
-from finetune_trainer import existing, fingerprint
-from finetune_trainer.checkpoints import CheckpointStore
 from finetune_trainer.failures import TrainerFailure
+from finetune_trainer.state import existing, fingerprint
+from finetune_trainer.state.checkpoints import CheckpointStore
 
 from .conftest import BASE_JOB
 

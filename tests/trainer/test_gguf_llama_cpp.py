@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 import torch
 
-from finetune_trainer.gguf_export import CONVERTERS_ENV, convert_lora, convert_model
-from finetune_trainer.merge_stream import merge_folder
-from finetune_trainer.tiny_model import make_tiny_model
+from finetune_trainer.model.tiny_model import make_tiny_model
+from finetune_trainer.outputs.gguf_export import CONVERTERS_ENV, convert_lora, convert_model
+from finetune_trainer.outputs.merge_stream import merge_folder
 from hack import llama_cpp as pinned
 from tests.support import steps
 
@@ -141,7 +141,7 @@ def test_the_llama_server_command_of_the_status_loads_in_llama_cpp(llama: Any, e
 
 def _tiny_job(tmp_path: Path, exported: dict[str, Path]) -> Any:
     """A trainer job folder over the exported tiny base and the alpaca sample data."""
-    from finetune_trainer.tiny_model import write_alpaca
+    from finetune_trainer.model.tiny_model import write_alpaca
     from tests.trainer.conftest import make_job_dir
 
     assets = tmp_path / "assets"
@@ -367,7 +367,7 @@ def test_q4_k_m_loads_in_llama_cpp_and_predicts_the_f16_models_next_tokens(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from finetune_trainer.gguf_export import QUANTIZE_ENV
+    from finetune_trainer.outputs.gguf_export import QUANTIZE_ENV
 
     monkeypatch.setenv(QUANTIZE_ENV, str(tools / "llama-quantize"))
     model = make_tiny_model(tmp_path / "wide", llama_tokenizer=True, **WIDE)
@@ -404,7 +404,7 @@ def test_q4_k_m_loads_in_llama_cpp_and_predicts_the_f16_models_next_tokens(
 def test_q4_k_m_without_llama_quantize_fails_in_one_line_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from finetune_trainer.gguf_export import QUANTIZE_ENV, GgufError, check_tools
+    from finetune_trainer.outputs.gguf_export import QUANTIZE_ENV, GgufError, check_tools
 
     monkeypatch.setenv(QUANTIZE_ENV, str(tmp_path / "nowhere" / "llama-quantize"))
     with pytest.raises(GgufError) as named:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from finetune_api.reasons import ExitReason
-from finetune_trainer.gguf_export import CONVERTERS_ENV
-from finetune_trainer.tiny_model import make_tiny_model
+from finetune_trainer.model.tiny_model import make_tiny_model
+from finetune_trainer.outputs.gguf_export import CONVERTERS_ENV
 from hack import llama_cpp as pinned
 from tests.trainer.conftest import JobDir
 from tests.trainer.test_input_check import check

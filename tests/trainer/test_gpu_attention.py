@@ -1,5 +1,5 @@
 """The trainer's fp32 attention on a GPU (issue 38): SDPA's memory-efficient CUDA kernel, asked
-for by name with k and v expanded to every head (`finetune_trainer/attention.py`), gives the math
+for by name with k and v expanded to every head (`finetune_trainer/model/attention.py`), gives the math
 kernel's loss and LoRA gradients for every family of the families test (tiny GQA models with
 LoRA on the attention) and a 70B-shaped decoder layer's output and gradients at 2048 tokens, all
 within relative 1e-5 in fp32 (TF32 off). `test_attention.py` holds the CPU's fused kernel to the
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from finetune_trainer import attention
+from finetune_trainer.model import attention
 
 needs_gpu = pytest.mark.gpu  # skipped where no CUDA GPU is visible (tests/conftest.py)
 pytestmark = needs_gpu

@@ -24,7 +24,7 @@ def _model() -> tuple[nn.Module, nn.Module]:
 
 
 def _step(stack: nn.Module, head: nn.Module, probe: object | None) -> None:
-    from finetune_trainer.loss_head import LossHead
+    from finetune_trainer.model.loss_head import LossHead
 
     loss_head = LossHead(head, chunk_tokens=0)
     x = torch.randn(1, TOKENS, WIDTH, device="cuda")
@@ -41,7 +41,7 @@ def _step(stack: nn.Module, head: nn.Module, probe: object | None) -> None:
 
 @needs_gpu
 def test_each_part_is_measured_and_the_peak_is_the_largest_phase() -> None:
-    from finetune_trainer.memory_phases import PhaseProbe
+    from finetune_trainer.memory.phases import PhaseProbe
 
     device = torch.device("cuda", 0)
     stack, head = _model()

@@ -50,7 +50,7 @@ def _step(model: nn.Module, x: torch.Tensor) -> tuple[list[torch.Tensor], int]:
 
 @needs_gpu
 def test_offloaded_gradients_are_bit_identical_and_the_activations_leave_the_gpu() -> None:
-    from finetune_trainer.activations import Offloader
+    from finetune_trainer.memory.activations import Offloader
 
     x = torch.randn(TOKENS, WIDTH, device="cuda", requires_grad=True)
     plain_model = _model()
@@ -80,7 +80,7 @@ def test_a_recomputing_layers_input_alone_crosses_and_the_gradients_are_bit_iden
     per layer; the gradients equal plain checkpointing's bit for bit."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from finetune_trainer import activations
+    from finetune_trainer.memory import activations
 
     config = LlamaConfig(
         hidden_size=WIDTH,
@@ -133,7 +133,7 @@ def test_a_partial_offload_trains_as_all_recompute_on_the_gpu() -> None:
     all-checkpointed run's, bit for bit, and the peak is below keeping every layer's."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from finetune_trainer import activations
+    from finetune_trainer.memory import activations
 
     config = LlamaConfig(
         hidden_size=1024,

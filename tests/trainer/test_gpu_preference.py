@@ -27,7 +27,7 @@ def _model(folder: Path, chunk_tokens: int, dropout: float = 0.0) -> tuple[Any, 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
 
-    from finetune_trainer.loss_head import install
+    from finetune_trainer.model.loss_head import install
 
     if not (folder / "config.json").exists():
         torch.manual_seed(0)
@@ -125,7 +125,7 @@ def test_the_reference_is_peft_with_its_adapter_disabled_on_4_bit_layers(tmp_pat
 def test_chunked_per_sequence_sums_equal_the_whole_sequence_and_the_micro_batch_makes_no_half_tensor(
     tmp_path: Path,
 ) -> None:
-    from finetune_trainer.precision_guard import GuardReport, fail_if_half, watch_activations
+    from finetune_trainer.model.precision_guard import GuardReport, fail_if_half, watch_activations
 
     objective = _dpo()
     results = []

@@ -15,7 +15,7 @@ needs_gpu = pytest.mark.gpu  # skipped where no CUDA GPU is visible (tests/conft
 def test_quantising_for_the_host_on_the_gpu_matches_the_gpu_path_bit_for_bit() -> None:
     from bitsandbytes.nn.modules import Params4bit
 
-    from finetune_trainer.gpu_quantise import quantising_on
+    from finetune_trainer.model.gpu_quantise import quantising_on
 
     gpu = torch.device("cuda", 0)
     weight = torch.randn(1024, 4096, generator=torch.Generator().manual_seed(0))

@@ -4,8 +4,8 @@ import pytest
 
 from finetune_api.reasons import ExitReason
 from finetune_trainer.failures import TrainerFailure
-from finetune_trainer.hardware import Gpu, Hardware, cpu_threads, resolve_precision
-from finetune_trainer.self_check import _runnable
+from finetune_trainer.hardware.capabilities import Gpu, Hardware, cpu_threads, resolve_precision
+from finetune_trainer.hardware.self_check import _runnable
 
 P40 = Gpu(0, "Tesla P40", (6, 1), 24 * 2**30)
 A100 = Gpu(0, "NVIDIA A100", (8, 0), 80 * 2**30)

@@ -2,7 +2,7 @@
 
 import time
 
-from finetune_trainer.host_memory import HostMemory
+from finetune_trainer.hardware.host_memory import HostMemory
 
 
 def test_the_anonymous_peak_keeps_memory_held_and_freed_since_start() -> None:

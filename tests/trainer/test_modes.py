@@ -10,10 +10,10 @@ import torch
 from finetune_api import modes as words
 from finetune_api import parse_file
 from finetune_plan import choose
-from finetune_trainer.hardware import Gpu, Hardware
-from finetune_trainer.launch_plan import Decision, probe_attention
+from finetune_trainer.hardware.capabilities import Gpu, Hardware
+from finetune_trainer.memory.budget import MemoryPlan
 from finetune_trainer.modes import REGISTRY, DataParallel, DeviceMap, Fsdp, SingleProcess, for_run
-from finetune_trainer.preflight import MemoryPlan
+from finetune_trainer.training.launch_plan import Decision, probe_attention
 from tests.planning.models import EXAMPLE, LLAMA_33_70B
 
 CPU = Hardware(gpus=())

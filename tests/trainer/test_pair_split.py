@@ -18,14 +18,14 @@ from finetune_api.resource import FineTuneJob
 from finetune_api.trainer_config import TrainerConfig
 from finetune_cli.run_local import local_paths
 from finetune_trainer import objectives
-from finetune_trainer.hardware import Hardware
-from finetune_trainer.loss_head import install
-from finetune_trainer.model_loading import load_model, load_tokenizer
+from finetune_trainer.hardware.capabilities import Hardware
+from finetune_trainer.memory.budget import MemoryPlan
+from finetune_trainer.model.loading import load_model, load_tokenizer
+from finetune_trainer.model.loss_head import install
+from finetune_trainer.model.tiny_model import preference_records, write_preference
 from finetune_trainer.modes import for_run
 from finetune_trainer.objectives import preference
-from finetune_trainer.preflight import MemoryPlan
 from finetune_trainer.test_hooks import SPLIT_PAIRS
-from finetune_trainer.tiny_model import preference_records, write_preference
 from tests.support.pair_split import policy_passes, record_sums
 from tests.support.training import ADAPTER_TOLERANCE, MOVED_AT_LEAST, max_difference, movement
 

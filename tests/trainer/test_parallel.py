@@ -16,6 +16,7 @@ The same tolerance holds two launchers of one process each (two nodes, a c10d re
 """
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -70,14 +71,42 @@ def run_job(root: Path, tiny_assets: Path, spec: dict, env: dict[str, str] | Non
     return job, job.run(env=env)
 
 
+def copy_of(job: JobDir, root: Path) -> JobDir:
+    """A job folder of its own holding what `job` left (its checkpoints), to go on from there."""
+    shutil.copytree(job.root, root, symlinks=True)
+    return JobDir(root, dict(job.spec_changes))
+
+
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> tuple[JobDir, Run]:
     """The uninterrupted 2-process dataParallel run every other run here is compared with."""
     return run_job(tmp_path_factory.mktemp("two"), tiny_assets, TWO)
 
 
+# The runs below are each read by two tests or more: made once (each as its own test made it before).
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> tuple[JobDir, Run]:
+    """One process with twice the accumulation (the base recipe's samples asked, as everywhere)."""
+    return run_job(tmp_path_factory.mktemp("one"), tiny_assets, ONE)
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> tuple[JobDir, Run]:
+    """TWO under fsdp, whose ranks also answer the samples together."""
+    return run_job(tmp_path_factory.mktemp("fsdp"), tiny_assets, with_changes(TWO, training={"parallelism": "fsdp"}))
+
+
+@pytest.fixture(scope="module")
+def one_stopped_in_step_6(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> tuple[JobDir, Run]:
+    """ONE stopped by SIGTERM after micro-batch 1 of 2 of step 6: three tests resume it, each
+    from a copy of its folder (copy_of), in its own way."""
+    return run_job(tmp_path_factory.mktemp("stopped"), tiny_assets, ONE, env={"FINETUNE_TEST_SIGTERM_AT": "6.1"})
+
+
 def test_two_processes_train_the_adapter_of_one_with_twice_the_accumulation(
-    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+    two_process_run: tuple[JobDir, Run], one_process_run: tuple[JobDir, Run], tiny_assets: Path
 ) -> None:
     two, run = two_process_run
     assert run.code == 0, run.stderr[-3000:]
@@ -89,7 +118,7 @@ def test_two_processes_train_the_adapter_of_one_with_twice_the_accumulation(
     assert summary(two)["modelBytesRead"] == 2 * sum(f.stat().st_size for f in files)
     assert len(run.of("start")) == 1, "only rank 0 reports"
     assert len(run.of("progress")) == STEPS
-    one, single = run_job(tmp_path, tiny_assets, ONE)
+    one, single = one_process_run
     assert single.code == 0, single.stderr[-3000:]
     assert summary(one)["worldSize"] == 1
     assert_same_trained_adapter(adapter(two), adapter(one))
@@ -112,10 +141,10 @@ def test_ftjob_plan_names_the_launch_the_trainer_ran(two_process_run: tuple[JobD
 
 
 def test_fsdp_on_two_processes_trains_the_same_adapter(
-    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+    two_process_run: tuple[JobDir, Run], fsdp_run: tuple[JobDir, Run], tiny_assets: Path
 ) -> None:
     two, _ = two_process_run
-    job, run = run_job(tmp_path, tiny_assets, with_changes(TWO, training={"parallelism": "fsdp"}))
+    job, run = fsdp_run
     assert run.code == 0, run.stderr[-3000:]
     assert summary(job)["parallelism"] == "fsdp"
     # Streamed: each of the checkpoint's tensors read once, by one of the two processes.
@@ -185,16 +214,14 @@ def samples_of(job: JobDir) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_fsdp_ranks_answer_the_samples_together_as_one_process_answers_them(tmp_path: Path, tiny_assets: Path) -> None:
+def test_fsdp_ranks_answer_the_samples_together_as_one_process_answers_them(
+    fsdp_run: tuple[JobDir, Run], one_process_run: tuple[JobDir, Run]
+) -> None:
     """Under fsdp each rank holds a shard: every rank runs every forward of the greedy answers
-    in lockstep and rank 0 writes them; they are the one process's answers word for word."""
-    asked = {"samples": {"count": 2, "maxNewTokens": 12}}
-    (tmp_path / "one").mkdir()
-    (tmp_path / "two").mkdir()
-    two, split = run_job(
-        tmp_path / "two", tiny_assets, with_changes(TWO, training={"parallelism": "fsdp"}, output=asked)
-    )
-    one, single = run_job(tmp_path / "one", tiny_assets, with_changes(ONE, output=asked))
+    (the base recipe's: 2 of at most 12 tokens) in lockstep and rank 0 writes them; they are the
+    one process's answers word for word."""
+    two, split = fsdp_run
+    one, single = one_process_run
     assert split.code == 0, split.stderr[-3000:]
     assert single.code == 0, single.stderr[-3000:]
     assert summary(two)["parallelism"] == "fsdp"
@@ -240,18 +267,24 @@ def losses_equal(a: Run, b: Run) -> bool:
 
 @pytest.mark.parametrize("processes", [1, 2], ids=["one-process", "two-processes"])
 def test_sigterm_mid_accumulation_saves_the_point_reached_and_the_resumed_run_loses_no_micro_batch(
-    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path, processes: int
+    two_process_run: tuple[JobDir, Run],
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    tiny_assets: Path,
+    processes: int,
 ) -> None:
     if processes == 1:
-        spec = ONE  # trains the adapter of two_process_run (the first test here)
+        # ONE trains the adapter of two_process_run (the first test here).
         two, uninterrupted = two_process_run
+        stopped_once, stopped = request.getfixturevalue("one_stopped_in_step_6")
+        job = copy_of(stopped_once, tmp_path / "stopped")
     else:
         spec = TWO_ACCUMULATING  # micro-batches of one sample: its own uninterrupted run
         (tmp_path / "uninterrupted").mkdir()
         two, uninterrupted = run_job(tmp_path / "uninterrupted", tiny_assets, spec)
         assert uninterrupted.code == 0, uninterrupted.stderr[-3000:]
-    (tmp_path / "stopped").mkdir()
-    job, stopped = run_job(tmp_path / "stopped", tiny_assets, spec, env={"FINETUNE_TEST_SIGTERM_AT": "6.1"})
+        (tmp_path / "stopped").mkdir()
+        job, stopped = run_job(tmp_path / "stopped", tiny_assets, spec, env={"FINETUNE_TEST_SIGTERM_AT": "6.1"})
     assert stopped.code == ExitReason.Interrupted, stopped.stderr[-3000:]
     assert stopped.termination.startswith("Interrupted: "), stopped.termination
     assert (
@@ -275,7 +308,7 @@ def test_sigterm_mid_accumulation_saves_the_point_reached_and_the_resumed_run_lo
 
 
 def test_a_resume_one_micro_batch_off_is_beyond_the_tolerance(
-    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+    two_process_run: tuple[JobDir, Run], one_stopped_in_step_6: tuple[JobDir, Run], tmp_path: Path
 ) -> None:
     """The tolerance bites: the fault it exists for, planted. A run stopped after micro-batch 1
     of step 6 resumes from a checkpoint whose carried gradients were zeroed here (what a resume
@@ -284,8 +317,9 @@ def test_a_resume_one_micro_batch_off_is_beyond_the_tolerance(
     import torch
 
     two, _ = two_process_run
-    job, stopped = run_job(tmp_path, tiny_assets, ONE, env={"FINETUNE_TEST_SIGTERM_AT": "6.1"})
+    stopped_once, stopped = one_stopped_in_step_6
     assert stopped.code == ExitReason.Interrupted, stopped.stderr[-3000:]
+    job = copy_of(stopped_once, tmp_path / "stopped")
     partial_file = job.checkpoints / "checkpoint-5-micro-1" / "partial_step.pt"
     partial = torch.load(partial_file, map_location="cpu", weights_only=True)
     assert max(float(g.abs().max()) for g in partial["grads"].values()) > 0, "micro-batch 1 left no gradient"
@@ -301,11 +335,12 @@ def test_a_resume_one_micro_batch_off_is_beyond_the_tolerance(
 
 
 def test_a_stop_inside_a_step_resumes_on_another_process_count_by_running_that_step_again(
-    two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
+    two_process_run: tuple[JobDir, Run], one_stopped_in_step_6: tuple[JobDir, Run], tmp_path: Path
 ) -> None:
     two, _ = two_process_run
-    job, stopped = run_job(tmp_path, tiny_assets, ONE, env={"FINETUNE_TEST_SIGTERM_AT": "6.1"})
+    stopped_once, stopped = one_stopped_in_step_6
     assert stopped.code == ExitReason.Interrupted
+    job = copy_of(stopped_once, tmp_path / "stopped")
     job.spec_changes = TWO
     resumed = job.run()
     assert resumed.code == 0, resumed.stderr[-3000:]

@@ -14,7 +14,7 @@ from finetune_api.multinode import DEFAULT_RDZV_TIMEOUT_S
 from finetune_api.reasons import ExitReason
 from finetune_trainer.data.batches import IGNORE, Schedule, eval_slots, make_rows
 from finetune_trainer.failures import TrainerFailure
-from finetune_trainer.launcher import (
+from finetune_trainer.launch.launcher import (
     VANISHED_AFTER_S,
     Nodes,
     RankFailure,
@@ -27,7 +27,7 @@ from finetune_trainer.launcher import (
     root_cause,
     unfinished,
 )
-from finetune_trainer.loss_head import LossHead
+from finetune_trainer.model.loss_head import LossHead
 
 
 def schedule(world: int, accumulation: int, rows: int = 10, batch: int = 2, steps: int = 6) -> Schedule:

@@ -6,7 +6,13 @@ from torch import nn
 
 from finetune_api.reasons import ExitReason
 from finetune_trainer.failures import TrainerFailure
-from finetune_trainer.precision_guard import GuardReport, fail_if_half, recast_to_fp32, scan_tensors, watch_activations
+from finetune_trainer.model.precision_guard import (
+    GuardReport,
+    fail_if_half,
+    recast_to_fp32,
+    scan_tensors,
+    watch_activations,
+)
 
 
 class Block(nn.Module):

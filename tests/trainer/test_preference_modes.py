@@ -2,7 +2,7 @@
 and on two (dataParallel, fsdp), a step stopped by SIGTERM part-way resumed without losing a
 micro-batch, a first step the precision guard finds clean, and a rule the tiny model learns.
 
-The runs train pairs from finetune_trainer.tiny_model.write_preference beside the tiny model's
+The runs train pairs from finetune_trainer.model.tiny_model.write_preference beside the tiny model's
 alpaca.jsonl, and the comparisons are test_parallel.py's: 2 processes x accumulation k against 1
 process x 2k, equal within ADAPTER_TOLERANCE (tests/support/training.py). A pair's two answers
 are one forward of two sequences; DPO adds its reference forward (the model with its LoRA layers
@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from finetune_api.reasons import ExitReason
-from finetune_trainer.tiny_model import write_preference
+from finetune_trainer.model.tiny_model import write_preference
 from tests.support.training import assert_same_trained_adapter, max_difference
 
 from .conftest import JobDir, Run
-from .test_parallel import ONE, TWO, adapter, losses_equal, run_job, summary, with_changes
+from .test_parallel import ONE, TWO, adapter, copy_of, losses_equal, run_job, summary, with_changes
 
 pytestmark = pytest.mark.trainer
 
@@ -191,18 +191,29 @@ def stop_mid_step(root: Path, assets: Path, spec: dict) -> JobDir:
     return job
 
 
+@pytest.fixture(scope="module")
+def dpo_stopped_in_step_6(tmp_path_factory: pytest.TempPathFactory, pair_assets: Path) -> JobDir:
+    """dpo_one_process's recipe stopped after micro-batch 1 of 2 of step 6: two tests resume it,
+    each from a copy of its folder, on one process and on two."""
+    return stop_mid_step(tmp_path_factory.mktemp("dpo-stopped"), pair_assets, preference(ONE))
+
+
 @pytest.mark.parametrize("processes", [1, 2], ids=["one-process", "two-processes"])
 def test_dpo_stopped_by_sigterm_mid_accumulation_resumes_to_the_uninterrupted_adapter(
-    dpo_one_process: tuple[JobDir, Run], tmp_path: Path, pair_assets: Path, processes: int
+    dpo_one_process: tuple[JobDir, Run],
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    pair_assets: Path,
+    processes: int,
 ) -> None:
     if processes == 1:
-        spec = preference(ONE)
         reference, uninterrupted = dpo_one_process
+        job = copy_of(request.getfixturevalue("dpo_stopped_in_step_6"), tmp_path / "stopped")
     else:
         spec = preference(with_changes(TWO, training={"batchSize": 1, "gradientAccumulation": 2}))
         reference, uninterrupted = run_job(mkdir(tmp_path, "uninterrupted"), pair_assets, spec)
         assert uninterrupted.code == 0, uninterrupted.stderr[-3000:]
-    job = stop_mid_step(mkdir(tmp_path, "stopped"), pair_assets, spec)
+        job = stop_mid_step(mkdir(tmp_path, "stopped"), pair_assets, spec)
     resumed = job.run()
     assert resumed.code == 0, resumed.stderr[-3000:]
     start = resumed.of("start")[0]
@@ -215,10 +226,10 @@ def test_dpo_stopped_by_sigterm_mid_accumulation_resumes_to_the_uninterrupted_ad
 
 
 def test_dpo_stopped_inside_a_step_resumes_on_two_processes_by_running_that_step_again(
-    dpo_one_process: tuple[JobDir, Run], tmp_path: Path, pair_assets: Path
+    dpo_one_process: tuple[JobDir, Run], dpo_stopped_in_step_6: JobDir, tmp_path: Path
 ) -> None:
     reference, uninterrupted = dpo_one_process
-    job = stop_mid_step(tmp_path, pair_assets, preference(ONE))
+    job = copy_of(dpo_stopped_in_step_6, tmp_path / "stopped")
     job.spec_changes = preference(TWO)
     resumed = job.run()
     assert resumed.code == 0, resumed.stderr[-3000:]

@@ -35,7 +35,7 @@ TRL_TAGS = {
 
 
 def preference_run(job_dir: JobDir, method: str, chat: bool = False, **run: Any) -> Run:
-    from finetune_trainer.tiny_model import write_preference
+    from finetune_trainer.model.tiny_model import write_preference
 
     write_preference(job_dir.root / "pairs" / "pairs.jsonl", count=64, chat=chat)
     job_dir.spec_changes = {
@@ -105,7 +105,7 @@ def test_the_status_patch_carries_the_figures_in_short() -> None:
     from finetune_api.objectives import OBJECTIVES
     from finetune_api.status import FineTuneJobStatus
     from finetune_trainer.objectives.preference import Dpo
-    from finetune_trainer.progress import Counting, Progress
+    from finetune_trainer.reporting.progress import Counting, Progress
 
     dpo = Dpo(OBJECTIVES.get("dpo"))
     progress = Progress(None, None, 10, Counting(dpo.trained_name, dpo.metric_tags, dpo.metrics_text))

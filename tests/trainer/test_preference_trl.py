@@ -28,10 +28,10 @@ from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
 from finetune_api.resource import FineTuneJob
 from finetune_trainer.data.tokens import IGNORE
-from finetune_trainer.loss_head import LossHead, install
+from finetune_trainer.model.loss_head import LossHead, install
+from finetune_trainer.model.tiny_model import make_tiny_model, preference_records
 from finetune_trainer.objectives import TrainingObjective, for_spec
 from finetune_trainer.objectives.preference import TRL_TAGS, Preference, pair_rows, sequence_sums
-from finetune_trainer.tiny_model import make_tiny_model, preference_records
 
 from .conftest import BASE_JOB
 

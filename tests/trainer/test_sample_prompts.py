@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from finetune_trainer.samples import STATUS_CHARS, choose_prompts, prompt_of, status_sample
+from finetune_trainer.outputs.samples import STATUS_CHARS, choose_prompts, prompt_of, status_sample
 
 
 class Template:

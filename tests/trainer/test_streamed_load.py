@@ -62,7 +62,7 @@ def test_on_gpus_the_streamed_nf4_weights_equal_those_of_before_bit_for_bit(tiny
 if __name__ == "__main__":
     import tempfile
 
-    from finetune_trainer.tiny_model import make_tiny_model
+    from finetune_trainer.model.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory() as work:
         # Wider than the pytest model: thousands of 4-bit blocks per weight.

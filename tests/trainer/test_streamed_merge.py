@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from finetune_trainer.merge_stream import merge_folder
 from finetune_trainer.modes.checkpoint_files import files_of
+from finetune_trainer.outputs.merge_stream import merge_folder
 
 REPO = Path(__file__).resolve().parents[2]
 # fp32 end to end: only the order of the additions differs from PEFT's.
@@ -117,8 +117,8 @@ PEAK_PROBE = textwrap.dedent(
     import sys, threading, time
     from pathlib import Path
     import torch, safetensors.torch
-    from finetune_trainer.merge_stream import merge_folder
-    from finetune_trainer.host_memory import _anon_kib
+    from finetune_trainer.outputs.merge_stream import merge_folder
+    from finetune_trainer.hardware.host_memory import _anon_kib
     base_kib = _anon_kib()
     peak = [base_kib]
     done = threading.Event()

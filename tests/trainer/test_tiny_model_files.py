@@ -5,6 +5,11 @@ weights from uid 1000."""
 import stat
 from pathlib import Path
 
+import pytest
+
+# The tiny_assets fixture runs `ftjob make-tiny-model`, whose process loads torch.
+pytestmark = pytest.mark.trainer
+
 
 def test_every_file_and_folder_is_readable_by_others(tiny_assets: Path) -> None:
     model = tiny_assets / "models" / "tiny-llama"

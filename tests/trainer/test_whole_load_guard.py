@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from finetune_api.reasons import ExitReason
-from finetune_trainer import model_loading
 from finetune_trainer.failures import TrainerFailure
-from finetune_trainer.preflight import MemoryPlan
+from finetune_trainer.memory.budget import MemoryPlan
+from finetune_trainer.model import loading as model_loading
 
 GIB = 2**30
 PLAN = MemoryPlan(None, "planner", {}, whole_load_host_gib_per_process=10.0)

@@ -9,8 +9,8 @@ Anything the CLI needs next from the trainer is added here.
 
 from .data.checks import check_records
 from .data.records import DataSourceError, read_records
-from .entry import main as run_trainer
-from .tiny_model import make_tiny_model, write_alpaca, write_preference
+from .launch.entry import main as run_trainer
+from .model.tiny_model import make_tiny_model, write_alpaca, write_preference
 
 __all__ = [
     "DataSourceError",

@@ -136,3 +136,17 @@ def out_of_memory_at(step: int, *, tightened: bool) -> None:
         import torch
 
         raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 1.00 GiB (injected at step {step})")
+
+
+# The fetch of S3 objects (objects/transfer.py): bytes per ranged GET, and seconds to sleep after
+# each, so a test can kill the fetch half-way through one object of a tiny store.
+FETCH_CHUNK = "FINETUNE_TEST_FETCH_CHUNK"
+FETCH_DELAY = "FINETUNE_TEST_FETCH_DELAY"
+
+
+def fetch_chunk() -> int | None:
+    return _int(FETCH_CHUNK)
+
+
+def fetch_delay() -> float:
+    return _seconds(FETCH_DELAY)

@@ -1,5 +1,5 @@
 """gguf: the merged model as one GGUF of ggufType, converted by llama.cpp's own converter from the
-streamed merge's folder (finetune_trainer.gguf_export)."""
+streamed merge's folder (finetune_trainer.outputs.gguf_export)."""
 
 from finetune_api.formats import OutputFormat, Where, register
 from finetune_api.formats.gguf_lora import GGUF_CHECK
@@ -20,7 +20,7 @@ register(
         "the merged model as one GGUF of ggufType, by llama.cpp's own converter",
         files,
         serve,
-        exporter="finetune_trainer.export:export_gguf",
+        exporter="finetune_trainer.outputs.export:export_gguf",
         check=GGUF_CHECK,
         order=40,
     )

@@ -1,11 +1,11 @@
 """gguf-lora: the adapter as a GGUF LoRA for llama.cpp's --lora, with the base as GGUF of
-ggufType beside it, both written by llama.cpp's own converters (finetune_trainer.gguf_export)."""
+ggufType beside it, both written by llama.cpp's own converters (finetune_trainer.outputs.gguf_export)."""
 
 from finetune_api.formats import OutputFormat, Where, register
 from finetune_api.layout import gguf_adapter_file, gguf_base_file
 
 # The trainer's check that llama.cpp's converter can convert the model (shared with gguf).
-GGUF_CHECK = "finetune_trainer.gguf_export:check_format"
+GGUF_CHECK = "finetune_trainer.outputs.gguf_export:check_format"
 
 
 def files(where: Where) -> dict[str, str]:
@@ -25,7 +25,7 @@ register(
         "the adapter for llama.cpp's --lora, with the base as GGUF beside it, by llama.cpp's own converters",
         files,
         serve,
-        exporter="finetune_trainer.export:export_gguf_lora",
+        exporter="finetune_trainer.outputs.export:export_gguf_lora",
         check=GGUF_CHECK,
         order=30,
     )

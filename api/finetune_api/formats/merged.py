@@ -1,5 +1,5 @@
 """merged: the base with the adapter added, as safetensors, streamed shard by shard
-(finetune_trainer.merge_stream)."""
+(finetune_trainer.outputs.merge_stream)."""
 
 from finetune_api.formats import OutputFormat, Where, register
 from finetune_api.layout import MERGED_DIR
@@ -19,7 +19,7 @@ register(
         "the base with the adapter added, safetensors, streamed shard by shard",
         files,
         serve,
-        exporter="finetune_trainer.export:export_merged",
+        exporter="finetune_trainer.outputs.export:export_merged",
         order=20,
     )
 )

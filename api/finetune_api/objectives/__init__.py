@@ -11,6 +11,9 @@ part needs of it without the trainer's code:
   each when memory needs it (`sequence_names`);
 - its part of the checkpoint's fingerprint (`tracked`: the spec fields its state depends on
   beyond the model, adapter, data source and schedule every objective shares);
+- its settings block, `training.<name>` (`settings`: a model, optional), and the rules it adds to
+  `training` while it is the method (`rules`): the spec's field, the CRD's schema and both sides'
+  rules follow from them (finetune_api.method_settings);
 - the trainer's implementation (`module:Class`, a `finetune_trainer.objectives.TrainingObjective`):
   its rows and batches, its loss and its progress figures.
 Every module of this package registers its entry when imported; FINETUNE_PLUGINS adds others
@@ -19,11 +22,27 @@ Every module of this package registers its entry when imported; FINETUNE_PLUGINS
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from finetune_api.base import ApiModel
 from finetune_api.registry import Choice, Registry
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule an objective adds to `spec.training` while it is the method, said once for both
+    sides so that admission and `ftjob validate` refuse alike: `cel` over the training object
+    (admission's `self` is spec.training; the test of the method is added), `holds` over the
+    TrainingSpec (its `settings_of` gives the block, its defaults when unset), `message` the one
+    line both refuse with, `field_path` the field admission names (under training: ".grpo.rewards")."""
+
+    cel: str
+    # Takes the TrainingSpec: typed Any because the spec imports this package, not the reverse.
+    holds: Callable[[Any], bool]
+    message: str
+    field_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -46,6 +65,12 @@ class Objective:
     order: int = 100
     # Dataset formats whose conversations `dataset.trainOn` chooses the loss of.
     conversation_formats: tuple[str, ...] = field(default=())
+    # The model of its settings block, `training.<name>` (None: it has none); unset in a spec, the
+    # block is the model's defaults. Its title (`ConfigDict(title="DPO's settings")`) leads the
+    # field's description.
+    settings: type[ApiModel] | None = None
+    # Rules of `training` it adds while it is the method (`Rule`: both sides from one statement).
+    rules: tuple[Rule, ...] = ()
 
 
 OBJECTIVES: Final[Registry[Objective]] = Registry("training method", __name__, "spec.training.method")

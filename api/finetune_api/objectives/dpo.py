@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Final, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from finetune_api.base import ApiModel
 from finetune_api.objectives import Objective, register
@@ -21,6 +21,8 @@ DpoLossType = Literal["sigmoid", "ipo"]
 
 
 class DpoSpec(ApiModel):
+    model_config = ConfigDict(title="DPO's settings")
+
     beta: Annotated[float, Field(gt=0, le=100)] = Field(
         default=0.1, description="How far the policy may move from the reference: the log-ratios' scale."
     )
@@ -43,6 +45,7 @@ DPO: Final = register(
         # The method too: another one's checkpoint is named as such, not only by its settings block.
         tracked=("spec.training.method", "spec.dataset.format", "spec.training.dpo"),
         packs=False,
+        settings=DpoSpec,
         order=20,
     )
 )

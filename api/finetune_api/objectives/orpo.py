@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Final
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from finetune_api.base import ApiModel
 from finetune_api.objectives import Objective, register
@@ -18,6 +18,8 @@ from finetune_api.objectives.preference import FORMATS, SEQUENCE_NAMES, SEQUENCE
 
 
 class OrpoSpec(ApiModel):
+    model_config = ConfigDict(title="ORPO's settings")
+
     beta: Annotated[float, Field(gt=0, le=100)] = Field(
         default=0.1, description="Weight of the odds-ratio term against the chosen answers' cross-entropy."
     )
@@ -35,6 +37,7 @@ ORPO: Final = register(
         # The method too: another one's checkpoint is named as such, not only by its settings block.
         tracked=("spec.training.method", "spec.dataset.format", "spec.training.orpo"),
         packs=False,
+        settings=OrpoSpec,
         order=30,
     )
 )

@@ -3,4 +3,4 @@ byte per parameter for the adapter's matrices."""
 
 from finetune_api.optimizers import Optimizer, register
 
-register(Optimizer("adafactor", 0.5, "finetune_trainer.optim:adafactor", "Transformers' Adafactor", order=50))
+register(Optimizer("adafactor", 0.5, "finetune_trainer.training.optim:adafactor", "Transformers' Adafactor", order=50))

@@ -11,7 +11,7 @@ register(
     Optimizer(
         "paged_adamw_8bit",
         EIGHT_BIT,
-        "finetune_trainer.optim:paged_adamw_8bit",
+        "finetune_trainer.training.optim:paged_adamw_8bit",
         "bitsandbytes' paged 8-bit AdamW (the default)",
         order=10,
     )
@@ -20,9 +20,13 @@ register(
     Optimizer(
         "paged_adamw_32bit",
         2 * FP32,
-        "finetune_trainer.optim:paged_adamw_32bit",
+        "finetune_trainer.training.optim:paged_adamw_32bit",
         "bitsandbytes' paged 32-bit AdamW",
         order=20,
     )
 )
-register(Optimizer("adamw_8bit", EIGHT_BIT, "finetune_trainer.optim:adamw_8bit", "bitsandbytes' 8-bit AdamW", order=30))
+register(
+    Optimizer(
+        "adamw_8bit", EIGHT_BIT, "finetune_trainer.training.optim:adamw_8bit", "bitsandbytes' 8-bit AdamW", order=30
+    )
+)

@@ -2,4 +2,4 @@
 
 from finetune_api.optimizers import Optimizer, register
 
-register(Optimizer("adamw_torch", 2 * 4, "finetune_trainer.optim:adamw_torch", "PyTorch's AdamW", order=40))
+register(Optimizer("adamw_torch", 2 * 4, "finetune_trainer.training.optim:adamw_torch", "PyTorch's AdamW", order=40))

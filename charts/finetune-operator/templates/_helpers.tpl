@@ -84,7 +84,8 @@ app.kubernetes.io/part-of: finetune-operator
 {{/* The trainers' network rules (trainer.networkPolicy), rendered once as JSON: the operator
      copies them into each job's NetworkPolicy (FINETUNE_TRAINER_NETWORK), and the fence admits
      a job's policy only with these rules (finetune-fence-networkpolicies). Empty when off.
-     {"egress": [API server, DNS, extraEgress...], "hubEgress": rule or null, "peerPorts": [...]} */}}
+     {"egress": [API server, DNS, extraEgress...], "hubEgress": rule or null, "peerPorts": [...],
+     "objectEgress": [objectStorage...]} */}}
 {{- define "finetune-operator.trainerNetwork" -}}
 {{- $np := .Values.trainer.networkPolicy }}
 {{- if $np.enabled }}
@@ -144,7 +145,20 @@ app.kubernetes.io/part-of: finetune-operator
 {{- $peerPorts := list
   (dict "protocol" "TCP" "port" 29400)
   (dict "protocol" "TCP" "port" (int $mn.collectivePorts.port) "endPort" (int $mn.collectivePorts.endPort)) }}
-{{- dict "egress" $egress "hubEgress" (ternary $hub nil (gt (len $hub) 0)) "peerPorts" $peerPorts | toJson }}
+{{- /* The rules to the S3-compatible stores, for the pods that fetch and upload only. */}}
+{{- $objects := list }}
+{{- range $rule := $np.objectStorage | default list }}
+{{- $rule = deepCopy $rule }}
+{{- if $rule.ports }}
+{{- $ports := list }}
+{{- range $port := $rule.ports }}
+{{- $ports = append $ports (merge (deepCopy $port) (dict "protocol" "TCP")) }}
+{{- end }}
+{{- $_ := set $rule "ports" $ports }}
+{{- end }}
+{{- $objects = append $objects $rule }}
+{{- end }}
+{{- dict "egress" $egress "hubEgress" (ternary $hub nil (gt (len $hub) 0)) "peerPorts" $peerPorts "objectEgress" $objects | toJson }}
 {{- end }}
 {{- end }}
 

@@ -16,21 +16,28 @@ The process gets exactly the pod's env (env, envFrom, valueFrom secretKeyRef/con
 fieldRef/resourceFieldRef, `$(VAR)` expansion), plus what a kubelet and image would add:
 KUBERNETES_SERVICE_HOST/PORT pointing at the local API server, HOSTNAME, HOME (a per-pod
 folder), PATH with the checkout's `.venv/bin` first (so `python`, `kopf`, `ftjob` are the
-project's), and KUBECONFIG (a kubeconfig that reads the pod's mounted token) when the pod
-mounts a service-account token.
+project's), KUBECONFIG (a kubeconfig that reads the pod's mounted token) when the pod
+mounts a service-account token, and where llama.cpp's converters and llama-quantize are in the
+cache (FINETUNE_LLAMA_CPP, FINETUNE_LLAMA_QUANTIZE: the trainer image has them at /opt/llama.cpp),
+so a job's GGUF formats are written here as in the image.
 
 Decisions a kubelet would make differently, on purpose:
 - Processes run as root even when the pod asks for `runAsUser`: the interpreter lives under a
   home folder other users cannot enter on dev machines, and PodSecurity admission already
   checks the field at the API. Volume folders are world-writable, so nothing depends on it.
 - The image is ignored; a container without `command` fails with StartError (the agent cannot
-  know an image's entrypoint).
+  know an image's entrypoint). The images' commands resolve on PATH: the trainer's `python` to
+  the checkout's `.venv/bin`, the serving image's `llama-server` to llama.cpp's tools built from
+  the pinned sdist (`python -m hack.llama_cpp tools`), where they are built.
 - Mount points missing on the host (e.g. /mnt/model, /etc/finetune) are created there as empty
   folders or files; the mounts themselves stay private to the pod's namespace.
 - Each pod has an address of its own in 198.18.0.0/16, routed to this host (status.podIP), and, with a `subdomain`, an
   /etc/hosts that names its peers in place of cluster DNS (see network.py); the pods still share
   the host's network namespace.
-- Probes are not run; a running container is Ready.
+- Readiness probes of kind httpGet are run against the pod's address (probes.py): such a
+  container is Ready once one answers 200-399 (a ModelServer's llama-server on /health); a
+  container without one is Ready while it runs. Liveness and startup probes are not run. A
+  `preStop: sleep` is slept before SIGTERM, within the grace period.
 - A ConfigMap `node-agent-test-env-<Job name>` adds its `FINETUNE_TEST_*` keys to the
   environment of every container of that Job's pods: the trainer's fault hooks
   (finetune_trainer/test_hooks.py) for a job run through the operator, which never sets them.

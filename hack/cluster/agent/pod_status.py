@@ -69,14 +69,19 @@ def _terminated(state: Terminated) -> dict[str, Any]:
 
 
 def container_status(
-    container: Mapping[str, Any], state: ContainerState, restarts: int = 0, last: Terminated | None = None
+    container: Mapping[str, Any],
+    state: ContainerState,
+    restarts: int = 0,
+    last: Terminated | None = None,
+    probed: bool | None = None,
 ) -> dict[str, Any]:
+    """`probed`: the readiness probe's last verdict (probes.py), None for a container without one."""
     status: dict[str, Any] = {
         "name": container["name"],
         "image": container.get("image", ""),
         "imageID": "",
         "restartCount": restarts,
-        "ready": isinstance(state, Running),
+        "ready": isinstance(state, Running) and probed is not False,
         "started": isinstance(state, Running),
     }
     if isinstance(state, Waiting):
@@ -118,12 +123,18 @@ def pod_status(
     reason: str = "",
     restarts: Mapping[str, tuple[int, Terminated]] | None = None,
     pod_ip: str = HOST_IP,
+    probed: Mapping[str, bool] | None = None,
 ) -> dict[str, Any]:
-    """The whole status, for a merge patch: conditions keep what others set (PodScheduled, DisruptionTarget)."""
+    """The whole status, for a merge patch: conditions keep what others set (PodScheduled, DisruptionTarget).
+    `probed`: the readiness probes' verdicts by container (those without a probe are ready while they run)."""
     spec = pod["spec"]
+    probed = probed or {}
     existing = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
     initialized = all(isinstance(s, Terminated) and s.exit_code == 0 for s in init_states)
-    ready = phase == "Running" and all(isinstance(s, Running) for s in states)
+    ready = phase == "Running" and all(
+        isinstance(s, Running) and probed.get(c["name"]) is not False
+        for c, s in zip(spec["containers"], states, strict=True)
+    )
     done_reason = {"Succeeded": "PodCompleted", "Failed": "PodFailed"}.get(phase, "ContainersNotReady")
     ours = {
         "PodReadyToStartContainers": _condition("PodReadyToStartContainers", phase != "Pending" or bool(states),
@@ -145,7 +156,7 @@ def pod_status(
         "startTime": start_time,
         "qosClass": (pod.get("status") or {}).get("qosClass", "BestEffort"),
         "containerStatuses": [
-            container_status(c, s, *(restarts or {}).get(c["name"], (0, None)))
+            container_status(c, s, *(restarts or {}).get(c["name"], (0, None)), probed=probed.get(c["name"]))
             for c, s in zip(spec["containers"], states, strict=True)
         ],
         "message": message or None,

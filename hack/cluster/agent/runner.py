@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from ...llama_cpp import built_tools, llama_cpp_env
 from ..layout import Layout
 from .kube import Kube
 from .pod_env import ConfigPending, container_env
@@ -40,6 +41,7 @@ from .pod_status import (
     termination_message,
     termination_reason,
 )
+from .probes import Prober, prestop_sleep, readiness_probe
 from .volumes import LocalVolume, UnsupportedVolume, VolumeBuilder
 
 log = logging.getLogger("node-agent")
@@ -65,6 +67,14 @@ class NodeContext:
     node: str
     api_port: int
     allocatable: Mapping[str, str]
+
+
+def _tools_path() -> str:
+    """llama.cpp's tools built from the pinned sdist (hack/llama_cpp.py), where they are built:
+    a serving pod's command `llama-server` (its image's entrypoint) finds them on PATH, as a
+    trainer's `python` finds the checkout's .venv. Never built here: the tests build them first."""
+    folder = built_tools()
+    return f"{folder}:" if folder is not None else ""
 
 
 def pod_dir_name(pod: Mapping[str, Any]) -> str:
@@ -104,6 +114,9 @@ class PodRun(threading.Thread):
         self.address = address
         self.hosts = hosts
         self.node: str = pod["spec"].get("nodeName") or ctx.node
+        # The readiness probes' verdicts, by container (probes.py); empty without probes.
+        self.prober: Prober | None = None
+        self.ended = threading.Event()  # the pod's thread is done: its prober stops
 
     def request_stop(self, grace: float | None) -> None:
         if grace is not None:
@@ -130,6 +143,7 @@ class PodRun(threading.Thread):
             reason=reason,
             restarts=self.restarts,
             pod_ip=self.address,
+            probed=dict(self.prober.ready) if self.prober is not None else None,
         )
         self.ctx.kube.patch_pod_status(self.namespace, self.name, status)
 
@@ -150,7 +164,7 @@ class PodRun(threading.Thread):
         home.chmod(0o777)
         port = str(self.ctx.api_port)
         env = {
-            "PATH": f"{self.ctx.layout.venv_bin}:{SYSTEM_PATH}",
+            "PATH": f"{self.ctx.layout.venv_bin}:{_tools_path()}{SYSTEM_PATH}",
             "HOSTNAME": self.pod["spec"].get("hostname") or self.name,
             "HOME": str(home),
             "KUBERNETES_SERVICE_HOST": "127.0.0.1",
@@ -158,6 +172,8 @@ class PodRun(threading.Thread):
             "KUBERNETES_SERVICE_PORT_HTTPS": port,
             "KUBERNETES_PORT": f"tcp://127.0.0.1:{port}",
         }
+        # The trainer image carries llama.cpp at /opt/llama.cpp; here the cache's copy stands in.
+        env.update(llama_cpp_env())
         env.update(self._test_env())
         token = token_mount(container, self.pod)
         if token is not None:
@@ -270,11 +286,17 @@ class PodRun(threading.Thread):
         return proc
 
     def _terminate(self) -> None:
-        """SIGTERM to each container's process, SIGKILL to its whole group once the grace period is over."""
+        """The preStop sleeps, then SIGTERM to each container's process, SIGKILL to its whole group
+        once the grace period (which the sleeps count in, as the kubelet counts them) is over."""
         alive = {name: p for name, p in self.processes.items() if p.poll() is None}
+        deadline = time.monotonic() + self.grace
+        containers = {c["name"]: c for c in self.pod["spec"]["containers"]}
+        pause = max((prestop_sleep(containers.get(name) or {}) for name in alive), default=0.0)
+        until = min(deadline, time.monotonic() + pause)
+        while time.monotonic() < until and any(p.poll() is None for p in alive.values()):
+            time.sleep(POLL_SECONDS)
         for proc in alive.values():
             _signal(proc, signal.SIGTERM, group=False)
-        deadline = time.monotonic() + self.grace
         while time.monotonic() < deadline and any(p.poll() is None for p in alive.values()):
             time.sleep(POLL_SECONDS)
         for name, proc in alive.items():
@@ -320,6 +342,7 @@ class PodRun(threading.Thread):
             except Exception:
                 log.exception("pod %s/%s: could not report the failure", self.namespace, self.name)
         finally:
+            self.ended.set()
             shutil.rmtree(STAGING_ROOT / self.uid, ignore_errors=True)
             if self.stop_requested.is_set():
                 self.ctx.kube.delete_pod_now(self.namespace, self.name, self.uid)
@@ -354,6 +377,20 @@ class PodRun(threading.Thread):
             message = f"container {plan.name} exited with {result.exit_code} ({result.reason})"
             self.ctx.kube.event(self.pod, kind, "Terminated", message, self.node)
 
+    def _start_prober(self, containers: Mapping[str, Any], states: Mapping[str, ContainerState]) -> dict[str, bool]:
+        """A thread for the containers' readiness probes, if any; their verdicts so far."""
+        probes = {name: p for name, c in containers.items() if (p := readiness_probe(c, self.address)) is not None}
+        if not probes:
+            return {}
+
+        def running(name: str) -> bool:
+            proc = self.processes.get(name)
+            return isinstance(states.get(name), Running) and proc is not None and proc.poll() is None
+
+        self.prober = Prober(probes, running, self.ended)
+        self.prober.start()
+        return dict(self.prober.ready)
+
     def _run_containers(self, plans: list[ContainerPlan], init_states: list[ContainerState]) -> list[Terminated]:
         """Run the app containers until each is done, restarting as restartPolicy says (with back-off)."""
         containers = {c["name"]: c for c in self.pod["spec"]["containers"]}
@@ -365,7 +402,11 @@ class PodRun(threading.Thread):
         def report() -> None:
             self._report("Running", init_states, [states[p.name] for p in plans])
 
+        readiness = self._start_prober(containers, states)
         while len(done) < len(plans):
+            if self.prober is not None and self.prober.ready != readiness:
+                readiness = dict(self.prober.ready)
+                report()
             if self.stop_requested.is_set():
                 self._terminate()
                 for plan in plans:

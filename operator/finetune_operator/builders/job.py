@@ -17,18 +17,25 @@ from finetune_api.contract import (
     HUB_TOKEN_ENV,
     HUB_TOKEN_KEY,
     MODEL_MOUNT,
+    OBJECT_CACHE_SIZE_ENV,
+    OBJECTS_MOUNT,
     OFFLINE,
     OUTPUT_MOUNT,
+    S3_OUTPUT_ROLES,
     SHM_MOUNT,
     TMP_MOUNT,
     TRAINER_COMMAND,
+    cache_claim_name,
     library_environment,
+    s3_secrets,
     uses_hub,
+    uses_objects,
 )
 from finetune_api.gpus import is_pascal
+from finetune_api.object_storage import ACCESS_KEY_FIELDS
 from finetune_api.reasons import NON_RETRYABLE, TERMINATION_LOG, UNCOUNTED
 from finetune_api.spec import FineTuneJobSpec
-from finetune_plan.host import HostNeed
+from finetune_plan.host.need import HostNeed
 from finetune_plan.pod import pod_plan
 
 from .. import quantities
@@ -37,6 +44,7 @@ from ..children import (
     KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
     NAME_CHECK_LABEL,
+    OBJECT_EGRESS_LABEL,
     Owner,
     job_name,
     labels,
@@ -48,10 +56,16 @@ from .config import config_json
 from .pvc import output_claim_name
 
 COMMAND: Final = TRAINER_COMMAND
+# The variables of S3 credentials a pod may get, each from the key of the same name (less any
+# prefix) of the Secret an s3 field names.
+S3_ENV_NAMES: Final = frozenset(prefix + key for prefix in ("", "DATASET_") for key in ACCESS_KEY_FIELDS)
 # Every variable `environment` may write; the operator fence admits no other name.
 ENV_NAMES: Final = frozenset(
     {"POD_NAME", "POD_NAMESPACE", "HOME", "PYTHONUNBUFFERED", "HF_HOME", HUB_TOKEN_ENV, DATASET_HUB_TOKEN_ENV}
     | {*ALLOCATOR, *OFFLINE, *COMPILER_OFF, *HUB_ENDPOINT_ENV}
+    | S3_ENV_NAMES
+    # The fetch Job's: the object cache claim's size (builders/objects.py).
+    | {OBJECT_CACHE_SIZE_ENV}
 )
 # Room for the container's logs in its ephemeral-storage limit, on top of /tmp.
 LOG_ALLOWANCE: Final = "1Gi"
@@ -89,6 +103,21 @@ def _secret_env(name: str, secret: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": HUB_TOKEN_KEY}}}
 
 
+def s3_credentials(spec: FineTuneJobSpec, roles: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The credentials of `roles`' s3 fields, each variable from the key of its own name of the
+    Secret the field names (contract.s3_secrets gives the prefixes): by reference only, so the
+    operator never reads a Secret and the pod spec carries none of its bytes."""
+    env: list[dict[str, Any]] = []
+    for _, prefix, secret in s3_secrets(spec, roles):
+        names = {e["name"] for e in env}
+        env += [
+            {"name": prefix + key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+            for key in ACCESS_KEY_FIELDS
+            if prefix + key not in names
+        ]
+    return env
+
+
 def environment(spec: FineTuneJobSpec, settings: Settings) -> list[dict[str, Any]]:
     model_hub = spec.model.source.hub
     data_hub = spec.dataset.source.hub
@@ -110,7 +139,8 @@ def environment(spec: FineTuneJobSpec, settings: Settings) -> list[dict[str, Any
         env.append(_secret_env(HUB_TOKEN_ENV, model_secret))
     if data_secret and data_secret != model_secret:
         env.append(_secret_env(DATASET_HUB_TOKEN_ENV if model_secret else HUB_TOKEN_ENV, data_secret))
-    return env
+    # The trainer copies its outputs to output.s3 after training ended well.
+    return env + s3_credentials(spec, S3_OUTPUT_ROLES)
 
 
 def memory_limit(spec: FineTuneJobSpec, settings: Settings, host: HostNeed | None) -> str | None:
@@ -182,11 +212,19 @@ def volumes(
     return vols + inputs, mounts + input_mounts
 
 
-def input_claims(spec: FineTuneJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def input_claims(
+    spec: FineTuneJobSpec, *, without_objects: bool = False
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The model and dataset claims a spec names, as volumes and read-only mounts (the trainer's
-    Job and the input check's mount them alike)."""
+    Job and the input check's mount them alike), and the object cache claim the trainer reads S3
+    sources' copies from (the pre-flight lists them, the fetch Job writes it: builders/objects.py)."""
     vols: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
+    if uses_objects(spec) and not without_objects:
+        vols.append(
+            {"name": "objects", "persistentVolumeClaim": {"claimName": cache_claim_name(spec), "readOnly": True}}
+        )
+        mounts.append({"name": "objects", "mountPath": OBJECTS_MOUNT, "readOnly": True})
     for name, source, mount in (
         ("model", spec.model.source.pvc, MODEL_MOUNT),
         ("dataset", spec.dataset.source.pvc, DATASET_MOUNT),
@@ -243,6 +281,9 @@ def job(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> dict[str, An
     if uses_hub(spec):
         # Marks the pods whose own NetworkPolicy opens HTTPS egress (builders/network.py).
         pod_labels[HUB_EGRESS_LABEL] = "true"
+    if spec.output.s3 is not None:
+        # The trainer copies its outputs there: its pods may reach the chart's object stores.
+        pod_labels[OBJECT_EGRESS_LABEL] = "true"
     if name_checked(owner.name, spec.resources.multinode):
         pod_labels[NAME_CHECK_LABEL] = "true"
     job_meta = metadata(owner, job_name(owner.name))

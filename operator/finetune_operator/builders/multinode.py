@@ -20,7 +20,7 @@ Kubernetes gives what a gang of training pods needs, and nothing here schedules 
   other nodes). The launcher's own restarts (`max_restarts`) stay 0: a pod that restarted its
   workers in place could meet a replaced peer at a stale round, and its rank files would speak
   of the round before. Each gang attempt costs up to one failed pod per node, so
-  `backoffLimit` is the spec's times `nodes` (status.restarts counts attempts, status.py).
+  `backoffLimit` is the spec's times `nodes` (status.restarts counts attempts, status/phase.py).
 
 Pure functions of the spec; a job of one node keeps the Job of `job.job` exactly.
 """

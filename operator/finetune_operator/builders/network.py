@@ -7,6 +7,9 @@ Two the namespace's jobs share, and one more per job of several nodes:
   unchanged; ingress, none.
 - `finetune-trainers-hub` selects only the pods of jobs that download from the Hub (the Job
   builder labels them `finetune.dev/hub-egress`), and adds the Hub's HTTPS rule.
+- `finetune-trainers-objects` selects only the pods that reach an S3-compatible store (the
+  pre-flight and fetch of a job with an s3 source, the trainer of a job with output.s3: labelled
+  `finetune.dev/object-egress`), and adds the chart's rules to the stores (`objectStorage`).
 - a job of several nodes gets `<job>-network`, owned by it: its own pods alone, on the
   rendezvous and collective ports, both ways. Another job's pods, multi-node or not, stay out.
 
@@ -30,12 +33,13 @@ from finetune_api.constants import LABEL_COMPONENT, LABEL_JOB, LABEL_MANAGED_BY,
 from finetune_api.contract import COMPONENT_TRAINER
 from finetune_api.spec import FineTuneJobSpec
 
-from ..children import HUB_EGRESS_LABEL, Owner, labels, metadata
-from ..settings import TrainerNetwork
+from ..children import HUB_EGRESS_LABEL, OBJECT_EGRESS_LABEL, Owner, labels, metadata
+from ..setting_parsers import TrainerNetwork
 
 SUFFIX: Final = "-network"
 TRAINERS: Final = "finetune-trainers"
 HUB_TRAINERS: Final = "finetune-trainers-hub"
+OBJECT_TRAINERS: Final = "finetune-trainers-objects"
 # Every trainer pod of the namespace carries these (children.labels), and no other pod the
 # operator makes.
 TRAINER_PODS: Final = {LABEL_COMPONENT: COMPONENT_TRAINER, LABEL_MANAGED_BY: MANAGED_BY}
@@ -79,6 +83,10 @@ def namespace_policies(namespace: str, rules: TrainerNetwork) -> list[dict[str, 
     if rules.hub_egress is not None:
         hub_pods = {**TRAINER_PODS, HUB_EGRESS_LABEL: "true"}
         out.append(_policy(_shared_metadata(namespace, HUB_TRAINERS), hub_pods, [], [dict(rules.hub_egress)]))
+    if rules.object_egress:
+        object_pods = {**TRAINER_PODS, OBJECT_EGRESS_LABEL: "true"}
+        object_rules = [dict(rule) for rule in rules.object_egress]
+        out.append(_policy(_shared_metadata(namespace, OBJECT_TRAINERS), object_pods, [], object_rules))
     return out
 
 

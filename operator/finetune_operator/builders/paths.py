@@ -4,7 +4,12 @@ from finetune_api import contract, layout
 from finetune_api.spec import FineTuneJobSpec
 from finetune_api.trainer_config import RuntimePaths
 
-POD_MOUNTS = {"model": contract.MODEL_MOUNT, "dataset": contract.DATASET_MOUNT, "output": contract.OUTPUT_MOUNT}
+POD_MOUNTS = {
+    "model": contract.MODEL_MOUNT,
+    "dataset": contract.DATASET_MOUNT,
+    "output": contract.OUTPUT_MOUNT,
+    "objects": contract.OBJECTS_MOUNT,
+}
 
 
 def runtime_paths(job: str, spec: FineTuneJobSpec) -> RuntimePaths:
@@ -23,3 +28,11 @@ def adapter_path(job: str, spec: FineTuneJobSpec) -> str:
 
 def merged_path(job: str, spec: FineTuneJobSpec) -> str | None:
     return f"{output_dir(job, spec)}/{layout.MERGED_DIR}" if "merged" in spec.output.written else None
+
+
+def loss_curve_path(job: str, spec: FineTuneJobSpec) -> str:
+    return f"{output_dir(job, spec)}/{layout.LOSS_CURVE_FILE}"
+
+
+def tensorboard_path(job: str, spec: FineTuneJobSpec) -> str:
+    return f"{output_dir(job, spec)}/{layout.TENSORBOARD_DIR}"

@@ -41,7 +41,11 @@ def output_status(job: str, spec: FineTuneJobSpec, claim: str) -> dict[str, Any]
         "alpha": spec.lora.alpha,
         "targetModules": list(spec.lora.target_modules),
         "formats": output_formats(job, spec, claim),
+        "lossCurvePath": paths.loss_curve_path(job, spec),
+        "tensorboardPath": paths.tensorboard_path(job, spec),
     }
+    if spec.output.s3 is not None:
+        out["s3"] = spec.output.s3.uri
     merged = paths.merged_path(job, spec)
     if merged:
         out["mergedPath"] = merged

@@ -22,6 +22,11 @@ only when both are well formed in that sense (`_as_int`, the KEP's check); any o
 (an aggregated API's, a server that does not promise order) is not ordered, and the body that
 arrived last wins, as with equality alone.
 
+Two more things are kept, already read down to what a verdict needs: the GPU nodes' facts
+(finetune_plan.nodes.NodeFacts: product, allocatable GPUs and memory), for whether any node can
+ever hold a job's pods, and the Job controller's last refusal to create a pod of one of our Jobs
+(its FailedCreate Event: a ResourceQuota's words), which a Job's status never carries.
+
 Bodies are trimmed to what the status logic reads (no managedFields, no pod template, no pod
 spec but its node) and held as compact JSON text, not as trees of dicts: a parsed body costs
 several times its JSON in Python objects, and at 500 jobs the trees were the largest part of
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from finetune_api.contract import CONFIG_ANNOTATION
+from finetune_plan.nodes import NodeFacts
 
 Body = dict[str, Any]
 Key = tuple[str, str]
@@ -45,6 +51,16 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 # Annotations that hold whole documents nothing here reads: kubectl's copy of an applied object,
 # and the trainer config that every pod of ours carries.
 BULKY_ANNOTATIONS = frozenset({LAST_APPLIED, CONFIG_ANNOTATION})
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The Job controller could not create a pod of a Job (its FailedCreate Event, e.g. a
+    ResourceQuota's refusal): the Job's UID, the Event's last time (RFC 3339) and its words."""
+
+    uid: str
+    time: str
+    message: str
 
 
 def _as_int(version: str | None) -> int | None:
@@ -140,6 +156,10 @@ class WatchCache:
         self._pods: dict[Key, dict[str, _Packed]] = {}
         # (namespace, Job name) -> Workload name -> Workload (Kueue's, for queued jobs)
         self._workloads: dict[Key, dict[str, _Packed]] = {}
+        # Node name -> its facts; None until the nodes were listed once (or where they cannot be).
+        self._nodes: dict[str, NodeFacts] | None = None
+        # (namespace, Job name) -> the Job controller's last refusal to create a pod of it
+        self._refusals: dict[Key, Refusal] = {}
 
     # --- FineTuneJobs ---------------------------------------------------------------------
 
@@ -178,6 +198,7 @@ class WatchCache:
             held = self._jobs.get(key)
             if held is not None and held.uid == uid:
                 del self._jobs[key]
+                self._refusals.pop(key, None)
 
     def keep_listed_jobs(self, listed: list[Body], namespace: str | None, version: str) -> list[Key]:
         """After a list of one namespace's Jobs (None: all namespaces) at resourceVersion
@@ -193,6 +214,7 @@ class WatchCache:
             ]
             for key in gone:
                 del self._jobs[key]
+                self._refusals.pop(key, None)
         return gone
 
     def job(self, namespace: str, name: str) -> Body | None:
@@ -204,6 +226,29 @@ class WatchCache:
         """Whether a Job of this name is held: asked for every FineTuneJob event, unparsed."""
         with self._guard:
             return (namespace, name) in self._jobs
+
+    def job_labels(self, namespace: str, name: str, uid: str | None) -> dict[str, str] | None:
+        """The labels of the Job held under this name, if it is the one with this UID."""
+        with self._guard:
+            held = self._jobs.get((namespace, name))
+        if held is None or held.uid != uid:
+            return None
+        return dict((held.body().get("metadata") or {}).get("labels") or {})
+
+    def put_refusal(self, namespace: str, name: str, refusal: Refusal) -> None:
+        """The Job controller could not create a pod of the Job (namespace, name): the newest wins."""
+        with self._guard:
+            held = self._refusals.get((namespace, name))
+            if held is None or held.uid != refusal.uid or held.time <= refusal.time:
+                self._refusals[(namespace, name)] = refusal
+
+    def refusal(self, job: Body | None) -> Refusal | None:
+        """The Job controller's last refusal to create a pod of this Job (this UID), if any."""
+        if job is None:
+            return None
+        with self._guard:
+            held = self._refusals.get(_key(job))
+        return held if held is not None and held.uid == (job.get("metadata") or {}).get("uid") else None
 
     def job_key_by_uid(self, uid: str) -> Key | None:
         """(namespace, name) of the Job with this UID, if it is one of ours (a preemptor's)."""
@@ -239,6 +284,35 @@ class WatchCache:
 
     def workloads(self, namespace: str, job_name: str) -> list[Body]:
         return self._grouped(self._workloads, namespace, job_name)
+
+    # --- GPU nodes (their facts only) -----------------------------------------------------
+
+    def put_node(self, name: str, facts: NodeFacts | None) -> bool:
+        """The node's facts now (None: it no longer carries the product label); whether they
+        changed what a verdict reads (a node's status is written every few seconds, its facts
+        rarely)."""
+        with self._guard:
+            nodes = self._nodes if self._nodes is not None else {}
+            before = nodes.pop(name, None)
+            if facts is not None:
+                nodes[name] = facts
+            self._nodes = nodes
+            return before != facts
+
+    def keep_listed_nodes(self, names: set[str]) -> bool:
+        """After a list: the nodes are known from now on, and those it lacks are gone; whether any was."""
+        with self._guard:
+            nodes = self._nodes if self._nodes is not None else {}
+            gone = [n for n in nodes if n not in names]
+            for name in gone:
+                del nodes[name]
+            self._nodes = nodes
+            return bool(gone)
+
+    def nodes(self) -> tuple[NodeFacts, ...] | None:
+        """Every GPU node's facts, by name; None before the first list, or where nodes cannot be read."""
+        with self._guard:
+            return None if self._nodes is None else tuple(self._nodes[n] for n in sorted(self._nodes))
 
     # --- objects grouped by the name of what they belong to (pods, Workloads) ---------------
 

@@ -5,7 +5,7 @@ its trainer's exit and its Job's verdict) would each cost a status write. A chan
 Succeeded or Failed is held until what the user would read has stood unchanged for `window_s`,
 and at most `max_factor` times that since the first change not yet written; then the newest
 state is written, once. A state the reconciler calls a hand-over (`patient`: the job waits on
-the Job controller alone, for a step already decided, status.hand_over) waits the whole
+the Job controller alone, for a step already decided, status.phase.hand_over) waits the whole
 `max_factor` windows: on a quiet control plane it is over long before. Succeeded and Failed
 are never held (the reconciler asks only for the others). Level-based like the rest: nothing
 here is needed for correctness; a restarted operator starts with nothing held and writes the

@@ -16,7 +16,10 @@ forever. API errors and broken connections are retried with capped exponential b
 stream never gives up.
 
 Kueue's Workloads are optional: where Kueue is not installed (404) or the operator may not read
-them (403), their stream says so once and looks again every minute.
+them (403), their stream says so once and looks again every minute. So are the GPU nodes (a
+namespaced operator may not read Nodes, which are cluster-wide) and the Job controller's
+FailedCreate Events (`refusal_sources`), the only place a ResourceQuota's refusal of a Job's pod
+is said.
 """
 
 import json
@@ -72,6 +75,13 @@ class Source:
     namespace: str | None = None  # None: every namespace
     # An API that may not exist here (Kueue's): absent or forbidden is a state, not an error.
     optional: bool = False
+    field_selector: str | None = None
+
+    def selectors(self) -> dict[str, str]:
+        out = {"label_selector": self.label_selector}
+        if self.field_selector:
+            out["field_selector"] = self.field_selector
+        return out
 
 
 class Stream:
@@ -156,7 +166,7 @@ class Stream:
         pages: list[bytes] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"label_selector": self._source.label_selector, "limit": PAGE}
+            kwargs: dict[str, Any] = {**self._source.selectors(), "limit": PAGE}
             if token:
                 kwargs["_continue"] = token
             timeouts = (CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S)
@@ -178,7 +188,7 @@ class Stream:
     def _watch(self, version: str) -> Iterator[str]:
         """Events since `version`, each handed to the callback; yields the version after each."""
         response = self._source.call(
-            label_selector=self._source.label_selector,
+            **self._source.selectors(),
             watch=True,
             allow_watch_bookmarks=True,
             resource_version=version,
@@ -242,4 +252,54 @@ def workload_sources(kube: Kube, namespaces: tuple[str, ...]) -> list[Source]:
             optional=True,
         )
         for ns in namespaces
+    ]
+
+
+def node_sources(kube: Kube, label: str) -> list[Source]:
+    """The nodes that carry the GPU product label (cluster-wide; optional: a namespaced operator
+    may not read them, and then judges no job against the nodes)."""
+    return [Source("GPU nodes", kube.core.list_node, label, optional=True)]
+
+
+# The Job controller's Warning when a pod of a Job cannot be created (a ResourceQuota's refusal,
+# a LimitRange, an admission webhook): what the Job's own status never says.
+FAILED_CREATE = "involvedObject.kind=Job,reason=FailedCreate"
+
+
+def refusal_sources(kube: Kube, namespaces: tuple[str, ...]) -> list[Source]:
+    """The FailedCreate Events of Jobs, per scope (optional: read only where RBAC allows)."""
+    if not namespaces:
+        call = kube.core.list_event_for_all_namespaces
+        return [Source("FailedCreate Events in all namespaces", call, "", optional=True, field_selector=FAILED_CREATE)]
+    return [
+        Source(
+            f"FailedCreate Events in {ns}",
+            partial(kube.core.list_namespaced_event, ns),
+            "",
+            ns,
+            optional=True,
+            field_selector=FAILED_CREATE,
+        )
+        for ns in namespaces
+    ]
+
+
+def server_sources(kube: Kube, namespaces: tuple[str, ...], label_selector: str) -> list[Source]:
+    """ModelServers' Deployments and pods (labelled with their server), per scope."""
+    if not namespaces:
+        return [
+            Source(
+                "server Deployments in all namespaces", kube.apps.list_deployment_for_all_namespaces, label_selector
+            ),
+            Source("server pods in all namespaces", kube.core.list_pod_for_all_namespaces, label_selector),
+        ]
+    return [
+        source
+        for ns in namespaces
+        for source in (
+            Source(
+                f"server Deployments in {ns}", partial(kube.apps.list_namespaced_deployment, ns), label_selector, ns
+            ),
+            Source(f"server pods in {ns}", partial(kube.core.list_namespaced_pod, ns), label_selector, ns),
+        )
     ]

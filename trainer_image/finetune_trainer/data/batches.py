@@ -15,11 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .tokens import IGNORE, pieces, tokenize, trained
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,11 @@ class Row:
 
 
 def make_rows(
-    samples: Sequence[dict[str, Any]], tokenizer: Any, max_length: int, packing: bool, train_on: str | None = None
+    samples: Sequence[dict[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    packing: bool,
+    train_on: str | None = None,
 ) -> list[Row]:
     """One row per sample (truncated), or samples packed into rows of at most max_length; each
     packed sample keeps its own labels, so a packed row's targets are exactly its samples'."""

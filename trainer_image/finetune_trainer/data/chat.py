@@ -17,11 +17,16 @@ prompt into the last user turn) breaks that, and no mask read from it could be t
 sample gets a `chat_template` problem instead, which stops the check and the trainer.
 """
 
+from __future__ import annotations
+
 import re
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from finetune_api.spec import DEFAULT_TRAIN_ON
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["DEFAULT_TRAIN_ON", "TEMPLATE_FIELD", "Rendered", "render", "special_marks", "trained_tokens"]
 
@@ -35,7 +40,7 @@ class Rendered(NamedTuple):
     problem: tuple[str, str] | None  # (field, message) when no mask can be read
 
 
-def special_marks(tokenizer: Any) -> re.Pattern[str] | None:
+def special_marks(tokenizer: PreTrainedTokenizerBase) -> re.Pattern[str] | None:
     """A pattern for the tokenizer's special tokens (an end-of-turn token is one of them)."""
     names = set(getattr(tokenizer, "all_special_tokens", None) or [])
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
@@ -46,7 +51,7 @@ def special_marks(tokenizer: Any) -> re.Pattern[str] | None:
     return re.compile("|".join(re.escape(name) for name in sorted(names, key=len, reverse=True)))
 
 
-def _render(tokenizer: Any, messages: Sequence[dict[str, str]], prompt: bool) -> str:
+def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], prompt: bool) -> str:
     text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=prompt)
     return str(text)
 
@@ -73,7 +78,7 @@ def _not_kept(index: int, turn: int) -> tuple[str, str]:
 
 
 def _span(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     messages: Sequence[dict[str, str]],
     index: int,
     *,
@@ -96,7 +101,7 @@ def _span(
 
 
 def render(
-    messages: Sequence[dict[str, str]], tokenizer: Any, train_on: str, marks: re.Pattern[str] | None
+    messages: Sequence[dict[str, str]], tokenizer: PreTrainedTokenizerBase, train_on: str, marks: re.Pattern[str] | None
 ) -> Rendered:
     """The conversation as the template writes it, and the characters trained under `train_on`."""
     from jinja2 import TemplateError

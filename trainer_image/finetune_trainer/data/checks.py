@@ -5,16 +5,21 @@ unicode, samples far over max length), and a tokenizer that does not match the m
 usual silent failure (Llama-3's `<|begin_of_text|>` against Alpaca-era `<s>`).
 """
 
+from __future__ import annotations
+
 import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .chat import DEFAULT_TRAIN_ON, TEMPLATE_FIELD
 from .formats import normalise, pair_shape
 from .pairs import SIDES, PairTokens, tokenize_pairs
 from .records import Record
 from .tokens import IGNORE, Tokens, pieces, tokenize, trained
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 PREFERENCE = "preference"
 # Samples named in one warning line; the rest are counted.
@@ -98,14 +103,14 @@ class DataReport:
         }
 
 
-def _special_tokens(tokenizer: Any) -> set[str]:
+def _special_tokens(tokenizer: PreTrainedTokenizerBase) -> set[str]:
     specials = set(getattr(tokenizer, "all_special_tokens", []) or [])
     with contextlib.suppress(AttributeError, NotImplementedError):
         specials |= set(tokenizer.get_added_vocab())
     return specials
 
 
-def _token_name(tokenizer: Any, token_id: int | None) -> str:
+def _token_name(tokenizer: PreTrainedTokenizerBase, token_id: int | None) -> str:
     if token_id is None:
         return "none"
     try:
@@ -122,7 +127,7 @@ def _ids(value: Any) -> set[int]:
     return {int(value)}
 
 
-def tokenizer_problems(tokenizer: Any, model_config: Any | None) -> list[DataProblem]:
+def tokenizer_problems(tokenizer: PreTrainedTokenizerBase, model_config: PretrainedConfig | None) -> list[DataProblem]:
     """The tokenizer against itself and against the model it will feed."""
     out: list[DataProblem] = []
     if tokenizer.eos_token_id is None:
@@ -157,7 +162,7 @@ def tokenizer_problems(tokenizer: Any, model_config: Any | None) -> list[DataPro
 
 
 def _marker_problems(
-    where: str, strings: dict[str, str], foreign: tuple[str, ...], tokenizer: Any
+    where: str, strings: dict[str, str], foreign: tuple[str, ...], tokenizer: PreTrainedTokenizerBase
 ) -> list[DataProblem]:
     out = []
     for name, text in strings.items():
@@ -176,7 +181,7 @@ def _marker_problems(
     return out
 
 
-def _template_problems(tokenizer: Any, what: str) -> list[DataProblem]:
+def _template_problems(tokenizer: PreTrainedTokenizerBase, what: str) -> list[DataProblem]:
     """What rendering conversations needs of the tokenizer: a chat template, and a fast tokenizer."""
     if not getattr(tokenizer, "chat_template", None):
         return [DataProblem("tokenizer", "chat_template", f"{what} needs a chat template and the tokenizer has none")]
@@ -197,8 +202,8 @@ def check_records(
     records: Iterable[Record],
     fmt: str,
     *,
-    tokenizer: Any | None = None,
-    model_config: Any | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    model_config: PretrainedConfig | None = None,
     max_length: int | None = None,
     packing: bool = False,
     train_on: str | None = None,
@@ -221,7 +226,7 @@ def check_records(
         report.problems.extend(DataProblem(record.where, f, m) for f, m in result.problems)
         if result.sample is None:
             continue
-        if foreign:
+        if foreign and tokenizer is not None:  # foreign markers come from a tokenizer
             found = _marker_problems(record.where, result.strings, foreign, tokenizer)
             if found:
                 report.problems.extend(found)
@@ -275,7 +280,13 @@ def _no_targets(tokens: Tokens, full: int, max_length: int, packing: bool, rule:
 
 
 def _check_tokens(
-    report: DataReport, wheres: list[str], tokenizer: Any, *, max_length: int, packing: bool, train_on: str
+    report: DataReport,
+    wheres: list[str],
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    max_length: int,
+    packing: bool,
+    train_on: str,
 ) -> None:
     """Counted with the trainer's own rule and cut: tokens and trained tokens of every sample."""
     keep: list[dict[str, Any]] = []
@@ -343,7 +354,7 @@ def _cut_answer(where: str, pair: PairTokens, max_length: int) -> DataProblem | 
     )
 
 
-def _check_pairs(report: DataReport, wheres: list[str], tokenizer: Any, *, max_length: int) -> None:
+def _check_pairs(report: DataReport, wheres: list[str], tokenizer: PreTrainedTokenizerBase, *, max_length: int) -> None:
     """A preference pair as the trainer cuts it: each of its two sequences is cut at maxLength on
     its own (the start kept, as TRL's keep_start), and each answer must keep a scored token.
     A pair's count is both sequences' tokens, and both answers' scored tokens as trained."""

@@ -1,11 +1,13 @@
 """From the configured source to checked `datasets.Dataset`s, or InvalidData naming every bad line."""
 
+from __future__ import annotations
+
 import logging
 import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from finetune_api.reasons import ExitReason
 from finetune_api.trainer_config import TrainerConfig
@@ -13,6 +15,9 @@ from finetune_api.trainer_config import TrainerConfig
 from ..failures import TrainerFailure
 from .checks import DataReport, check_records
 from .records import DataSourceError, Record, read_records
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +41,11 @@ def records_for(config: TrainerConfig) -> Iterator[Record]:
     return read_records(Path(config.paths.dataset))
 
 
-def check_dataset(config: TrainerConfig, tokenizer: Any, model_config: Any) -> DataReport:
-    """The check pass; raises InvalidData with the first problems, after logging all of them."""
+def check_dataset(
+    config: TrainerConfig, tokenizer: PreTrainedTokenizerBase | None, model_config: PretrainedConfig | None
+) -> DataReport:
+    """The check pass (without a tokenizer, in the CPU input check: the records alone); raises
+    InvalidData with the first problems, after logging all of them."""
     spec = config.spec
     try:
         report = check_records(

@@ -7,10 +7,15 @@ rendered with the model's chat template with the loss on the last assistant turn
 is masked in both and the answers are what is scored. Pure Python, like `tokens`.
 """
 
+from __future__ import annotations
+
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .tokens import Tokens, tokenize
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # The prompt is masked: the answer, which is the last assistant turn, is all that is scored.
 ANSWER_ONLY = "lastAssistant"
@@ -30,7 +35,7 @@ def side(sample: Mapping[str, Any], which: str) -> dict[str, Any]:
     return {"messages": [*prompt, *answer]}
 
 
-def tokenize_pairs(samples: Sequence[Mapping[str, Any]], tokenizer: Any) -> list[PairTokens]:
+def tokenize_pairs(samples: Sequence[Mapping[str, Any]], tokenizer: PreTrainedTokenizerBase) -> list[PairTokens]:
     """Each checked pair's two sequences, tokenised as the trainer trains on them."""
     rows = [samples[i] for i in range(len(samples))]
     chosen = tokenize([side(s, "chosen") for s in rows], tokenizer, ANSWER_ONLY)

@@ -77,6 +77,7 @@ def _json(path: Path, label: str) -> Iterator[Record]:
 
 
 def _parquet(path: Path, label: str) -> Iterator[Record]:
+    # pyarrow ships no annotations (its import is untyped).
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     try:

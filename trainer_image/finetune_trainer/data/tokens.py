@@ -9,11 +9,16 @@ the template by `chat.render`. Strings are sent to the tokenizer in chunks (a fa
 encodes a list at once). Pure Python: the CLI's `check-data` runs it without torch.
 """
 
+from __future__ import annotations
+
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .chat import DEFAULT_TRAIN_ON, render, special_marks, trained_tokens
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # The label of a token that is not a target of the loss (PyTorch's ignore_index).
 IGNORE = -100
@@ -48,14 +53,14 @@ def _ids(value: Any) -> list[int]:
     return [int(v) for v in value]
 
 
-def _encode(tokenizer: Any, texts: list[str], **options: Any) -> list[list[int]]:
+def _encode(tokenizer: PreTrainedTokenizerBase, texts: list[str], **options: Any) -> list[list[int]]:
     return [_ids(ids) for ids in tokenizer(texts, **options)["input_ids"]] if texts else []
 
 
 def _conversations(
     samples: Sequence[Mapping[str, Any]],
     indices: list[int],
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     train_on: str,
     marks: re.Pattern[str] | None,
 ) -> dict[int, Tokens]:
@@ -73,7 +78,9 @@ def _conversations(
     return out
 
 
-def _chunk(samples: Sequence[Mapping[str, Any]], tokenizer: Any, train_on: str, marks: Any) -> list[Tokens]:
+def _chunk(
+    samples: Sequence[Mapping[str, Any]], tokenizer: PreTrainedTokenizerBase, train_on: str, marks: Any
+) -> list[Tokens]:
     eos = tokenizer.eos_token_id
     prompts = [i for i, sample in enumerate(samples) if "prompt" in sample]
     turns = [i for i, sample in enumerate(samples) if "messages" in sample]
@@ -90,7 +97,9 @@ def _chunk(samples: Sequence[Mapping[str, Any]], tokenizer: Any, train_on: str, 
     return [out[index] for index in range(len(samples))]
 
 
-def tokenize(samples: Sequence[Mapping[str, Any]], tokenizer: Any, train_on: str | None = None) -> list[Tokens]:
+def tokenize(
+    samples: Sequence[Mapping[str, Any]], tokenizer: PreTrainedTokenizerBase, train_on: str | None = None
+) -> list[Tokens]:
     """The tokens and labels of each sample, in order; `train_on` (spec.dataset.trainOn) picks a
     conversation's targets, assistant when unset."""
     marks = special_marks(tokenizer)

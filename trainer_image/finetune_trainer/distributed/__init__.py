@@ -2,8 +2,8 @@
 
 - `topology.py`: rank, world size and device of this process; the process group.
 - `gradsync.py`: the LoRA gradients summed over ranks in one collective.
-- `resume.py`: the checkpoint to resume from, sent to ranks in pods that cannot see it.
 
-The training modes built on these (dataParallel, fsdp, deviceMap, one process) are `modes/`;
-the launcher that starts the processes (`launcher.py`) stands above both.
+It imports nothing of the trainer. The training modes built on these (dataParallel, fsdp,
+deviceMap, one process) are `modes/`; the checkpoint to resume from, sent to every rank, is
+`state/resume.py`; the launcher that starts the processes (`launch/launcher.py`) stands above all.
 """

@@ -6,8 +6,8 @@ The defaults are those of a mode whose processes each hold the whole model on th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -18,10 +18,13 @@ from finetune_plan.parallelism import LaunchPlan
 from ..distributed.gradsync import sum_figures, sum_over_ranks
 from ..distributed.topology import Topology
 from ..failures import TrainerFailure
-from ..hardware import Hardware
-from ..memory_phases import PhaseProbe
-from ..preflight import MemoryPlan
+from ..hardware.capabilities import Hardware
+from ..memory.budget import MemoryPlan
+from ..memory.phases import PhaseProbe
 from .streaming import Stream
+
+# transformers' `device_map`: "auto", or module name -> GPU index or "cpu".
+Placement = str | Mapping[str, int | str]
 
 
 class Mode:
@@ -53,7 +56,7 @@ class Mode:
             )
 
     # --- loading -----------------------------------------------------------------------------
-    def device_map(self, hardware: Hardware, plan: MemoryPlan, device: torch.device) -> Any:
+    def device_map(self, hardware: Hardware, plan: MemoryPlan, device: torch.device) -> Placement:
         """transformers' `device_map`: the whole model on this rank's GPU (the host on the CPU)."""
         if not hardware.on_gpu:
             return {"": "cpu"}

@@ -7,8 +7,6 @@ is capped and measured; the loop feeds batches from the host (accelerate's hooks
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from finetune_api.reasons import ExitReason
@@ -16,10 +14,10 @@ from finetune_plan.parallelism import LaunchPlan
 
 from ..distributed.topology import Topology
 from ..failures import TrainerFailure
-from ..hardware import Hardware
-from ..memory_phases import PhaseProbe
-from ..preflight import MemoryPlan
-from .base import Mode
+from ..hardware.capabilities import Hardware
+from ..memory.budget import MemoryPlan
+from ..memory.phases import PhaseProbe
+from .base import Mode, Placement
 
 
 class DeviceMap(Mode):
@@ -30,7 +28,7 @@ class DeviceMap(Mode):
                 ExitReason.InvalidConfig, "spec.training.parallelism deviceMap runs one process; --nproc must be 1"
             )
 
-    def device_map(self, hardware: Hardware, plan: MemoryPlan, device: torch.device) -> Any:
+    def device_map(self, hardware: Hardware, plan: MemoryPlan, device: torch.device) -> Placement:
         if not hardware.on_gpu or len(hardware.gpus) == 1:
             return super().device_map(hardware, plan, device)
         return plan.device_map or "auto"

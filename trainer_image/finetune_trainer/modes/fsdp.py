@@ -33,9 +33,9 @@ import torch
 from torch import nn
 
 from ..distributed.topology import Topology
-from ..hardware import Hardware
-from ..preflight import MemoryPlan
-from .base import Mode
+from ..hardware.capabilities import Hardware
+from ..memory.budget import MemoryPlan
+from .base import Mode, Placement
 
 
 def _layer_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
@@ -106,7 +106,7 @@ class Fsdp(Mode):
     loads_on_host = True
     streams = True
 
-    def device_map(self, hardware: Hardware, plan: MemoryPlan, device: torch.device) -> Any:
+    def device_map(self, hardware: Hardware, plan: MemoryPlan, device: torch.device) -> Placement:
         return {"": "cpu"}
 
     def quantise_on(self, hardware: Hardware, device: torch.device) -> torch.device:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,9 @@ from torch import nn
 
 from .checkpoint_files import CheckpointFiles
 from .shared_tensors import share
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -39,13 +42,17 @@ class Source:
     transposed: bool  # a Conv1D weight, which transformers transposes before quantising
 
 
-def skeleton(model_config: Any, files: CheckpointFiles, kwargs: dict[str, Any]) -> Any:
+def skeleton(model_config: PretrainedConfig, files: CheckpointFiles, kwargs: dict[str, Any]) -> PreTrainedModel:
     """The model `from_pretrained(**kwargs)` makes, on the meta device, no weight read."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    # The lazy mapping's annotation says a pair of optional classes; its item is the model's class.
     model_class: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)]
     stored = {key: files.meta(key) for key in files.names()}
-    return model_class.from_pretrained(None, config=model_config, state_dict=stored, device_map={"": "meta"}, **kwargs)
+    model: PreTrainedModel = model_class.from_pretrained(
+        None, config=model_config, state_dict=stored, device_map={"": "meta"}, **kwargs
+    )
+    return model
 
 
 @contextmanager
@@ -64,10 +71,12 @@ def adapter_on_host() -> Iterator[None]:
         kept: nn.Module = original(self, *args, **kwargs)
         return kept
 
+    # mypy refuses assigning to a method, and `to`'s overloads to one function: the patch is the point (undone below).
     nn.Module.to = _to  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
+        # mypy refuses assigning to a method: putting torch's own back.
         nn.Module.to = original  # type: ignore[method-assign]
 
 
@@ -161,12 +170,14 @@ def _place(value: torch.Tensor, tensor: torch.Tensor, slots: list[Slot]) -> None
         new = nn.Parameter(value, requires_grad=tensor.requires_grad)
     # As from_pretrained marks what it loaded: transformers' init functions, run next on the
     # buffers computed at load (`_compute_derived`), leave a marked tensor as it is.
+    # An attribute transformers reads off a tensor, which torch's Tensor does not declare.
     new._is_hf_initialized = True  # type: ignore[attr-defined]
     for module, name, is_buffer in slots:
         if is_buffer:
             module._buffers[name] = new
         else:
-            module._parameters[name] = new  # type: ignore[assignment]  # a Parameter or a Params4bit
+            # `_parameters` is typed for Parameters; `new` is one, or bitsandbytes' Params4bit (a Tensor).
+            module._parameters[name] = new  # type: ignore[assignment]
 
 
 def _init_functions(model: nn.Module) -> dict[nn.Module, Any]:

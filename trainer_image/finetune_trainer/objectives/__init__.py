@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,7 +22,10 @@ from finetune_api.spec import FineTuneJobSpec
 
 from ..data.batches import Row
 from ..data.tokens import IGNORE
-from ..loss_head import LossHead
+from ..model.loss_head import LossHead
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class TrainingObjective:
@@ -38,7 +41,9 @@ class TrainingObjective:
     def configure(self, spec: FineTuneJobSpec) -> None:
         """Read the objective's own settings from the spec (DPO's `training.dpo`)."""
 
-    def rows(self, samples: Sequence[dict[str, Any]], tokenizer: Any, spec: FineTuneJobSpec) -> list[Row]:
+    def rows(
+        self, samples: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, spec: FineTuneJobSpec
+    ) -> list[Row]:
         raise NotImplementedError
 
     def collate(self, rows: Sequence[Any], pad_id: int, device: torch.device, packed: bool) -> dict[str, torch.Tensor]:

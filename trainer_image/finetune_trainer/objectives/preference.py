@@ -26,19 +26,24 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from finetune_api.objectives.dpo import DpoSpec
+from finetune_api.objectives.orpo import OrpoSpec
 from finetune_api.spec import FineTuneJobSpec
 
 from ..data.batches import Row, collate
 from ..data.pairs import tokenize_pairs
 from ..data.tokens import IGNORE
-from ..loss_head import LossHead
+from ..model.loss_head import LossHead
 from . import TrainingObjective
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # The figures' TensorBoard tags as TRL's DPOTrainer and ORPOTrainer log them (under train/).
 TRL_TAGS: Final = {
@@ -75,7 +80,7 @@ def _row(ids: list[int], labels: list[int], max_length: int) -> Row:
     return Row(ids, labels, list(range(len(ids))))
 
 
-def pair_rows(samples: Sequence[dict[str, Any]], tokenizer: Any, max_length: int) -> list[PairRow]:
+def pair_rows(samples: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, max_length: int) -> list[PairRow]:
     out: list[PairRow] = []
     for number, pair in enumerate(tokenize_pairs(samples, tokenizer), start=1):
         for side in pair:
@@ -146,7 +151,8 @@ def side(batch: dict[str, torch.Tensor], start: int, end: int) -> dict[str, torc
 
 def rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     """The generators dropout draws from: the CPU's, and every GPU's where CUDA is in use."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    # torch 2.7 leaves torch.cuda.is_initialized unannotated.
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
     return torch.get_rng_state(), cuda
 
 
@@ -162,7 +168,14 @@ class Preference(TrainingObjective):
     split's micro-batch. Each objective says which sums of a sequence it reads (`masks`), which it
     holds fixed (`fixed_sums`: DPO's reference) and its loss of them (`loss_of`)."""
 
-    figure_names = ("rewardChosen", "rewardRejected", "rewardAccuracy", "rewardMargin", "logpChosen", "logpRejected")
+    figure_names: tuple[str, ...] = (
+        "rewardChosen",
+        "rewardRejected",
+        "rewardAccuracy",
+        "rewardMargin",
+        "logpChosen",
+        "logpRejected",
+    )
 
     def masks(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(K, S, T - 1): the masks each sequence's cross-entropy is summed under."""
@@ -215,11 +228,13 @@ class Preference(TrainingObjective):
                 sums.append(sequence_sums(model, head, part, mask))
         leaves = [s.detach().requires_grad_() for s in sums]
         whole = None if fixed[0] is None or fixed[1] is None else torch.cat([fixed[0], fixed[1]], dim=1)
+        # torch 2.7 leaves enable_grad's __init__ unannotated.
         with torch.enable_grad():  # type: ignore[no-untyped-call]
             total = self.loss_of(torch.cat(leaves, dim=1), whole, batch, totals)
             weights = torch.autograd.grad(total, leaves)
         set_rng_state(states[0])
         chosen = (weights[0] * sequence_sums(model, head, sides[0], masks[0])).sum()
+        # torch 2.7 leaves Tensor.backward unannotated.
         (chosen * (1.0 / max(totals[0], 1.0))).backward()  # type: ignore[no-untyped-call]
         if probe is not None:  # the chosen side's pass is cut into phases as any other
             probe.backward_done()
@@ -228,7 +243,9 @@ class Preference(TrainingObjective):
         rejected = (weights[1] * sequence_sums(model, head, sides[1], masks[1])).sum()
         return rejected - rejected.detach() + total.detach()
 
-    def rows(self, samples: Sequence[dict[str, Any]], tokenizer: Any, spec: FineTuneJobSpec) -> list[Any]:
+    def rows(
+        self, samples: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, spec: FineTuneJobSpec
+    ) -> list[Any]:
         return list(pair_rows(samples, tokenizer, spec.training.max_length))
 
     def collate(self, rows: Sequence[Any], pad_id: int, device: torch.device, packed: bool) -> dict[str, torch.Tensor]:
@@ -310,7 +327,7 @@ class Dpo(Preference):
         return (losses * weight).sum()
 
     def configure(self, spec: FineTuneJobSpec) -> None:
-        self.settings = spec.training.dpo_settings
+        self.settings = spec.training.settings_of(DpoSpec)
 
 
 class Orpo(Preference):
@@ -324,7 +341,7 @@ class Orpo(Preference):
         return [pairs, tokens]
 
     def configure(self, spec: FineTuneJobSpec) -> None:
-        self.settings = spec.training.orpo_settings
+        self.settings = spec.training.settings_of(OrpoSpec)
 
     def masks(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         answers = self.answer_mask(batch)

@@ -5,7 +5,7 @@ summed over those labels inside the LM head (loss_head.LossHead, in chunks when 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -13,8 +13,11 @@ from torch import nn
 from finetune_api.spec import FineTuneJobSpec
 
 from ..data.batches import Row, collate, make_rows
-from ..loss_head import LossHead
+from ..model.loss_head import LossHead
 from . import TrainingObjective
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def loss_sum(model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -26,7 +29,9 @@ def loss_sum(model: nn.Module, head: LossHead, batch: dict[str, torch.Tensor]) -
 
 
 class Sft(TrainingObjective):
-    def rows(self, samples: Sequence[dict[str, Any]], tokenizer: Any, spec: FineTuneJobSpec) -> list[Row]:
+    def rows(
+        self, samples: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, spec: FineTuneJobSpec
+    ) -> list[Row]:
         training = spec.training
         return make_rows(samples, tokenizer, training.max_length, training.packing, spec.dataset.train_on)
 
