@@ -126,6 +126,8 @@ def sdist(version: str = VERSION) -> Path:
     found = sorted(folder.glob("*.tar.gz")) if folder.is_dir() else []
     if found:
         return found[0]
+    # `python -m hack.llama_cpp sdist` may be the first call on a new machine: no cache folder yet
+    cache_dir(version).mkdir(parents=True, exist_ok=True)
     temp = Path(tempfile.mkdtemp(prefix=".sdist-", dir=cache_dir(version)))
     _pip("download", "--no-deps", "--no-binary", ":all:", f"{PACKAGE}=={version}", "-d", str(temp))
     shutil.rmtree(folder, ignore_errors=True)
