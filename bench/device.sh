@@ -16,7 +16,12 @@ python3 - <<'PY'
 import importlib.metadata as m
 names = ["torch", "transformers", "peft", "bitsandbytes", "accelerate", "trl", "datasets", "pyarrow", "fsspec",
          "huggingface_hub", "tokenizers", "regex", "safetensors"]
-print({n: (m.version(n) if n else None) for n in names})
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:  # a phase that needs none of it carries no wheel of it
+        return None
+print({n: version(n) for n in names})
 PY
 python3 -m bench.run --shared .bench-shared --results "$OUT/results" --logs "$OUT/logs" --work /tmp/fb "$@" \
   2>&1 | tee "$OUT/bench.log"

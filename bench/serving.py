@@ -82,6 +82,9 @@ def pack(sdist: Path, out: Path) -> Path:
             inside = member.name.removeprefix(prefix)
             if member.name.startswith(prefix) and inside.split("/")[0] in KEPT:
                 member.name = f"llama.cpp/{inside}"
+                # a path over 100 characters travels in the member's pax header, which tarfile
+                # writes as it read it: left there, it would put the file back under the old root
+                member.pax_headers.pop("path", None)
                 packed.addfile(member, source.extractfile(member) if member.isfile() else None)
     return target
 

@@ -52,8 +52,12 @@ def test_the_packed_source_holds_what_the_build_reads_and_travels(tmp_path: Path
     packed = serving.pack(pinned.sdist(), tmp_path)
     assert packed.stat().st_size < 64 * 2**20
     with tarfile.open(packed) as tar:
-        tops = {name.split("/")[1] for name in tar.getnames() if name.count("/") >= 1}
+        names = tar.getnames()
+    # every file under one root, long paths too (they travel in pax headers): the build reads them there
+    assert {name.split("/")[0] for name in names} == {"llama.cpp"}
+    tops = {name.split("/")[1] for name in names if name.count("/") >= 1}
     assert {"CMakeLists.txt", "ggml", "src", "tools", "common", "vendor", "convert_hf_to_gguf.py", "gguf-py"} <= tops
+    assert "llama.cpp/ggml/src/ggml-cuda/template-instances/fattn-vec-instance-f16-f16.cu" in names
 
 
 @pytest.mark.llama_cpp
