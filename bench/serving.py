@@ -48,7 +48,8 @@ VENDOR = "vendor/llama.cpp"
 # What the build reads of the vendored tree (and the converters the trainer runs); the rest (its
 # test models, docs, examples, benches) would make the source too large to carry.
 KEPT = ("CMakeLists.txt", "cmake", "common", "ggml", "include", "src", "tools", "vendor", "licenses", "LICENSE",
-        "convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion", "gguf-py", "build-info.sh")  # fmt: skip
+        "convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion", "gguf-py", "build-info.sh",
+        "scripts")  # fmt: skip
 ARCH_FLAG = "-DCMAKE_CUDA_ARCHITECTURES"
 PROMPT = "What sound does a cow make? Give the opposite of the word hot, then repeat the colours red blue."
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -89,6 +90,14 @@ def pack(sdist: Path, out: Path) -> Path:
     return target
 
 
+def _quiet(command: list[str]) -> None:
+    """Run a build step; its output reaches the log only where it fails (the compiler's words)."""
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    if done.returncode != 0:
+        print("\n".join(done.stdout.splitlines()[-80:]), file=sys.stderr)
+        raise subprocess.CalledProcessError(done.returncode, command)
+
+
 def build(source: Path, work: Path, arch: str | None, jobs: int) -> tuple[Path, dict[str, Any]]:
     """llama-server from the packed source with the image's flags for this machine."""
     started = time.monotonic()
@@ -98,9 +107,8 @@ def build(source: Path, work: Path, arch: str | None, jobs: int) -> tuple[Path, 
     _, flags = image_build()
     chosen = machine_flags(flags, arch)
     configure = ["cmake", "-S", str(work / "src" / "llama.cpp"), "-B", str(work / "build"), "-G", "Ninja", *chosen]
-    subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(work / "build"), "--target", "llama-server", "-j", str(jobs)], check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    _quiet(configure)
+    _quiet(["cmake", "--build", str(work / "build"), "--target", "llama-server", "-j", str(jobs)])
     return work / "build" / "bin" / "llama-server", {"flags": chosen, "buildSeconds": round(time.monotonic() - started)}
 
 

@@ -58,6 +58,7 @@ def test_the_packed_source_holds_what_the_build_reads_and_travels(tmp_path: Path
     tops = {name.split("/")[1] for name in names if name.count("/") >= 1}
     assert {"CMakeLists.txt", "ggml", "src", "tools", "common", "vendor", "convert_hf_to_gguf.py", "gguf-py"} <= tops
     assert "llama.cpp/ggml/src/ggml-cuda/template-instances/fattn-vec-instance-f16-f16.cu" in names
+    assert "llama.cpp/scripts/ui-assets.cmake" in names  # llama-server's build runs it
 
 
 @pytest.mark.llama_cpp
