@@ -490,3 +490,22 @@ def test_the_streamed_loader_paragraph_is_its_record() -> None:
         assert figure in text, figure
     assert rank["bytesRead"] == data["streamed_loader"]["checkpointTensorBytes"]
     assert data["streamed_gpu_test"]["passed"] is True
+
+
+def test_the_serving_paragraph_is_its_record() -> None:
+    """bench/README.md's serving figures, each from the serving record, and the record's own
+    claim that both forms answer PEFT's greedy tokens."""
+    name = "2026-12-07-h100-80gb-hbm3-serving.json"
+    data = json.loads((RESULTS / name).read_text())
+    assert data["adapter"]["greedyEqualsPeft"] and data["merged"]["greedyEqualsPeft"]
+    assert data["adapter"]["greedy"] == data["merged"]["greedy"] == data["peftGreedy"][: len(data["merged"]["greedy"])]
+    speeds = {
+        form: {run["concurrency"]: run["tokPerS"] for run in data[form]["runs"]} for form in ("adapter", "merged")
+    }
+    assert_stated(f"`bench/results/{name}`, CUDA architecture {data['cudaArchitecture']}", BENCH_README)
+    assert_stated(f"the build {data['build']['buildSeconds']} s", BENCH_README)
+    assert_stated(
+        f"{speeds['adapter'][1]} tokens/s for one request and {speeds['adapter'][8]} tokens/s for 8 concurrent; "
+        f"the merged GGUF {speeds['merged'][1]} and {speeds['merged'][8]}",
+        BENCH_README,
+    )
