@@ -58,6 +58,7 @@ from .objectives import (
     describe_formats,
     describe_methods,
     known_formats,
+    splits_pairs,
 )
 from .objectives import packs as objective_packs
 from .objectives import reads as objective_reads
@@ -295,6 +296,33 @@ BoolOrAuto = Annotated[
 ]
 
 
+def _offload_choice(value: object) -> object:
+    """`training.activationOffload`: true, false, auto or inputs, checked as `BoolOrAuto` is."""
+    if value == "inputs":
+        return value
+    try:
+        return _true_false_or_auto(value)
+    except ValueError:
+        raise ValueError(f"must be true, false, auto or inputs, got {value!r}") from None
+
+
+OffloadChoice = Annotated[
+    bool | Literal["auto", "inputs"],
+    BeforeValidator(_offload_choice),
+    WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True}),
+]
+# The words of the untyped fields whose words are more than true, false and auto, by their
+# names in the spec: what the API reference lists for them (finetune_api.reference).
+UNTYPED_WORDS: Final = {"activationOffload": ("true", "false", "auto", "inputs")}
+KEPT_LAYERS_NEEDS_AUTO: Final = (
+    "training.keptLayers is for gradientCheckpointing: auto (true recomputes every layer, false keeps every one)"
+)
+INPUTS_NEED_RECOMPUTE: Final = (
+    "training.activationOffload: inputs moves the recomputing layers' inputs, and gradientCheckpointing: false "
+    "recomputes none"
+)
+
+
 def _packing_rules() -> list[JsonDict]:
     """`training.packing` with a method whose rows cannot be packed (the registry's, when the
     schema is made): the CEL side of `objectives.packs`."""
@@ -365,12 +393,27 @@ class TrainingSpec(ApiModel):
         "planner keeps as many layers' activations as the GPU memory the plan leaves holds and recomputes the "
         "rest (`ftjob plan` says how many).",
     )
-    activation_offload: BoolOrAuto = Field(
+    kept_layers: Annotated[int, Field(ge=0, le=10_000)] | None = Field(
+        default=None,
+        description="With gradientCheckpointing auto: how many decoder layers (the last ones) keep their "
+        "activations on the GPU, the others recomputing (or offloading, with activationOffload); unset = as many "
+        "as the GPU memory the plan leaves holds. A number above the model's layers keeps them all; one the GPUs "
+        "cannot hold is refused by the plan, which says how many fit.",
+    )
+    activation_offload: OffloadChoice = Field(
         default="auto",
         description="Move the saved activations of the layers not kept on the GPU to pinned host memory and back "
         "for the backward, instead of recomputing them: true = on, false = off, auto = the planner's choice "
-        "(`ftjob plan` says why). Unless false, where the GPUs need the room, the recomputing layers' inputs "
-        "wait in host memory too. The pod's host memory counts the pinned bytes.",
+        "(`ftjob plan` says why), inputs = only the recomputing layers' inputs wait in host memory (the layers "
+        "still recompute). Unless false, where the GPUs need the room, the recomputing layers' inputs wait in "
+        "host memory too. The pod's host memory counts the pinned bytes.",
+    )
+    pair_split: BoolOrAuto = Field(
+        default="auto",
+        description="For a method whose rows are pairs (dpo, orpo): true = a micro-batch's chosen and rejected "
+        "sequences go through the model one pass each (half the activations, one more forward of each sequence "
+        "without gradients), false = both in one pass, auto = split only where one pass fits no way (`ftjob "
+        "plan` says which). The result is the same either way.",
     )
     optimizer: OptimizerName = Field(default=DEFAULT_OPTIMIZER, description="Optimizer.")
     method: Annotated[str, OBJECTIVES.choice(describe_methods)] = Field(default=DEFAULT_METHOD)
@@ -396,6 +439,14 @@ class TrainingSpec(ApiModel):
             raise ValueError(BOTH_LENGTHS)
         return self
 
+    @model_validator(mode="after")
+    def _activations_asked(self) -> Self:
+        if self.kept_layers is not None and self.gradient_checkpointing != "auto":
+            raise ValueError(KEPT_LAYERS_NEEDS_AUTO)
+        if self.activation_offload == "inputs" and self.gradient_checkpointing is False:
+            raise ValueError(INPUTS_NEED_RECOMPUTE)
+        return self
+
     @classmethod
     def __get_pydantic_core_schema__(cls, source: type[BaseModel], handler: GetCoreSchemaHandler, /) -> CoreSchema:
         """A field per objective with a settings block, added when the schema is first built (on
@@ -408,6 +459,8 @@ class TrainingSpec(ApiModel):
         refusal = blocks.refusal(self, self.method)
         if refusal is None and self.packing:
             refusal = objective_packs(self.method)
+        if refusal is None and self.pair_split is True:
+            refusal = splits_pairs(self.method)
         if refusal is not None:
             raise ValueError(refusal)
         return self

@@ -110,6 +110,8 @@ def choose(
         loss_chunks=loss_chunks,
         checkpointing=spec.training.gradient_checkpointing,
         offload=spec.training.activation_offload,
+        kept_layers=spec.training.kept_layers,
+        pair_split=spec.training.pair_split,
         host_limit=pod_host_limit(spec, gpus, chosen, host_memory, host_memory_per_gpu),
     )
     parallelism = cast(Parallelism, modes.to_spec(plan.mode))

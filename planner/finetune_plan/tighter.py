@@ -112,6 +112,8 @@ def apply(spec: FineTuneJobSpec, savers: Savers) -> FineTuneJobSpec:
             "batch_size": savers.batch_size,
             "gradient_accumulation": savers.gradient_accumulation,
             "gradient_checkpointing": savers.gradient_checkpointing,
+            # Every layer recomputing: none is kept, whatever training.keptLayers said of auto.
+            "kept_layers": None if savers.gradient_checkpointing else spec.training.kept_layers,
         }
     )
     return spec.model_copy(update={"training": training})

@@ -39,9 +39,19 @@ ADMISSION_FIELD = {
 }
 
 # Fields the CRD leaves untyped (targetModules: a list, or one name as PEFT takes it;
-# gradientCheckpointing and activationOffload: true, false or auto): the server
-# admits them and the operator refuses a wrong one in one line before any child exists.
-LEFT_TO_THE_OPERATOR = {"empty targetModules", "checkpointing sometimes", "offload yes"}
+# gradientCheckpointing, pairSplit: true, false or auto; activationOffload: inputs too): the
+# server admits them, and the combinations of them that a rule would read, and the operator
+# refuses a wrong one in one line before any child exists.
+LEFT_TO_THE_OPERATOR = {
+    "empty targetModules",
+    "checkpointing sometimes",
+    "offload yes",
+    "offload sometimes",
+    "inputs where no layer recomputes",
+    "keptLayers with every layer recomputing",
+    "pairSplit sometimes",
+    "pairSplit with sft",
+}
 
 
 def _kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -203,9 +213,18 @@ def test_checkpointing_and_offload_take_true_false_or_auto(
     assert {k: created["spec"]["training"][k] for k in training} == training
 
 
+def test_offload_takes_inputs_and_the_layers_kept_and_pair_split_are_admitted(
+    crd_installed: None, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    training = {"activationOffload": "inputs", "keptLayers": 3, "pairSplit": False}
+    created = _create(custom, namespace, tiny_with({"training": training}))
+    assert {k: created["spec"]["training"][k] for k in training} == training
+
+
 def test_checkpointing_and_offload_default_to_auto(
     crd_installed: None, custom: client.CustomObjectsApi, namespace: str
 ) -> None:
     created = _create(custom, namespace, tiny_with({}))
     training = created["spec"]["training"]
     assert (training["gradientCheckpointing"], training["activationOffload"]) == ("auto", "auto")
+    assert training["pairSplit"] == "auto" and "keptLayers" not in training

@@ -68,7 +68,14 @@ def test_wrong_specs_name_the_field(
 PREFERENCE_CASES = [
     c
     for c in WRONG_SPECS
-    if c[0] in {"preference method on alpaca", "sft on preference data", "dpo settings with sft", "packing with orpo"}
+    if c[0]
+    in {
+        "preference method on alpaca",
+        "sft on preference data",
+        "dpo settings with sft",
+        "packing with orpo",
+        "pairSplit with sft",
+    }
 ]
 
 
@@ -108,6 +115,25 @@ def test_a_method_its_data_and_its_settings_are_refused_in_one_line(
     ],
 )
 def test_parallelism_and_processes_that_make_sense(tmp_path: Path, change: dict[str, Any]) -> None:
+    assert main(["validate", str(_write(tmp_path, tiny_with(change)))]) == 0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"training": {"keptLayers": 2}},
+        {"training": {"keptLayers": 0, "activationOffload": True}},
+        {"training": {"activationOffload": "inputs"}},
+        {"training": {"gradientCheckpointing": True, "activationOffload": "inputs"}},
+        {"training": {"method": "dpo", "pairSplit": True}, "dataset": {"format": "preference"}},
+        {"training": {"method": "orpo", "pairSplit": False}, "dataset": {"format": "preference"}},
+        {"training": {"pairSplit": False}},
+    ],
+    ids=["kept", "none kept, offloaded", "inputs", "inputs of every layer", "dpo split", "orpo unsplit", "sft unsplit"],
+)
+def test_the_layers_kept_the_inputs_offloaded_and_the_pair_split_a_spec_may_ask(
+    tmp_path: Path, change: dict[str, Any]
+) -> None:
     assert main(["validate", str(_write(tmp_path, tiny_with(change)))]) == 0
 
 

@@ -4,7 +4,10 @@ The trainer reads the plan's choices from typed fields (`finetune_plan.LayerLayo
 properties, `finetune_trainer.memory.budget.MemoryPlan`), never from a summary dict: a key renamed in
 the planner's summary would otherwise leave the trainer reading `None` without a word. Whether
 `training.gradientCheckpointing` and `training.activationOffload` are `auto`, true or false is
-read in one place, `finetune_plan.recompute.ask.ActivationAsk`, which every other module asks.
+read in one place, `finetune_plan.recompute.ask.ActivationAsk`, which every other module asks;
+the spec's own validators, a layer below the planner, read them only to refuse a combination of
+its fields in one line (`training.keptLayers` without `auto`, `activationOffload: inputs` where
+no layer recomputes).
 """
 
 import ast
@@ -17,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 TRAINER = PACKAGES["finetune_trainer"]
 PRODUCT = list(PACKAGES.values())
 RESOLVER = PACKAGES["finetune_plan"] / "recompute" / "ask.py"
+SPEC = PACKAGES["finetune_api"] / "spec.py"
 ASKED_FIELDS = {"gradient_checkpointing", "activation_offload"}
 
 
@@ -64,7 +68,7 @@ def test_the_trainer_reads_no_decision_from_a_summary_dict():
 
 
 def test_auto_true_and_false_are_read_in_one_place():
-    readings = [hit for path in modules(PRODUCT) if path != RESOLVER for hit in asked_field_readings(path)]
+    readings = [hit for path in modules(PRODUCT) if path not in (RESOLVER, SPEC) for hit in asked_field_readings(path)]
     assert readings == [], f"read ActivationAsk instead: {readings}"
 
 

@@ -1,5 +1,5 @@
 """End to end with the real trainer on the node agent's node: an output format that fails after
-training (test_hooks.EXPORT_FAIL) leaves the job Succeeded with its adapter and checkpoints and an
+training (trainer_faults.EXPORT_FAIL) leaves the job Succeeded with its adapter and checkpoints and an
 Exported=False condition naming the format and the cause; `ftjob export` then writes it from the
 saved adapter in a Job of its own, on the CPU."""
 
@@ -10,10 +10,10 @@ import pytest
 from kubernetes import client
 
 from finetune_cli.export_job import LABEL_EXPORT_OF
-from finetune_trainer.test_hooks import EXPORT_FAIL
 from tests.support.cli import ftjob_process as ftjob
 from tests.support.harness import Jobs, OperatorProcess
 from tests.support.specs import body
+from tests.support.trainer_faults import EXPORT_FAIL
 from tests.support.training import CHECKPOINTS, host_path, trainer_hooks, watch_until_done
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]

@@ -1,5 +1,5 @@
 """End to end, an out-of-GPU-memory failure through the operator, the real trainer on the CPU with
-an injected OOM (test_hooks.OOM_AT, put in the trainer pod by the node agent): one retry on a
+an injected OOM (trainer_faults.OOM_AT, put in the trainer pod by the node agent): one retry on a
 tighter plan that resumes from the checkpoint and ends with the uninterrupted run's adapter, and
 a second OOM that fails the job with the plan and the peak in its message."""
 

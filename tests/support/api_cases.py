@@ -60,6 +60,35 @@ WRONG_SPECS = [
         "spec.training.gradientCheckpointing: must be true, false or auto",
     ),
     ("offload yes", {"training": {"activationOffload": "yes"}}, "spec.training.activationOffload: must be true"),
+    (
+        "offload sometimes",
+        {"training": {"activationOffload": "sometimes"}},
+        "spec.training.activationOffload: must be true, false, auto or inputs, got 'sometimes'",
+    ),
+    (
+        "inputs where no layer recomputes",
+        {"training": {"gradientCheckpointing": False, "activationOffload": "inputs"}},
+        "spec.training: training.activationOffload: inputs moves the recomputing layers' inputs, and "
+        "gradientCheckpointing: false recomputes none",
+    ),
+    ("negative keptLayers", {"training": {"keptLayers": -1}}, "spec.training.keptLayers:"),
+    (
+        "keptLayers with every layer recomputing",
+        {"training": {"gradientCheckpointing": True, "keptLayers": 4}},
+        "spec.training: training.keptLayers is for gradientCheckpointing: auto (true recomputes every layer, "
+        "false keeps every one)",
+    ),
+    (
+        "pairSplit sometimes",
+        {"training": {"pairSplit": "sometimes"}},
+        "spec.training.pairSplit: must be true, false or auto",
+    ),
+    (
+        "pairSplit with sft",
+        {"training": {"pairSplit": True}},
+        "spec.training: training.pairSplit: true is not for training.method sft: its rows are not pairs of "
+        "sequences to split",
+    ),
     ("keep below two", {"checkpoints": {"keep": 1}}, "spec.checkpoints.keep:"),
     ("bad format", {"dataset": {"format": "csv"}}, "spec.dataset.format:"),
     ("bad quantization", {"quantization": {"type": "int3"}}, "spec.quantization.type:"),

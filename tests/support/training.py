@@ -6,6 +6,7 @@ from pathlib import Path
 
 from kubernetes import client
 
+from tests.support.faults import faults_env
 from tests.support.harness import Jobs, wait_for
 
 CHECKPOINTS = {"everySteps": 8, "keep": 2}
@@ -15,14 +16,17 @@ RUN_TIMEOUT = 420
 
 
 def trainer_hooks(core: client.CoreV1Api, namespace: str, job: str, **env: str) -> None:
-    """The node agent's test hooks (`FINETUNE_TEST_*`) for the pods of Job `job`
-    (hack/cluster/agent/runner.py)."""
+    """The environment the node agent adds to the pods of Job `job` (hack/cluster/agent/runner.py):
+    the trainer's faults (`FINETUNE_TEST_*` switches, with what installs them: tests/support/faults.py)
+    and where llama.cpp's tools are."""
+    switches = {k: v for k, v in env.items() if k.startswith("FINETUNE_TEST_")}
+    data = {**env, **(faults_env(**switches) if switches else {})}
     meta = client.V1ObjectMeta(name=f"node-agent-test-env-{job}")
-    core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=meta, data=env))
+    core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=meta, data=data))
 
 
 def trainer_hooks_off(core: client.CoreV1Api, namespace: str, job: str) -> None:
-    """No more hooks for the pods of Job `job` that start from now on (the node agent reads them
+    """No more faults for the pods of Job `job` that start from now on (the node agent reads them
     as it starts a pod): a delay that only had to hold a run until a test stopped it costs
     nothing in the attempt that finishes it."""
     core.delete_namespaced_config_map(f"node-agent-test-env-{job}", namespace)

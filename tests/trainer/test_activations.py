@@ -1,7 +1,7 @@
 """Where activations live changes memory, not the result: the tiny model trained with some layers
 keeping their activations (gradientCheckpointing auto), and with the others offloaded, ends on the
 adapter of the run that checkpoints every layer; and the offload hooks give autograd back what it
-saved. (On the CPU no plan sizes `auto`: test_hooks.KEEP_LAYERS names the layers kept.)"""
+saved. (On the CPU no plan sizes `auto`: `training.keptLayers` names the layers kept.)"""
 
 import re
 from pathlib import Path
@@ -52,21 +52,25 @@ def test_keeping_and_offloading_layers_trains_the_all_checkpointed_adapter(tmp_p
     assert done.code == 0, done.stderr[-3000:]
     assert _counts(done.stderr) == {"layers": 2, "kept": 0, "recomputed": 2, "offloaded": 0}
 
-    mixed = _job(tmp_path, tiny_assets, "auto", {"gradientCheckpointing": "auto", "activationOffload": False})
-    done = mixed.run(env={"FINETUNE_TEST_KEEP_LAYERS": "1"})
+    mixed = _job(
+        tmp_path, tiny_assets, "auto", {"gradientCheckpointing": "auto", "activationOffload": False, "keptLayers": 1}
+    )
+    done = mixed.run()
     assert done.code == 0, done.stderr[-3000:]
     assert _counts(done.stderr) == {"layers": 2, "kept": 1, "recomputed": 1, "offloaded": 0}
     assert max_difference(_adapter(mixed), _adapter(steady)) <= ADAPTER_TOLERANCE
 
-    offloaded = _job(tmp_path, tiny_assets, "offload", {"gradientCheckpointing": "auto", "activationOffload": True})
-    done = offloaded.run(env={"FINETUNE_TEST_KEEP_LAYERS": "1"})
+    offloaded = _job(
+        tmp_path, tiny_assets, "offload", {"gradientCheckpointing": "auto", "activationOffload": True, "keptLayers": 1}
+    )
+    done = offloaded.run()
     assert done.code == 0, done.stderr[-3000:]
     assert _counts(done.stderr) == {"layers": 2, "kept": 1, "recomputed": 0, "offloaded": 1}
     assert max_difference(_adapter(offloaded), _adapter(steady)) <= ADAPTER_TOLERANCE
 
     # The recomputing layers' inputs in host memory, as a plan that needs the room says (issue 38).
-    inputs = _job(tmp_path, tiny_assets, "inputs", {"gradientCheckpointing": True})
-    done = inputs.run(env={"FINETUNE_TEST_OFFLOAD_INPUTS": "1"})
+    inputs = _job(tmp_path, tiny_assets, "inputs", {"gradientCheckpointing": True, "activationOffload": "inputs"})
+    done = inputs.run()
     assert done.code == 0, done.stderr[-3000:]
     assert _counts(done.stderr) == {"layers": 2, "kept": 0, "recomputed": 2, "offloaded": 0}
     assert "the inputs of 2 recomputing layers wait in pinned host memory" in done.stderr
@@ -80,15 +84,19 @@ def test_two_fsdp_processes_keep_or_offload_a_layer_and_train_the_all_checkpoint
     fsdp = {"parallelism": "fsdp"}
     steady = _job(tmp_path, tiny_assets, "all", {**fsdp, "gradientCheckpointing": True}, two)
     assert steady.run().code == 0
-    mixed = _job(tmp_path, tiny_assets, "auto", {**fsdp, "gradientCheckpointing": "auto"}, two)
-    done = mixed.run(env={"FINETUNE_TEST_KEEP_LAYERS": "1"})
+    mixed = _job(tmp_path, tiny_assets, "auto", {**fsdp, "gradientCheckpointing": "auto", "keptLayers": 1}, two)
+    done = mixed.run()
     assert done.code == 0, done.stderr[-3000:]
     assert _counts(done.stderr)["kept"] == 1
     assert max_difference(_adapter(mixed), _adapter(steady)) <= ADAPTER_TOLERANCE
     moved = _job(
-        tmp_path, tiny_assets, "offload", {**fsdp, "gradientCheckpointing": "auto", "activationOffload": True}, two
+        tmp_path,
+        tiny_assets,
+        "offload",
+        {**fsdp, "gradientCheckpointing": "auto", "activationOffload": True, "keptLayers": 1},
+        two,
     )
-    done = moved.run(env={"FINETUNE_TEST_KEEP_LAYERS": "1"})
+    done = moved.run()
     assert done.code == 0, done.stderr[-3000:]
     assert _counts(done.stderr)["offloaded"] == 1
     assert max_difference(_adapter(moved), _adapter(steady)) <= ADAPTER_TOLERANCE

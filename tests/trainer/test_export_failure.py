@@ -12,7 +12,8 @@ import pytest
 
 from finetune_api.contract import EXPORT_ONLY_FLAG, MERGED_DIR
 from finetune_api.reasons import ExitReason
-from finetune_trainer.test_hooks import EXPORT_FAIL
+from tests.support.faults import faults_env
+from tests.support.trainer_faults import EXPORT_FAIL
 from tests.trainer.conftest import JobDir
 
 pytestmark = pytest.mark.trainer
@@ -43,7 +44,7 @@ def test_a_failed_export_keeps_the_adapter_and_export_only_writes_it_later(job_d
         "checkpoints": {"everySteps": 2},
         "output": {"formats": ["merged"], "samples": {"count": 0}},
     }
-    run = job_dir.run(env={EXPORT_FAIL: "merged"}, timeout=600)
+    run = job_dir.run(env=faults_env(**{EXPORT_FAIL: "merged"}), timeout=600)
     assert run.code == 0, run.stderr[-3000:]
     assert run.termination == f"ExportFailed: {INJECTED}"
     adapter = job_dir.output / "adapter"
@@ -55,7 +56,7 @@ def test_a_failed_export_keeps_the_adapter_and_export_only_writes_it_later(job_d
     assert summary["formats"] == {"peft": str(adapter)}
 
     # Still failing: one line naming the format, the adapter untouched.
-    code, said, _ = export_only(job_dir, env={EXPORT_FAIL: "merged"})
+    code, said, _ = export_only(job_dir, env=faults_env(**{EXPORT_FAIL: "merged"}))
     assert code == ExitReason.InvalidConfig
     assert said == f"InvalidConfig: spec.output.formats: {INJECTED}"
     # Mended: the format is written from the saved adapter and the summary says so.

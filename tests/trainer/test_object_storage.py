@@ -29,6 +29,7 @@ from finetune_api.object_storage import NAMESPACE_CACHE_CLAIM
 from finetune_api.reasons import ExitReason
 from hack.cluster.object_store import ObjectStore
 from tests.support.cli import ftjob_process
+from tests.support.faults import faults_env
 from tests.support.harness import free_port
 from tests.trainer.conftest import JobDir
 
@@ -168,7 +169,10 @@ def test_a_fetch_killed_half_way_through_an_object_resumes_where_it_stopped(
 ) -> None:
     job = s3_job(job_dir, object_store, bucket, data=BIG)
     size = s3.head_object(Bucket=bucket, Key=BIG)["ContentLength"]
-    slow = {**credentials(object_store), "FINETUNE_TEST_FETCH_CHUNK": str(64 << 10), "FINETUNE_TEST_FETCH_DELAY": "0.1"}
+    slow = {
+        **credentials(object_store),
+        **faults_env(FINETUNE_TEST_FETCH_CHUNK=str(64 << 10), FINETUNE_TEST_FETCH_DELAY="0.1"),
+    }
     command = [sys.executable, "-m", "finetune_trainer", "--config", str(job.config_path()), FETCH_INPUTS_FLAG]
     process = subprocess.Popen(command, env={**os.environ, **slow}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     partial = None

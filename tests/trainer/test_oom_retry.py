@@ -1,4 +1,4 @@
-"""An OOM on the CPU, injected at a step (test_hooks.OOM_AT): the pod's command exits
+"""An OOM on the CPU, injected at a step (trainer_faults.OOM_AT): the pod's command exits
 OutOfMemoryRetry with the step, the peak and the tighter plan; the next run resumes from the last
 checkpoint on that plan and trains the adapter an uninterrupted run trains; a second OOM is
 final, OutOfMemory, with the plan and the peak. (Through the operator: tests/operator/test_e2e_oom.py.)"""
@@ -11,6 +11,7 @@ import pytest
 
 from finetune_api.reasons import ExitReason
 from finetune_plan.tighter import Savers
+from tests.support.faults import faults_env
 from tests.support.training import ADAPTER_TOLERANCE, max_difference
 
 from .conftest import JobDir, make_job_dir
@@ -48,7 +49,7 @@ def test_the_first_oom_retries_once_on_a_tighter_plan_to_the_uninterrupted_adapt
     jobs = _job_dirs(tmp_path, tiny_assets, ("steady", "oom"), SPEC)
     assert jobs["steady"].run().code == 0
 
-    first = jobs["oom"].run(env={"FINETUNE_TEST_OOM_AT": "5"})
+    first = jobs["oom"].run(env=faults_env(FINETUNE_TEST_OOM_AT="5"))
     assert first.code == ExitReason.OutOfMemoryRetry, first.stderr[-3000:]
     assert first.termination.startswith("OutOfMemoryRetry: OutOfMemory at step 5 (peak "), first.termination
     assert "of host memory" in first.termination
@@ -58,7 +59,7 @@ def test_the_first_oom_retries_once_on_a_tighter_plan_to_the_uninterrupted_adapt
     # first run would be this one again: OOM_AGAIN_AT acts on the tighter plan only).
     shutil.copytree(jobs["oom"].root, tmp_path / "twice", symlinks=True)
     twice = JobDir(tmp_path / "twice", SPEC)
-    second = jobs["oom"].run(env={"FINETUNE_TEST_OOM_AT": "5"})
+    second = jobs["oom"].run(env=faults_env(FINETUNE_TEST_OOM_AT="5"))
     assert second.code == 0, second.stderr[-3000:]
     assert second.of("start")[0]["resumeFrom"]["step"] == 3
     summary = json.loads((jobs["oom"].output / "summary.json").read_text())
@@ -66,7 +67,7 @@ def test_the_first_oom_retries_once_on_a_tighter_plan_to_the_uninterrupted_adapt
     assert summary["oomRetry"].startswith("loss chunks 512, micro-batch 1 x 4")
     assert max_difference(adapter(jobs["oom"]), adapter(jobs["steady"])) <= ADAPTER_TOLERANCE
 
-    final = twice.run(env={"FINETUNE_TEST_OOM_AT": "5", "FINETUNE_TEST_OOM_AGAIN_AT": "7"})
+    final = twice.run(env=faults_env(FINETUNE_TEST_OOM_AT="5", FINETUNE_TEST_OOM_AGAIN_AT="7"))
     assert final.code == ExitReason.OutOfMemory, final.stderr[-3000:]
     assert final.termination.startswith("OutOfMemory: at step 7 (peak "), final.termination
     assert "again on the retry's tighter plan (loss chunks 512, micro-batch 1 x 4" in final.termination
@@ -78,10 +79,10 @@ def test_two_processes_take_the_retry_the_launcher_hands_down(tmp_path: Path, ti
     two = {**SPEC, "resources": {"gpus": 0, "cpu": "2", "processes": 2}}
     jobs = _job_dirs(tmp_path, tiny_assets, ("steady", "oom"), two)
     assert jobs["steady"].run().code == 0
-    first = jobs["oom"].run(env={"FINETUNE_TEST_OOM_AT": "5"})
+    first = jobs["oom"].run(env=faults_env(FINETUNE_TEST_OOM_AT="5"))
     assert first.code == ExitReason.OutOfMemoryRetry, first.stderr[-3000:]
     assert first.termination.startswith("OutOfMemoryRetry: OutOfMemory on rank 0 at step 5 (peak "), first.termination
-    second = jobs["oom"].run(env={"FINETUNE_TEST_OOM_AT": "5"})
+    second = jobs["oom"].run(env=faults_env(FINETUNE_TEST_OOM_AT="5"))
     assert second.code == 0, second.stderr[-3000:]
     summary = json.loads((jobs["oom"].output / "summary.json").read_text())
     assert (summary["worldSize"], summary["resumedFrom"]["step"]) == (2, 3)

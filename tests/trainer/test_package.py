@@ -30,7 +30,7 @@ def test_no_module_of_the_trainer_imports_kopf_or_the_operator() -> None:
 def test_importing_the_package_and_its_light_modules_does_not_load_torch() -> None:
     code = (
         "import sys, finetune_trainer, finetune_trainer.state.checkpoints, finetune_trainer.data.checks, "
-        "finetune_trainer.data.records, finetune_trainer.failures, finetune_trainer.test_hooks;"
+        "finetune_trainer.data.records, finetune_trainer.failures, finetune_trainer.faults;"
         "heavy = sorted({'torch', 'transformers', 'kopf'} & set(sys.modules));"
         "print(heavy); sys.exit(1 if heavy else 0)"
     )

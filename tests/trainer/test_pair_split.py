@@ -3,7 +3,7 @@ sequences does not fit, the trainer runs the chosen ones, then the rejected ones
 (`objectives.preference.Preference.split_loss_sum`). The math must not change: on the tiny model,
 the split gives the unsplit micro-batch's loss, figures and LoRA gradients (DPO sigmoid and IPO,
 ORPO), each side's forward with gradients draws the dropout masks of its forward without, and a
-whole run with the split forced (`test_hooks.SPLIT_PAIRS`, as no plan sizes the CPU) trains the
+whole run with the split asked (`training.pairSplit: true`; no plan sizes the CPU) trains the
 unsplit run's adapter."""
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from finetune_trainer.model.loss_head import install
 from finetune_trainer.model.tiny_model import preference_records, write_preference
 from finetune_trainer.modes import for_run
 from finetune_trainer.objectives import preference
-from finetune_trainer.test_hooks import SPLIT_PAIRS
 from tests.support.pair_split import policy_passes, record_sums
 from tests.support.training import ADAPTER_TOLERANCE, MOVED_AT_LEAST, max_difference, movement
 
@@ -157,7 +156,7 @@ def test_each_side_trains_with_the_dropout_masks_its_sums_were_taken_with(
     assert not torch.allclose(again, policy[0], rtol=1e-6, atol=1e-6)
 
 
-def _job(root: Path, pair_root: Path, name: str) -> JobDir:
+def _job(root: Path, pair_root: Path, name: str, **training: Any) -> JobDir:
     folder = root / name
     folder.mkdir()
     for claim in ("models", "datasets"):
@@ -165,7 +164,7 @@ def _job(root: Path, pair_root: Path, name: str) -> JobDir:
     (folder / "outputs").mkdir()
     job = JobDir(folder)
     job.spec_changes = _merge(
-        _spec("dpo", 0.0, maxSteps=STEPS, batchSize=2, gradientAccumulation=2),
+        _spec("dpo", 0.0, maxSteps=STEPS, batchSize=2, gradientAccumulation=2, **training),
         {"dataset": {"evalFraction": 0.125}, "checkpoints": {"everySteps": STEPS}, "output": {"samples": {"count": 0}}},
     )
     return job
@@ -181,8 +180,8 @@ def test_a_run_with_the_pairs_split_trains_the_unsplit_runs_adapter(tmp_path: Pa
     whole = _job(tmp_path, pair_root, "whole")
     done = whole.run()
     assert done.code == 0, done.stderr[-3000:]
-    split = _job(tmp_path, pair_root, "split")
-    split_done = split.run(env={SPLIT_PAIRS: "1"})
+    split = _job(tmp_path, pair_root, "split", pairSplit=True)
+    split_done = split.run()
     assert split_done.code == 0, split_done.stderr[-3000:]
     assert "one forward each" in split_done.stderr and "one forward each" not in done.stderr
 

@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 from bench.streamed_load import tensor_bytes
 from finetune_api import multinode
 from finetune_api.reasons import NON_RETRYABLE, ExitReason
+from tests.support.faults import faults_env
 from tests.support.training import ADAPTER_TOLERANCE, assert_same_trained_adapter, max_difference, movement
 
 from .conftest import JobDir, Run, make_job_dir
@@ -102,7 +103,7 @@ def fsdp_run(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> tup
 def one_stopped_in_step_6(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> tuple[JobDir, Run]:
     """ONE stopped by SIGTERM after micro-batch 1 of 2 of step 6: three tests resume it, each
     from a copy of its folder (copy_of), in its own way."""
-    return run_job(tmp_path_factory.mktemp("stopped"), tiny_assets, ONE, env={"FINETUNE_TEST_SIGTERM_AT": "6.1"})
+    return run_job(tmp_path_factory.mktemp("stopped"), tiny_assets, ONE, env=faults_env(FINETUNE_TEST_SIGTERM_AT="6.1"))
 
 
 def test_two_processes_train_the_adapter_of_one_with_twice_the_accumulation(
@@ -161,7 +162,7 @@ def test_a_killed_rank_fails_the_pod_retryably_and_the_next_attempt_ends_alike(
     two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
 ) -> None:
     two, _ = two_process_run
-    job, killed = run_job(tmp_path, tiny_assets, TWO, env={"FINETUNE_TEST_KILL_RANK_AT": "1@6"})
+    job, killed = run_job(tmp_path, tiny_assets, TWO, env=faults_env(FINETUNE_TEST_KILL_RANK_AT="1@6"))
     assert killed.code == ExitReason.TrainerError, killed.stderr[-3000:]
     assert killed.termination.startswith("TrainerError: rank 1 was killed by SIGKILL")
     assert "Traceback" not in killed.termination
@@ -174,7 +175,7 @@ def test_a_killed_rank_fails_the_pod_retryably_and_the_next_attempt_ends_alike(
 def test_a_rank_that_exits_unfinished_fails_the_pod_retryably_in_its_name(tmp_path: Path, tiny_assets: Path) -> None:
     """What the launcher sees of a rank whose exit status was lost: an exit 0 mid-run. The pod
     must neither hang on the other rank nor call the run a success."""
-    _, run = run_job(tmp_path, tiny_assets, TWO, env={"FINETUNE_TEST_EXIT_RANK_AT": "1@6"})
+    _, run = run_job(tmp_path, tiny_assets, TWO, env=faults_env(FINETUNE_TEST_EXIT_RANK_AT="1@6"))
     assert run.code == ExitReason.TrainerError, run.stderr[-3000:]
     assert run.termination.startswith("TrainerError: rank 1 "), run.termination
     assert "the job resumes from its last checkpoint" in run.termination
@@ -185,7 +186,7 @@ def test_a_checkpoint_of_two_processes_resumes_in_one(
     two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
 ) -> None:
     two, _ = two_process_run
-    job, killed = run_job(tmp_path, tiny_assets, TWO, env={"FINETUNE_TEST_KILL_RANK_AT": "0@6"})
+    job, killed = run_job(tmp_path, tiny_assets, TWO, env=faults_env(FINETUNE_TEST_KILL_RANK_AT="0@6"))
     assert killed.code == ExitReason.TrainerError
     # The same global batch on one process: accumulation doubles as the process count halves.
     job.spec_changes = ONE
@@ -198,7 +199,7 @@ def test_a_checkpoint_of_two_processes_resumes_in_one(
 
 
 def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_its_reason(tmp_path: Path, tiny_assets: Path) -> None:
-    _, run = run_job(tmp_path, tiny_assets, TWO, env={"FINETUNE_TEST_NONFINITE_AT": "6@1"})
+    _, run = run_job(tmp_path, tiny_assets, TWO, env=faults_env(FINETUNE_TEST_NONFINITE_AT="6@1"))
     assert run.code == ExitReason.NonFiniteLoss, run.stderr[-3000:]
     assert run.termination.startswith("NonFiniteLoss: rank ")
     assert "loss is nan at step 6" in run.termination
@@ -284,7 +285,7 @@ def test_sigterm_mid_accumulation_saves_the_point_reached_and_the_resumed_run_lo
         two, uninterrupted = run_job(tmp_path / "uninterrupted", tiny_assets, spec)
         assert uninterrupted.code == 0, uninterrupted.stderr[-3000:]
         (tmp_path / "stopped").mkdir()
-        job, stopped = run_job(tmp_path / "stopped", tiny_assets, spec, env={"FINETUNE_TEST_SIGTERM_AT": "6.1"})
+        job, stopped = run_job(tmp_path / "stopped", tiny_assets, spec, env=faults_env(FINETUNE_TEST_SIGTERM_AT="6.1"))
     assert stopped.code == ExitReason.Interrupted, stopped.stderr[-3000:]
     assert stopped.termination.startswith("Interrupted: "), stopped.termination
     assert (
@@ -353,7 +354,7 @@ def test_sigterm_twice_during_a_checkpoint_write_leaves_that_checkpoint_whole(
     two_process_run: tuple[JobDir, Run], tmp_path: Path, tiny_assets: Path
 ) -> None:
     two, _ = two_process_run
-    job, stopped = run_job(tmp_path, tiny_assets, TWO, env={"FINETUNE_TEST_SIGTERM_IN_SAVE": "8"})
+    job, stopped = run_job(tmp_path, tiny_assets, TWO, env=faults_env(FINETUNE_TEST_SIGTERM_IN_SAVE="8"))
     assert stopped.code == ExitReason.Interrupted, stopped.stderr[-3000:]
     assert "stopped by SIGTERM after step 8; checkpoint-8 written" in stopped.termination, stopped.termination
     assert "CHECKPOINT_COMPLETE.json" in {p.name for p in (job.checkpoints / "checkpoint-8").iterdir()}
@@ -431,7 +432,7 @@ def test_a_killed_rank_on_the_second_node_and_the_whole_gang_resumes_from_rank_0
     """Node 1 has no checkpoint of its own (another machine): rank 0 sends it the one it resumes."""
     two, _ = two_process_run
     jobs = two_node_jobs(tmp_path, tiny_assets)
-    killed = run_nodes(jobs, env={"FINETUNE_TEST_KILL_RANK_AT": "1@6"})
+    killed = run_nodes(jobs, env=faults_env(FINETUNE_TEST_KILL_RANK_AT="1@6"))
     assert killed[1].code == ExitReason.TrainerError, killed[1].stderr[-3000:]
     assert killed[1].termination.startswith("TrainerError: rank 1 was killed by SIGKILL"), killed[1].termination
     assert killed[0].code != 0

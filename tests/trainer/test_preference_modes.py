@@ -23,6 +23,7 @@ import pytest
 
 from finetune_api.reasons import ExitReason
 from finetune_trainer.model.tiny_model import write_preference
+from tests.support.faults import faults_env
 from tests.support.training import assert_same_trained_adapter, max_difference
 
 from .conftest import JobDir, Run
@@ -182,7 +183,7 @@ def assert_same_figures(resumed: Run, uninterrupted: Run) -> None:
 
 
 def stop_mid_step(root: Path, assets: Path, spec: dict) -> JobDir:
-    job, stopped = run_job(root, assets, spec, env={"FINETUNE_TEST_SIGTERM_AT": "6.1"})
+    job, stopped = run_job(root, assets, spec, env=faults_env(FINETUNE_TEST_SIGTERM_AT="6.1"))
     assert stopped.code == ExitReason.Interrupted, stopped.stderr[-3000:]
     assert "stopped by SIGTERM after 1 of 2 micro-batches of step 6; checkpoint-5-micro-1 written" in (
         stopped.termination

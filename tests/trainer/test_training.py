@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from finetune_api.reasons import ExitReason
+from tests.support.faults import faults_env
 
 from .conftest import JobDir, Run
 
@@ -104,7 +105,7 @@ def test_sigkill_mid_training_resumes_from_last_complete_checkpoint(
 def test_sigkill_inside_a_checkpoint_write_is_ignored_on_resume(
     job_dir: JobDir, reference_run: tuple[JobDir, Run]
 ) -> None:
-    torn = job_dir.run(env={"FINETUNE_TEST_KILL_IN_SAVE": "20"})
+    torn = job_dir.run(env=faults_env(FINETUNE_TEST_KILL_IN_SAVE="20"))
     assert torn.code == -signal.SIGKILL
     # the write of step 20 got as far as its files, not its completion marker
     staging = job_dir.checkpoints / ".staging-20" / "checkpoint-20"
@@ -137,7 +138,7 @@ def test_killed_after_the_final_checkpoint_resumes_without_an_extra_step(job_dir
 
 
 def test_non_finite_loss_stops_with_reason_and_keeps_the_last_good_checkpoint(job_dir: JobDir) -> None:
-    run = job_dir.run(env={"FINETUNE_TEST_NONFINITE_AT": "15"})
+    run = job_dir.run(env=faults_env(FINETUNE_TEST_NONFINITE_AT="15"))
     assert run.code == ExitReason.NonFiniteLoss
     assert run.termination.startswith("NonFiniteLoss: loss is nan at step 15")
     assert "checkpoint-10" in run.termination
@@ -148,7 +149,7 @@ def test_non_finite_loss_stops_with_reason_and_keeps_the_last_good_checkpoint(jo
 
 @pytest.mark.parametrize("kind", ["activation", "parameter"])
 def test_precision_guard_catches_a_planted_bf16_tensor(job_dir: JobDir, kind: str) -> None:
-    run = job_dir.run(env={"FINETUNE_TEST_PLANT_HALF": kind})
+    run = job_dir.run(env=faults_env(FINETUNE_TEST_PLANT_HALF=kind))
     assert run.code == ExitReason.PrecisionViolation, run.stderr[-3000:]
     assert run.termination.startswith("PrecisionViolation:")
     expected = "self_attn.o_proj (torch.bfloat16)" if kind == "activation" else "lora_A.default.weight (torch.bfloat16)"

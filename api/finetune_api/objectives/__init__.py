@@ -114,6 +114,9 @@ NO_PACKING: Final = (
     "training.packing is not for training.method {method}: a pair's answers are scored one sequence each"
 )
 NOT_READ: Final = "dataset.format {format} is not one training.method {method} reads ({known})"
+NO_PAIR_SPLIT: Final = (
+    "training.pairSplit: true is not for training.method {method}: its rows are not pairs of sequences to split"
+)
 
 
 def packs(method: str) -> str | None:
@@ -121,6 +124,13 @@ def packs(method: str) -> str | None:
     if OBJECTIVES.get(method).packs:
         return None
     return NO_PACKING.format(method=method)
+
+
+def splits_pairs(method: str) -> str | None:
+    """None when objective `method` may run a row's sequences one pass each, else the refusal."""
+    if OBJECTIVES.get(method).sequence_names:
+        return None
+    return NO_PAIR_SPLIT.format(method=method)
 
 
 def known_formats(objective: Objective) -> str:

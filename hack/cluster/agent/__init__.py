@@ -38,9 +38,10 @@ Decisions a kubelet would make differently, on purpose:
   container is Ready once one answers 200-399 (a ModelServer's llama-server on /health); a
   container without one is Ready while it runs. Liveness and startup probes are not run. A
   `preStop: sleep` is slept before SIGTERM, within the grace period.
-- A ConfigMap `node-agent-test-env-<Job name>` adds its `FINETUNE_TEST_*` keys to the
-  environment of every container of that Job's pods: the trainer's fault hooks
-  (finetune_trainer/test_hooks.py) for a job run through the operator, which never sets them.
+- A ConfigMap `node-agent-test-env-<Job name>` adds its `FINETUNE_FAULTS`, `PYTHONPATH` and
+  `FINETUNE_TEST_*` keys to the environment of every container of that Job's pods: the tests'
+  faults (tests/support/trainer_faults.py, installed by finetune_trainer/faults.py) for a job run
+  through the operator, which never sets them.
 - Logs go to `.cache/cluster/pods/<namespace>_<pod>_<uid>/<container>.log`; the agent serves
   them as the kubelet's containerLogs endpoint, so `kubectl logs` works.
 - restartPolicy Always/OnFailure restart the container with back-off 1 s, 2 s, ... 30 s

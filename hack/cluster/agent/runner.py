@@ -52,11 +52,14 @@ CONFIG_RETRY_SECONDS = 2.0
 MAX_BACKOFF_SECONDS = 30
 # Mount points of the staged sources (see ContainerPlan.staging); empty folders on the host.
 STAGING_ROOT = Path("/run/finetune-node-agent")
-# Not a kubelet's: a test's fault hooks reach the pods of its namespace through this ConfigMap
-# (keys starting with TEST_ENV_PREFIX only, and where llama.cpp's tools are: the trainer image
-# has them at /opt/llama.cpp, a pod on this node finds them where the tests unpacked them).
+# Not a kubelet's: a test's faults reach the trainer in the pods of its namespace through this
+# ConfigMap: keys starting with TEST_ENV_PREFIX (the switches), TEST_ENV_FAULTS (the module
+# finetune_trainer/faults.py installs, and the path it is found on: tests/support/faults.py), and
+# where llama.cpp's tools are (the trainer image has them at /opt/llama.cpp, a pod on this node
+# finds them where the tests unpacked them).
 TEST_ENV_CONFIGMAP = "node-agent-test-env"
 TEST_ENV_PREFIX = "FINETUNE_TEST_"
+TEST_ENV_FAULTS = ("FINETUNE_FAULTS", "PYTHONPATH")
 TEST_ENV_TOOLS = ("FINETUNE_LLAMA_CPP", "FINETUNE_LLAMA_QUANTIZE")
 
 
@@ -183,15 +186,17 @@ class PodRun(threading.Thread):
         return env
 
     def _test_env(self) -> dict[str, str]:
-        """The trainer's fault hooks (`FINETUNE_TEST_*`) for the pods of Job J, from the ConfigMap
-        `TEST_ENV_CONFIGMAP-J` of its namespace: the operator never puts them in a pod, and a test
-        needs one inside the trainer of a job it runs through the operator (an OOM at a step)."""
+        """The trainer's faults (`FINETUNE_FAULTS` and its `FINETUNE_TEST_*` switches) for the pods
+        of Job J, from the ConfigMap `TEST_ENV_CONFIGMAP-J` of its namespace: the operator never
+        puts them in a pod, and a test needs one inside the trainer of a job it runs through the
+        operator (an OOM at a step)."""
         labels = (self.pod.get("metadata") or {}).get("labels") or {}
         job = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
         if not job:
             return {}
         data = self.ctx.kube.lookup("configmap", self.namespace, f"{TEST_ENV_CONFIGMAP}-{job}") or {}
-        return {k: v for k, v in data.items() if k.startswith(TEST_ENV_PREFIX) or k in TEST_ENV_TOOLS}
+        allowed = (*TEST_ENV_FAULTS, *TEST_ENV_TOOLS)
+        return {k: v for k, v in data.items() if k.startswith(TEST_ENV_PREFIX) or k in allowed}
 
     def _write_kubeconfig(self, mount: str, path: Path) -> None:
         """A kubeconfig that reads the pod's own mounted token and CA, as in-cluster config would."""

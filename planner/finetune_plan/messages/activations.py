@@ -48,7 +48,7 @@ def all_recompute(layers: int) -> str:
 
 
 def _asked(offload: bool | str) -> str:
-    """`training.activationOffload` as the spec writes it: true, false or auto."""
+    """`training.activationOffload` as the spec writes it: true, false, auto or inputs."""
     return str(offload).lower()
 
 
@@ -58,7 +58,10 @@ def asked(offload: bool | str) -> str:
 
 
 def inputs_only(offload: bool | str) -> str:
-    """Only the recomputing layers' inputs wait in host memory, because the GPUs need the room."""
+    """Only the recomputing layers' inputs wait in host memory: asked (`inputs`), or because the
+    GPUs need the room."""
+    if offload == "inputs":
+        return "the recomputing layers' inputs only (activationOffload: inputs)"
     return f"the recomputing layers' inputs only (activationOffload: {_asked(offload)}): what fits the GPUs"
 
 
@@ -67,10 +70,21 @@ def no_room(wanted: bool) -> str:
     return "off: no room for the layer in flight" if wanted else "off: every layer recomputes"
 
 
-def not_weighed(weighs: bool, recomputes: bool) -> str:
-    """Offload off without weighing it: asked false, or nothing it could replace."""
+def not_weighed(offload: bool | str, recomputes: bool, *, kept_asked: bool = False) -> str:
+    """Offload off without weighing it: asked false or inputs, the layers kept named by the spec
+    (`kept_asked`: training.keptLayers), or nothing it could replace."""
+    asked_words = "" if offload == "auto" else f" (activationOffload: {_asked(offload)})"
+    if kept_asked and offload == "auto":
+        asked_words = " (auto): training.keptLayers names the layers kept"
+    return "off" + asked_words + (": no layer recomputes" if not recomputes else "")
+
+
+def kept_refused(asked: int, most: int | None, where: str) -> str:
+    """`training.keptLayers` above what the GPUs hold with the planner's margin: the plan's refusal."""
+    fit = "not even every layer recomputing fits" if most is None else f"at most {most} fit"
     return (
-        "off" + ("" if weighs else " (activationOffload: false)") + (": no layer recomputes" if not recomputes else "")
+        f"training.keptLayers: {asked} layers keeping their activations do not fit on {where} with the planner's "
+        f"margin; {fit} (unset keptLayers for the planner to size them)"
     )
 
 

@@ -17,6 +17,9 @@ from ..results.activations import Activations
 from ..results.layout import Hardware, Layout
 from .figures import gib
 
+# Where one pass of a pair's sequences fits no way and the spec keeps them together.
+PAIRS_UNSPLIT = "training.pairSplit: false keeps a pair's sequences in one pass; auto or true splits them"
+
 
 def verdict(layout: Layout, alternatives: Sequence[Layout], hardware: Hardware, suggestions: list[str]) -> str:
     """The plan's one line on the GPUs: fits (peak, headroom) or not (shortfall, what to change),
@@ -45,11 +48,13 @@ def verdict(layout: Layout, alternatives: Sequence[Layout], hardware: Hardware, 
     return message + (f" (also: {other_text})" if other_text else "")
 
 
-def decided(activations: Activations | None, chosen: Recipe, layout: Layout) -> str:
-    """The plan's decisions beyond the mode, for its message: the layers' activations, the pair split."""
+def decided(activations: Activations | None, chosen: Recipe, layout: Layout, *, asked: bool = False) -> str:
+    """The plan's decisions beyond the mode, for its message: the layers' activations, the pair
+    split (`asked`: training.pairSplit: true)."""
     out = "" if activations is None else f"; {activations.checkpointing}; activation offload {activations.offload}"
     if chosen.pair_split and layout.fits:
-        out += f"; {pairs.describe(chosen)} (one micro-batch of both does not fit)"
+        why = "training.pairSplit: true" if asked else "one micro-batch of both does not fit"
+        out += f"; {pairs.describe(chosen)} ({why})"
     return out
 
 

@@ -1,5 +1,6 @@
-"""`training.gradientCheckpointing` and `training.activationOffload` as a spec says them: `auto`,
-true or false, read here and nowhere else (tests/architecture/test_handoff.py)."""
+"""`training.gradientCheckpointing`, `training.activationOffload` and `training.keptLayers` as a
+spec says them: `auto`, true or false (offload: inputs too), and the layers kept, read here and
+nowhere else (tests/architecture/test_handoff.py)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,24 @@ from typing import Literal
 from finetune_api.spec import TrainingSpec
 
 Choice = bool | Literal["auto"]
+OffloadChoice = bool | Literal["auto", "inputs"]
 
 
 @dataclass(frozen=True)
 class ActivationAsk:
-    """`training.gradientCheckpointing` and `training.activationOffload` as a spec says them: the
-    one place `auto`, true and false are read (the planner's recipe, its sizing, the memory
-    savers of a retry, the trainer's choice where no plan sizes the layers)."""
+    """`training.gradientCheckpointing`, `training.activationOffload` and `training.keptLayers` as
+    a spec says them: the one place `auto`, true, false and inputs are read (the planner's recipe,
+    its sizing, the memory savers of a retry, the trainer's choice where no plan sizes the layers)."""
 
     checkpointing: Choice = "auto"
-    offload: Choice = "auto"
+    offload: OffloadChoice = "auto"
+    # `keptLayers`: the layers that keep their activations under `auto` (None: the plan sizes them).
+    kept: int | None = None
 
     @classmethod
     def of(cls, training: TrainingSpec) -> ActivationAsk:
         """From a spec's `training` block."""
-        return cls(training.gradient_checkpointing, training.activation_offload)
+        return cls(training.gradient_checkpointing, training.activation_offload, training.kept_layers)
 
     @property
     def recomputes(self) -> bool:
@@ -44,6 +48,11 @@ class ActivationAsk:
     def may_offload(self) -> bool:
         """Offload may be chosen (`auto`) or is asked (`true`)."""
         return self.offload is not False
+
+    @property
+    def inputs(self) -> bool:
+        """Only the recomputing layers' inputs wait in host memory (`inputs`)."""
+        return self.offload == "inputs"
 
     @property
     def weighs_offload(self) -> bool:

@@ -2,9 +2,11 @@
 asks (`ask`), and why, with the layout that decision leaves on the GPUs.
 
 `gradientCheckpointing: false` keeps every layer; `true` recomputes every one, offloading them
-where `activationOffload: true`; `auto` keeps as many as the margin allows (`kept`), then
+where `activationOffload: true`; `auto` keeps as many as the margin allows (`kept`), or the
+`keptLayers` the spec names (refused, naming the field, where the margin does not hold them), then
 offloads the rest where asked, or where `auto` finds it pays (`offload`). Where the GPUs need
-them there, the recomputing layers' inputs wait in host memory instead (the search decided that).
+them there, or where `activationOffload: inputs` asks it, the recomputing layers' inputs wait in
+host memory instead (the search decided that).
 """
 
 from __future__ import annotations
@@ -39,6 +41,41 @@ def _every_layer_recomputes(
     return layout, Activations(chosen, say.layers_line(shape, chosen, pinned), why, baseline)
 
 
+def _kept_as_asked(
+    shape: ModelShape,
+    all_recompute: Recipe,
+    hw: Hardware,
+    layout: Layout,
+    *,
+    chunks: Sequence[int],
+    ask: ActivationAsk,
+    baseline: float,
+) -> tuple[Layout, Activations]:
+    """`keptLayers`: that many layers keep their activations (all, where the model has fewer),
+    where the planner's margin holds them; else the plan's refusal naming the field."""
+    asked = min(ask.kept or 0, shape.layers)
+    found = sized(
+        shape, all_recompute, hw, layout.mode, chunks=[layout.loss_chunk_tokens, *chunks], offload=ask.offloads
+    )
+    most = None if found is None else found[1].kept_layers
+    base = replace(all_recompute, offload=ask.offloads) if found is None else found[1]
+    chosen = replace(base, kept_layers=asked)
+    layout = layout_for(layout.mode, shape, chosen, hw)
+    why = (
+        say.ASKED_ON
+        if ask.offloads
+        else say.not_weighed(ask.offload, bool(mem.recomputed_layers(shape, chosen)), kept_asked=True)
+    )
+    if mem.inputs_offloaded(chosen) and mem.recomputed_layers(shape, chosen):
+        why = say.inputs_only(ask.offload)
+    line = say.layers_line(shape, chosen, offload_host_bytes(shape, chosen))
+    refusal = None
+    if most is None or asked > most:
+        refusal = say.kept_refused(asked, most, f"{hw.gpus} x {hw.product.name}")
+    rate = tokens_per_second(shape, chosen, hw, layout.mode)
+    return layout, Activations(chosen, say.against_all_recompute(line, rate, baseline), why, baseline, refusal)
+
+
 def decide(
     shape: ModelShape,
     recipe: Recipe,
@@ -59,6 +96,8 @@ def decide(
         return layout, Activations(plain, say.layers_line(shape, plain, 0.0), say.NO_LAYER_RECOMPUTES)
     if ask.recomputes_all:
         return _every_layer_recomputes(shape, all_recompute, hw, layout, ask=ask, baseline=baseline)
+    if ask.kept is not None:
+        return _kept_as_asked(shape, all_recompute, hw, layout, chunks=chunks, ask=ask, baseline=baseline)
     wanted = ask.offloads
     found = sized(shape, all_recompute, hw, layout.mode, chunks=[layout.loss_chunk_tokens, *chunks], offload=wanted)
     if found is None:
@@ -80,7 +119,7 @@ def decide(
         )
         rate = tokens_per_second(shape, chosen, hw, layout.mode)
     else:
-        why = say.not_weighed(ask.weighs_offload, bool(mem.recomputed_layers(shape, chosen)))
+        why = say.not_weighed(ask.offload, bool(mem.recomputed_layers(shape, chosen)))
     if mem.inputs_offloaded(chosen) and mem.recomputed_layers(shape, chosen):
         why = say.inputs_only(ask.offload)
     line = say.layers_line(shape, chosen, offload_host_bytes(shape, chosen))

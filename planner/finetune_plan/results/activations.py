@@ -41,3 +41,6 @@ class Activations:
     checkpointing: str  # e.g. "recompute 20 of 32 layers (12 keep their activations)"
     offload: str  # why offload is on or off
     all_recompute_tokens_per_second: float | None = None
+    # A choice the spec asked that the GPUs cannot hold (`training.keptLayers`): the plan's
+    # refusal in one line naming the field; the plan does not fit.
+    refusal: str | None = None

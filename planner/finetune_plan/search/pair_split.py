@@ -23,15 +23,16 @@ from .one_pass import Fit, Found, one_pass
 
 
 def fitted(
-    shape: ModelShape, recipe: Recipe, hardware: Hardware, fit: Fit, *, holds: bool
+    shape: ModelShape, recipe: Recipe, hardware: Hardware, fit: Fit, *, holds: bool, may_split: bool = True
 ) -> tuple[Layout | None, Found]:
     """The recipe as planned, its closest layout and each mode's, and the refusal of its
     recomputing layers' inputs in host memory where the host alone stood in the way (`holds`:
     they may wait there). First the micro-batch in one pass (`one_pass`); where that fits no way,
-    the pair split, with first the closest the unsplit micro-batch came (None: no split)."""
+    the pair split where `may_split` (`training.pairSplit: auto`), with first the closest the
+    unsplit micro-batch came (None: no split)."""
     found = best_layout(shape, recipe, hardware, fit.modes, fit.chunks)
     recipe, unsplit, per_mode, refused = one_pass(shape, recipe, hardware, found, fit, holds=holds)
-    if unsplit.fits or not pairs.splittable(recipe):
+    if unsplit.fits or not may_split or not pairs.splittable(recipe):
         return None, (recipe, unsplit, per_mode, refused)
     if holds and recipe.gradient_checkpointing:
         held = best_layout(shape, replace(recipe, offload_inputs=True), hardware, fit.modes, fit.chunks)[0]

@@ -23,6 +23,7 @@ from finetune_api.problems import problems_from
 from finetune_api.reasons import TERMINATION_LOG, ExitReason, export_failed_message, termination_message
 from finetune_api.trainer_config import TrainerConfig
 
+from .. import faults
 from ..failures import TrainerFailure
 
 if TYPE_CHECKING:
@@ -262,6 +263,7 @@ def _check_nproc(nproc: int | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging()
+    faults.install()  # the no-op hooks, unless a test harness names its own (faults.FAULTS_ENV)
     termination = None if args.worker else _termination_path(args.termination_log)
     if args.self_check:
         return _outcome(termination, _self_check, worker=False)

@@ -29,8 +29,6 @@ from torch import nn
 from finetune_api.spec import FineTuneJobSpec
 from finetune_plan import ActivationAsk, LayerLayout
 
-from .. import test_hooks
-
 log = logging.getLogger(__name__)
 
 # Smaller saved tensors stay where they are: their copy costs more than the memory it frees.
@@ -62,9 +60,9 @@ class LayerActivations:
 
 def chosen(spec: FineTuneJobSpec, planned: LayerLayout | None, layers: int) -> LayerActivations:
     """The plan's choice (GPU runs), or on the CPU, which no plan sizes, the spec's: true
-    recomputes every layer, false none, auto none either (no GPU memory to fill) unless a test
-    names how many to keep (`test_hooks.KEEP_LAYERS`) or has the inputs offloaded
-    (`test_hooks.OFFLOAD_INPUTS`)."""
+    recomputes every layer, false none, auto none either (no GPU memory to fill) unless
+    `training.keptLayers` names how many keep; `activationOffload: inputs` puts the recomputing
+    layers' inputs in host memory."""
     if planned is not None:
         offloaded = planned.offloaded
         return LayerActivations(planned.kept, offloaded > 0, planned.inputs_offloaded, offloaded or None)
@@ -72,10 +70,10 @@ def chosen(spec: FineTuneJobSpec, planned: LayerLayout | None, layers: int) -> L
     if not asked.recomputes:
         return LayerActivations(layers, False)
     offload = asked.offloads
-    inputs = test_hooks.offload_inputs()
+    inputs = asked.inputs
     if asked.recomputes_all:
         return LayerActivations(0, offload, inputs)
-    kept = test_hooks.keep_layers()
+    kept = asked.kept
     return LayerActivations(layers if kept is None else min(kept, layers), offload, inputs)
 
 

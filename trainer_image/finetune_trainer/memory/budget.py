@@ -10,7 +10,6 @@ from typing import Any
 from finetune_plan import LayerLayout
 from finetune_plan.parallelism import LaunchPlan
 
-from .. import test_hooks
 from ..hardware.capabilities import Hardware
 
 
@@ -29,11 +28,10 @@ class MemoryPlan:
     # A pair's sequences one forward each (`finetune_plan.pairs`); None: no plan decided it.
     pair_split: bool | None = None
 
-    @property
-    def splits_pairs(self) -> bool:
-        """The plan's pair split, or on the CPU, which no plan sizes, a test's
-        (`test_hooks.SPLIT_PAIRS`)."""
-        return test_hooks.split_pairs() if self.pair_split is None else self.pair_split
+    def splits_pairs(self, asked: bool | str) -> bool:
+        """The plan's pair split, or on the CPU, which no plan sizes, the spec's
+        (`training.pairSplit`: true splits, false and auto do not, no GPU memory to fill)."""
+        return asked is True if self.pair_split is None else self.pair_split
 
 
 def memory_plan(launch: LaunchPlan, hardware: Hardware) -> MemoryPlan:

@@ -8,7 +8,6 @@ never stitched from two versions.
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from finetune_api.reasons import ExitReason
 
-from .. import test_hooks
+from .. import faults
 from ..failures import TrainerFailure
 from .checksums import verify
 from .listing import StoredObject
@@ -83,7 +82,8 @@ def fetch_object(
     start = _resume_point(partial, obj)
     if start:
         log.info("resuming %s at %d of %d bytes", obj.key, start, obj.size)
-    chunk = test_hooks.fetch_chunk() or CHUNK
+    hooks = faults.current()
+    chunk = hooks.fetch_chunk(CHUNK)
     offset = start
     with partial.open("ab") as out:
         while offset < obj.size:
@@ -94,8 +94,7 @@ def fetch_object(
             progress(got)
             if got == 0:
                 break
-            if delay := test_hooks.fetch_delay():
-                time.sleep(delay)
+            hooks.after_fetch_range()
     wrong = verify(store, where.source.bucket, obj.key, etag=obj.etag, path=partial, size=obj.size)
     if wrong is not None:
         partial.unlink(missing_ok=True)  # a wrong partial is begun afresh next time, not continued

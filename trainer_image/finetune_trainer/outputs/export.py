@@ -25,7 +25,7 @@ from finetune_api.layout import (
 from finetune_api.registry import load
 from finetune_api.trainer_config import TrainerConfig
 
-from .. import test_hooks
+from .. import faults
 from .gguf_export import convert_lora, convert_model
 from .merge_stream import merge_folder
 
@@ -214,7 +214,7 @@ def save_formats(
             if fmt.exporter is None or (only is not None and name not in only):
                 continue
             try:
-                test_hooks.fail_export(name)
+                faults.current().before_export(name)
                 export.written[name] = load(fmt.exporter)(export)
             except Exception as exc:  # any exporter's failure leaves the trained adapter standing
                 if not isinstance(exc, FormatError):

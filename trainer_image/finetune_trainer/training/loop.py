@@ -15,7 +15,6 @@ checkpoint, and a resumed step starts from one.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from finetune_api.reasons import ExitReason
 
-from .. import test_hooks
+from .. import faults
 from ..data.batches import Row, Schedule, eval_slots
 from ..distributed.gradsync import sum_figures
 from ..distributed.topology import Topology
@@ -119,6 +118,7 @@ class Loop:
         local_loss = carried.loss if carried is not None else 0.0
         local_tokens = carried.tokens if carried is not None else 0.0
         guard = self._first_step_guard()
+        hooks = faults.current()
         with guard:
             for index, (number, chosen) in enumerate(micro):
                 if index < start:
@@ -134,7 +134,7 @@ class Loop:
                         total = self.objective.loss_sum(self.model, self.head, batch, totals)
                     finally:
                         self.head.probe = None
-                    if test_hooks.nonfinite_at(step + 1):
+                    if hooks.nonfinite_at(step + 1):
                         total = total * float("nan")
                     # torch 2.7 leaves Tensor.backward unannotated.
                     (total * scale).backward()  # type: ignore[no-untyped-call]
@@ -142,9 +142,7 @@ class Loop:
                         self.probe.backward_done()
                     local_loss += float(total.detach())
                     local_tokens += sum(r.tokens for r in chosen)
-                test_hooks.signal_after_micro(step + 1, index + 1)
-                if delay := test_hooks.micro_delay():
-                    time.sleep(delay)
+                hooks.after_micro(step + 1, index + 1)
                 if stop is not None and index + 1 < len(micro) and self.agree(stop())[0]:
                     figures = self.mode.reduce(
                         self.adapter.params, [local_loss, float(local_tokens), *self.objective.sums], world

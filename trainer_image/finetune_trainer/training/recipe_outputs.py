@@ -10,7 +10,7 @@ from typing import Any
 
 from finetune_api.layout import LOSS_CURVE_FILE, SAMPLES_FILE, TENSORBOARD_DIR
 
-from .. import test_hooks
+from .. import faults
 from ..outputs import samples
 from ..outputs.export import public_name, save_adapter, save_formats, write_summary
 from ..reporting import curves
@@ -44,7 +44,7 @@ def write_checkpoint(state: State, step: int, partial: Partial | None) -> None:
     )
     save_state(staging, loaded.adapter, loaded.optimizer, loaded.scheduler, progress_now, partial=partial)
     fingerprint.write(staging, fingerprint.record(run.asked, state.setup.fingerprint))
-    test_hooks.die_in_save(step)
+    faults.current().in_save(step)
     checkpoint = loaded.store.commit(step, micro)
     log.info("checkpoint %d complete: %s", step, checkpoint.path)
     emit("checkpoint", **checkpoint_ref(checkpoint))

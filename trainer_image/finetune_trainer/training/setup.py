@@ -14,12 +14,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
 from finetune_plan.families import Family
 
-from .. import test_hooks
+from .. import faults
 from ..data.batches import Schedule
 from ..data.loading import check_dataset, split
 from ..distributed import topology
@@ -83,7 +82,7 @@ def decide(run: Run) -> Setup:
     mode = for_run(decided.launch.parallelism, ranks.world_size)
     mode.check_world(decided.launch, ranks.local_world_size)
     plan = memory_plan(decided.launch, hardware)
-    _split_pairs(run.objective, plan)
+    _split_pairs(run.objective, plan, run.spec.training.pair_split)
     device = ranks.device(hardware.on_gpu)
     probe = PhaseProbe(mode.loop_device(device))
     if hardware.on_gpu:
@@ -125,9 +124,10 @@ def _decide_here(
     return Decision(decide_launch(run.config, hardware, model_config, attention), attention)
 
 
-def _split_pairs(objective: TrainingObjective, plan: MemoryPlan) -> None:
-    """The plan's pair split, for an objective whose rows are pairs of sequences."""
-    objective.split = plan.splits_pairs and bool(objective.entry.sequence_names)
+def _split_pairs(objective: TrainingObjective, plan: MemoryPlan, asked: bool | str) -> None:
+    """The plan's pair split (`asked`: training.pairSplit), for an objective whose rows are pairs
+    of sequences."""
+    objective.split = plan.splits_pairs(asked) and bool(objective.entry.sequence_names)
     if objective.split:
         log.info("pairs: %s one forward each (the plan's pair split)", " and ".join(objective.entry.sequence_names))
 
@@ -223,22 +223,7 @@ def _guard(model: nn.Module, precision: str) -> GuardReport | None:
         return None
     report = GuardReport()
     report.recast = recast_to_fp32(model)
-    planted = test_hooks.plant_half()
-    if planted:
-        _plant_half(model, planted)
+    faults.current().before_guard(model)
     scan_tensors(model, report)
     fail_if_half(report)
     return report
-
-
-def _plant_half(model: nn.Module, kind: str) -> None:
-    """Test hook: put one bf16 tensor where the guard must find it."""
-    if kind == "parameter":
-        param = next(p for p in model.named_parameters() if p[1].requires_grad)[1]
-        param.data = param.data.to(torch.bfloat16)
-    elif kind == "buffer":
-        target = next(m for n, m in model.named_modules() if n.endswith("input_layernorm"))
-        target.register_buffer("planted", torch.zeros(2, dtype=torch.bfloat16))
-    elif kind == "activation":
-        target = next(m for n, m in model.named_modules() if n.endswith("self_attn.o_proj"))
-        target.register_forward_hook(lambda _m, _i, out: out.to(torch.bfloat16))

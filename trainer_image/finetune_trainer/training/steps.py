@@ -4,14 +4,12 @@ happened and the peak against the plan."""
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from finetune_api.reasons import ExitReason
 from finetune_plan.memory import GIB
 
-from .. import test_hooks
+from .. import faults
 from ..distributed import topology
 from ..distributed.gradsync import all_equal, sum_figures
 from ..distributed.topology import Topology
@@ -49,7 +47,7 @@ class Steps:
         run.stop.arm()
         try:
             while position.step < self.loaded.schedule.total_steps:
-                test_hooks.out_of_memory_at(position.step + 1, tightened=self.setup.decided.retry is not None)
+                faults.current().out_of_memory_at(position.step + 1, tightened=self.setup.decided.retry is not None)
                 outcome = live.loop.step(position.step, resume=position.partial, stop=lambda: run.stop.requested)
                 position.partial = None
                 if isinstance(outcome, Partial):
@@ -98,10 +96,7 @@ class Steps:
                 report=report,
                 metrics=run.objective.step_metrics(figures.loss, figures.trained, figures.sums),
             )
-        test_hooks.die_after_step(step)
-        delay = test_hooks.step_delay()
-        if delay:
-            time.sleep(delay)
+        faults.current().after_step(step)
         by_steps = step % run.spec.checkpoints.every_steps == 0 or step == total
         stopping, by_clock = live.loop.agree(run.stop.requested, self.clock.due())
         if by_steps and not stopping:
