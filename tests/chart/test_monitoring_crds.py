@@ -4,6 +4,7 @@ API server admits them, and refuses a misspelt field, naming it."""
 
 import copy
 import subprocess
+import time
 from typing import Any
 
 import pytest
@@ -36,10 +37,20 @@ def monitoring_crds(cluster: Cluster) -> None:
     for plural in PLURALS:
         applied = _kubectl(cluster, "apply", "--server-side", "-f", str(binaries.prometheus_operator_crd(plural)))
         assert applied.returncode == 0, applied.stderr
-        established = _kubectl(
-            cluster, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{plural}.monitoring.coreos.com"
-        )
-        assert established.returncode == 0, established.stderr
+        _wait_established(cluster, f"crd/{plural}.monitoring.coreos.com")
+
+
+def _wait_established(cluster: Cluster, crd: str) -> None:
+    """`kubectl wait` for Established, again while the CRD has no status yet: kubectl fails at
+    once, not waiting, on a CRD whose `status.conditions` the server has not written (seen under
+    load: "status.conditions accessor error: <nil>")."""
+    deadline = time.monotonic() + 120
+    while True:
+        established = _kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", crd)
+        if established.returncode == 0:
+            return
+        assert time.monotonic() < deadline, established.stderr
+        time.sleep(0.5)
 
 
 def _dry_run(cluster: Cluster, objects: list[dict[str, Any]], namespace: str) -> subprocess.CompletedProcess[str]:
