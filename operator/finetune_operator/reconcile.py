@@ -10,7 +10,7 @@ import json
 import logging
 import time
 from collections.abc import Hashable
-from typing import cast
+from typing import Final, cast
 
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError)
 # Create, then patch the Job, then write: no reconcile needs more decisions.
 MAX_DECISIONS = 4
+# The children a decision may ask created, in the order they are tried: (the field of what was
+# seen that holds it, the field of the actions that asks for it).
+CHILDREN: Final = (("job", "create"), ("preflight", "preflight"), ("fetch", "fetch"))
 
 Key = tuple[str, str]
 
@@ -177,45 +180,24 @@ class Reconciler:
             if actions.forget:
                 self.forget(namespace, name)
                 return None
-            if actions.create:
+            # The Job, the pre-flight check and the fetch: each created (its status follows in the
+            # next pass) or, where it stood already, read into what was seen before deciding again.
+            child = next(((field, made) for field, made in CHILDREN if getattr(actions, made)), None)
+            if child is not None:
+                field, made = child
                 try:
-                    job, created = self._create_children(namespace, name, actions.create)
+                    built, created = self._create_children(namespace, name, getattr(actions, made))
                 except ChildRejected as exc:
                     seen = dataclasses.replace(seen, rejected=str(exc))
                     continue
-                self.cache.put_job(job)
+                self.cache.put_job(built)
                 if created:
                     self.pacer.created()
                     self.enqueue(namespace, name, UPDATE)
                     return actions.phase
-                seen = dataclasses.replace(seen, job=job, pods=self._list_pods(namespace, name))
-                continue
-            if actions.preflight:
-                try:
-                    check, created = self._create_children(namespace, name, actions.preflight)
-                except ChildRejected as exc:
-                    seen = dataclasses.replace(seen, rejected=str(exc))
-                    continue
-                self.cache.put_job(check)
-                if created:
-                    # Like a Job's create: its status (checking inputs) follows in the next pass.
-                    self.pacer.created()
-                    self.enqueue(namespace, name, UPDATE)
-                    return actions.phase
-                seen = dataclasses.replace(seen, preflight=check, pods=self._list_pods(namespace, name))
-                continue
-            if actions.fetch:
-                try:
-                    fetch, created = self._create_children(namespace, name, actions.fetch)
-                except ChildRejected as exc:
-                    seen = dataclasses.replace(seen, rejected=str(exc))
-                    continue
-                self.cache.put_job(fetch)
-                if created:
-                    self.pacer.created()
-                    self.enqueue(namespace, name, UPDATE)
-                    return actions.phase
-                seen = dataclasses.replace(seen, fetch=fetch, pods=self._list_pods(namespace, name))
+                pods = self._list_pods(namespace, name)
+                # `field` is one of Observed's child fields (CHILDREN), each a Job object
+                seen = dataclasses.replace(seen, pods=pods, **{field: built})  # type: ignore[arg-type]
                 continue
             if actions.read_claim:
                 claim = self.kube.get_claim(namespace, actions.read_claim)

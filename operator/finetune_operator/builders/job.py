@@ -34,7 +34,8 @@ from finetune_api.contract import (
 from finetune_api.gpus import is_pascal
 from finetune_api.object_storage import ACCESS_KEY_FIELDS
 from finetune_api.reasons import NON_RETRYABLE, TERMINATION_LOG, UNCOUNTED
-from finetune_api.spec import FineTuneJobSpec
+from finetune_api.server_spec import ServerPlacement
+from finetune_api.spec import FineTuneJobSpec, PlacementSpec
 from finetune_plan.host.need import HostNeed
 from finetune_plan.pod import pod_plan
 
@@ -256,12 +257,18 @@ def security_contexts(settings: Settings) -> tuple[dict[str, Any], dict[str, Any
 
 
 def placement(spec: FineTuneJobSpec, settings: Settings) -> dict[str, Any]:
-    user = spec.placement
+    return pod_placement(spec.placement, spec.resources.gpus, spec.resources.gpu_product, settings)
+
+
+def pod_placement(
+    user: PlacementSpec | ServerPlacement, gpus: int, gpu_product: str, settings: Settings
+) -> dict[str, Any]:
+    """A pod's nodeSelector, tolerations, affinity and priority class: a trainer's or a ModelServer's."""
     node_selector = dict(user.node_selector)
     tolerations: list[dict[str, Any]] = []
-    if spec.resources.gpus > 0:
+    if gpus > 0:
         # The GPU product wins over a user label of the same key: it is what the job asked for.
-        node_selector[settings.gpu_product_label] = spec.resources.gpu_product
+        node_selector[settings.gpu_product_label] = gpu_product
         tolerations.extend(dict(t) for t in settings.gpu_tolerations)
     tolerations.extend(t.model_dump(by_alias=True, exclude_none=True) for t in user.tolerations)
     out: dict[str, Any] = {}

@@ -32,7 +32,7 @@ from finetune_api.server_spec import SERVER_PORT, SERVER_PORT_NAME, ModelServerS
 
 from .. import quantities
 from ..settings import Settings
-from .job import security_contexts
+from .job import pod_placement, security_contexts
 
 COMPONENT_SERVER: Final = "server"
 CONTAINER: Final = "server"
@@ -146,27 +146,6 @@ def _resources(spec: ModelServerSpec, settings: Settings) -> dict[str, Any]:
     return {"limits": limits, "requests": requests}
 
 
-def _placement(spec: ModelServerSpec, settings: Settings) -> dict[str, Any]:
-    """As a trainer pod's (builders/job.py placement): the GPU product wins over a user label."""
-    user = spec.placement
-    node_selector = dict(user.node_selector)
-    tolerations: list[dict[str, Any]] = []
-    if spec.resources.gpus > 0:
-        node_selector[settings.gpu_product_label] = spec.resources.gpu_product
-        tolerations.extend(dict(t) for t in settings.gpu_tolerations)
-    tolerations.extend(t.model_dump(by_alias=True, exclude_none=True) for t in user.tolerations)
-    out: dict[str, Any] = {}
-    if node_selector:
-        out["nodeSelector"] = node_selector
-    if tolerations:
-        out["tolerations"] = tolerations
-    if user.affinity:
-        out["affinity"] = user.affinity
-    if user.priority_class_name:
-        out["priorityClassName"] = user.priority_class_name
-    return out
-
-
 def _volumes(files: Resolution) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Each claim once, read-only at CLAIMS_MOUNT/<claim>, and a small /tmp."""
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}}]
@@ -217,7 +196,7 @@ def deployment(owner: ServerOwner, spec: ModelServerSpec, files: Resolution, set
         "containers": [container(owner.name, spec, files, settings)],
         "volumes": volumes,
         "terminationGracePeriodSeconds": GRACE_SECONDS,
-        **_placement(spec, settings),
+        **pod_placement(spec.placement, spec.resources.gpus, spec.resources.gpu_product, settings),
     }
     return {
         "apiVersion": "apps/v1",
