@@ -15,7 +15,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 # The pinned sets: the trainer image and CI install from the same files (CI may differ only in
 # torch's CUDA flavour: the image takes torch from the cu118 index, CI from the default index).
-PINS := trainer_image/requirements.txt operator/requirements.txt tests/requirements.txt
+PINS := trainer_image/requirements.txt operator/requirements.txt cli/requirements.txt tests/requirements.txt
 STAMP := $(VENV)/.installed
 # The product's layers, bottom up: each folder is a project of its own (its pyproject.toml).
 LAYERS := api planner operator cli trainer_image

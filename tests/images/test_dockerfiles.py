@@ -160,10 +160,17 @@ def test_entry_modules_start(module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "requirements", [REPO / "operator" / "requirements.txt", REPO / "trainer_image" / "requirements.txt"], ids=IDS[:2]
+    "requirements",
+    [
+        REPO / "operator" / "requirements.txt",
+        REPO / "trainer_image" / "requirements.txt",
+        REPO / "cli" / "requirements.txt",
+    ],
+    ids=[*IDS[:2], "cli-eval"],
 )
 def test_image_requirements_are_exact_pins_of_what_the_tests_run(requirements: Path) -> None:
-    """The images install these files; CI installs with them as constraints. Same versions."""
+    """The images install these files (the CLI's eval extra takes its own); CI installs with them
+    as constraints. Same versions."""
     pins = {}
     for number, raw in enumerate(requirements.read_text().splitlines(), 1):
         line = raw.split("#")[0].strip()

@@ -18,6 +18,10 @@ REQUIREMENTS = Path(__file__).resolve().parents[2] / "trainer_image" / "requirem
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!-]+)$")
 # torch brings its own CUDA libraries; they follow torch's flavour (cu118 in the image).
 TORCH_FLAVOUR = re.compile(r"^(nvidia-.*|triton)$")
+# Pure-Python projects PyPI has only as an sdist (rouge-score: the evaluation's ROUGE-L): the image
+# builds them from source, so the binary-only dry run below resolves the rest and their own
+# requirements, which are pinned like any other package.
+SDIST_ONLY = frozenset({"rouge-score"})
 # glibc 2.35 (Ubuntu 22.04) accepts every manylinux tag up to 2_35.
 PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in (17, 24, 26, 27, 28, 31, 34, 35)] + ["manylinux2014_x86_64"]
 
@@ -70,13 +74,26 @@ def test_pinned_set_resolves_for_python_311_and_is_closed(tmp_path: Path) -> Non
     command += ["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--only-binary=:all:"]
     for platform in PLATFORMS:
         command += ["--platform", platform]
-    command += ["--target", str(tmp_path / "target"), "--report", str(report), "-r", str(REQUIREMENTS)]
+    wheels = tmp_path / "wheels.txt"
+    wheels.write_text("".join(f"{n}=={v}\n" for n, v in pins().items() if n not in SDIST_ONLY))
+    sdist_needs = [r for n in sorted(SDIST_ONLY) for r in _requirements(n)]
+    command += ["--target", str(tmp_path / "target"), "--report", str(report), "-r", str(wheels), *sdist_needs]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     resolved = {
         canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]
     }
     pinned = pins()
+    resolved.update({n: pinned[n] for n in SDIST_ONLY})
     unpinned = sorted(n for n in resolved if n not in pinned and not TORCH_FLAVOUR.match(n))
     assert unpinned == [], f"resolved but not pinned (the image would float on these): {unpinned}"
     assert {n: v for n, v in resolved.items() if n in pinned and v != pinned[n]} == {}
+
+
+def _requirements(name: str) -> list[str]:
+    """An sdist-only pin's own requirements (from the installed copy CI tested), as pins."""
+    wanted = [canonical(re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0]) for r in metadata.requires(name) or []]
+    pinned = pins()
+    missing = [w for w in wanted if w not in pinned]
+    assert missing == [], f"{name} needs {missing}, which requirements.txt does not pin"
+    return [f"{w}=={pinned[w]}" for w in wanted]
