@@ -20,7 +20,7 @@ STAMP := $(VENV)/.installed
 # The product's layers, bottom up: each folder is a project of its own (its pyproject.toml).
 LAYERS := api planner operator cli trainer_image
 
-.PHONY: help dev llama-cpp test test-gpu test-fast lint crds crds-check cluster-up cluster-down demo bench soak images-lint clean
+.PHONY: help dev llama-cpp chromium test test-gpu test-fast lint crds crds-check cluster-up cluster-down demo bench soak images-lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ dev: $(STAMP) ## create `.venv` with everything the tests need (from nothing)
 llama-cpp: $(STAMP) ## llama.cpp of the pinned llama-cpp-python sdist, built once into the cache: its GGUF converters, the bindings the GGUF tests load, llama-server and llama-quantize (the tests call it too)
 	$(PY) -m hack.llama_cpp python
 	$(PY) -m hack.llama_cpp tools
+
+chromium: $(STAMP) ## Debian's Chromium, where missing (apt-get): the report's browser test opens report.html in it (that test installs it itself too)
+	$(PY) -m hack.chromium
 
 # When make began (read as the Makefile is parsed, before any prerequisite is made): the tests'
 # runner prints the time spent before it, the venv's install when the pins changed.

@@ -41,6 +41,10 @@ process so one's memory never shows in the other's peak:
      `python -m bench.serving pack` makes of the sdist), a GGUF base with a LoRA adapter against
      the merged GGUF at 1 and 8 concurrent requests, greedy tokens against PEFT's
      (bench/serving.py): <date>-<gpu>-serving.json.
+  13. `evaluation` (not in the default list; one GPU): the slice trained through the pod's command
+     with a held-out split and spec.evaluation on; the plan's seconds of the base pass, the tuned
+     pass and both models' answers against the trainer's own (evaluation.json), with the ratios
+     (bench/evaluation.py): <date>-<gpu>-evaluation.json.
 
     python -m bench.run --shared DIR_WITH_seed_baseline.py [--gpus 1,2] [--phases ...]
 """
@@ -57,6 +61,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.evaluation_phase import EvaluationPhase
 from bench.flops import Shape
 from bench.plan_phases import PlanPhases
 from bench.report import compare_record, environment_versions, gpu_slug
@@ -80,9 +85,10 @@ PHASES = (
     "heldout",
     "dpo",
     "serving",
+    "evaluation",
 )
 # Phases that need no FP32 matmul peak: run alone, they only name the GPU (saves the peak's time).
-NO_PEAK_PHASES = frozenset({"recompute", "parts", "boundary", "long", "heldout", "dpo", "serving"})
+NO_PEAK_PHASES = frozenset({"recompute", "parts", "boundary", "long", "heldout", "dpo", "serving", "evaluation"})
 # What runs without --phases: `multinode` (2 GPUs of their own), `boundary`, `families` and
 # `streamed` are asked for by name.
 DEFAULT_PHASES = ("compare", "nockpt", "large", "layers", "calibration")
@@ -125,7 +131,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-class Bench(PlanPhases, ServingPhase):
+class Bench(PlanPhases, ServingPhase, EvaluationPhase):
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.started = time.time()
@@ -513,6 +519,7 @@ class Bench(PlanPhases, ServingPhase):
             ("parts", lambda: self.parts(peaks, versions)),
             ("dpo", lambda: self.dpo(peaks, versions)),
             ("serving", lambda: self.serving(peaks, versions)),
+            ("evaluation", lambda: self.evaluation(peaks, versions)),
             ("layers", lambda: self.layers(peaks)),
             ("calibration", self.calibration),
         ):

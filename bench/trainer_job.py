@@ -95,6 +95,15 @@ def preference_record(rng: random.Random, words: int, vocab: int, tokenizer: str
     }
 
 
+def completion_record(rng: random.Random, words: int, prompt: int, vocab: int, tokenizer: str) -> dict[str, str]:
+    """An SFT row of `words` tokens whose first `prompt` are the prompt and the rest its reference
+    answer (what the evaluation's greedy answers are scored against)."""
+    return {
+        "prompt": sample_text(rng, prompt, vocab, tokenizer),
+        "completion": " " + sample_text(rng, words - prompt, vocab, tokenizer),
+    }
+
+
 def spec_for(
     *,
     seq: int,
@@ -110,12 +119,15 @@ def spec_for(
     dropout: float = 0.0,
     lora: dict[str, Any] | None = None,
     method: str = "sft",
+    data_format: str | None = None,
+    evaluation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The FineTuneJob spec of a bench run (`every`: checkpoint steps, default the last step;
     `eval_fraction`: a held-out share evaluated at each checkpoint; `dropout`: LoRA's; `lora`: the
     whole `lora` block instead, for runs of other ranks and targets; `method`: the training
-    objective, dpo and orpo reading the preference pairs `prepare` writes)."""
-    data_format = "text" if method == "sft" else "preference"
+    objective, dpo and orpo reading the preference pairs `prepare` writes; `data_format`: completion
+    for SFT rows with a reference answer (`completion_record`); `evaluation`: spec.evaluation)."""
+    data_format = data_format or ("text" if method == "sft" else "preference")
     dataset: dict[str, Any] = {"source": {"pvc": {"claimName": "data", "path": "train.jsonl"}}, "format": data_format}
     if eval_fraction:
         dataset["evalFraction"] = eval_fraction
@@ -140,9 +152,14 @@ def spec_for(
             **({} if method == "sft" else {"method": method}),
         },
         "checkpoints": {"everySteps": every or steps, "keep": 2},
-        # A preference run writes no sample answers: minutes of generation on the slice's vocabulary.
-        "output": {"pvc": {"claimName": "out"}, **({} if method == "sft" else {"samples": {"count": 0}})},
+        # A preference run writes no sample answers: minutes of generation on the slice's vocabulary;
+        # nor does a run timing the evaluation, whose own answers are what it measures.
+        "output": {
+            "pvc": {"claimName": "out"},
+            **({} if method == "sft" and evaluation is None else {"samples": {"count": 0}}),
+        },
         "resources": {"gpus": gpus, "gpuProduct": "NVIDIA-H200", "nodes": nodes},
+        **({"evaluation": evaluation} if evaluation is not None else {}),
     }
 
 
@@ -166,9 +183,12 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
     data = work / "data" / "train.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     method = spec.get("method", "sft")
+    data_format = spec.get("format")
     with data.open("w") as handle:
-        for _ in range(max(16, spec["steps"] * 2 * spec.get("batch", 1))):
-            if method == "sft":
+        for _ in range(spec.get("records") or max(16, spec["steps"] * 2 * spec.get("batch", 1))):
+            if data_format == "completion":
+                record = completion_record(rng, words, spec["prompt_words"], config["vocab_size"], kind)
+            elif method == "sft":
                 record = {"text": sample_text(rng, words, config["vocab_size"], kind)}
             else:
                 record = preference_record(rng, words, config["vocab_size"], kind)
@@ -190,6 +210,8 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
             dropout=spec.get("dropout", 0.0),
             lora=spec.get("lora"),
             method=method,
+            data_format=data_format,
+            evaluation=spec.get("evaluation"),
         ),
         "paths": {"model": str(model), "dataset": str(data), "output": str(work / "output")},
     }
@@ -298,11 +320,22 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         result["reason"], result["message"] = parse_termination_message(log.read_text())
         result["message"] = result["message"][:400]
     result.update(summary_figures(Path(spec["work"]) / "output" / "summary.json"))
+    result.update(evaluation_figures(Path(spec["work"]) / "output" / "evaluation.json"))
     if spec.get("method", "sft") != "sft" and result.get("timed_steps"):
         # Pairs per optimizer step: batchSize on each process (accumulation 1), over every process.
         pairs = int(spec.get("batch", 1)) * int(result.get("worldSize") or 1)
         result["pairs_s"] = round(pairs / result["step_s"], 4)
     return result
+
+
+def evaluation_figures(path: Path) -> dict[str, Any]:
+    """What the bench keeps of the trainer's evaluation.json: the seconds of each part, the rows
+    measured, the step and the figures (nothing when the run wrote none)."""
+    if not path.exists():
+        return {}
+    found = json.loads(path.read_text())
+    kept = ("seconds", "examples", "step", "split", "method", "figures")
+    return {"evaluation": {**{k: found.get(k) for k in kept}, "answers": len(found.get("answers") or [])}}
 
 
 def summary_figures(summary_path: Path) -> dict[str, Any]:

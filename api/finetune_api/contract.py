@@ -28,8 +28,8 @@ from .layout import (  # noqa: F401 (named here as well)
 )
 
 if TYPE_CHECKING:
-    from .object_storage import S3Source
-    from .spec import FineTuneJobSpec, HubSource, PvcSource
+    from .object_storage import OutputS3, S3Source
+    from .spec import DatasetSource, FineTuneJobSpec, HubSource, ModelSource, PvcSource
     from .status import Phase
 
 # --- the pod's layout ------------------------------------------------------------------------
@@ -45,6 +45,9 @@ CONFIG_PATH: Final = f"{CONFIG_DIR}/{CONFIG_KEY}"
 CONFIG_ANNOTATION: Final = "finetune.dev/trainer-config"
 MODEL_MOUNT: Final = "/mnt/model"
 DATASET_MOUNT: Final = "/mnt/dataset"
+# The held-out source's claim (spec.dataset.eval.pvc), mounted on its own even when it is the
+# training data's claim: its path is then read as the user wrote it, relative to its claim.
+EVAL_MOUNT: Final = "/mnt/eval"
 OUTPUT_MOUNT: Final = "/mnt/output"
 # The object cache claim (spec.objectCache): the fetch writes the objects' copies there, the
 # trainer reads them (read-only).
@@ -56,7 +59,16 @@ HUB_CACHE_DIR: Final = ".hf-cache"
 HUB_CACHE: Final = f"{OUTPUT_MOUNT}/{HUB_CACHE_DIR}"
 # Every folder a trainer container mounts something at; the operator fence admits no other, so a
 # Job cannot lay a claim over the trainer's own code.
-MOUNT_PATHS: Final = (CONFIG_DIR, OUTPUT_MOUNT, SHM_MOUNT, TMP_MOUNT, MODEL_MOUNT, DATASET_MOUNT, OBJECTS_MOUNT)
+MOUNT_PATHS: Final = (
+    CONFIG_DIR,
+    OUTPUT_MOUNT,
+    SHM_MOUNT,
+    TMP_MOUNT,
+    MODEL_MOUNT,
+    DATASET_MOUNT,
+    OBJECTS_MOUNT,
+    EVAL_MOUNT,
+)
 # The container's command, and it has no args: the fence pins both to these (the chart's
 # files/operator-fence-policy.yaml, held to this by tests/operator/test_fence_file.py).
 TRAINER_COMMAND: Final = ("python", "-m", "finetune_trainer", "--config", CONFIG_PATH)
@@ -145,9 +157,15 @@ def cache_claim_name(spec: "FineTuneJobSpec") -> str:
     return named or NAMESPACE_CACHE_CLAIM
 
 
+def input_sources(spec: "FineTuneJobSpec") -> "dict[str, ModelSource | DatasetSource | None]":
+    """The sources a job reads, by role: model, dataset (the training data) and eval (the held-out
+    source, spec.dataset.eval; None without one)."""
+    return {"model": spec.model.source, "dataset": spec.dataset.source, "eval": spec.dataset.eval}
+
+
 def uses_objects(spec: "FineTuneJobSpec") -> bool:
     """Whether the job reads anything from S3 (and so has a fetch before its GPU Job)."""
-    return spec.model.source.s3 is not None or spec.dataset.source.s3 is not None
+    return any(source is not None and source.s3 is not None for source in input_sources(spec).values())
 
 
 def store_folder(source: "S3Source") -> str:
@@ -172,17 +190,17 @@ def _hub_id(hub: "HubSource | None") -> str:
 
 
 def uses_hub(spec: "FineTuneJobSpec") -> bool:
-    return spec.model.source.hub is not None or spec.dataset.source.hub is not None
+    return any(source is not None and source.hub is not None for source in input_sources(spec).values())
 
 
 def trainer_paths(
     job: str, spec: "FineTuneJobSpec", mount: Callable[[str, str], str], hub_cache: str
 ) -> dict[str, str | None]:
     """The trainer's paths (the fields of trainer_config.RuntimePaths), given where each claim is
-    mounted: `mount(role, claimName)` with role model, dataset, objects or output (the pod: a fixed
-    folder per role; `ftjob run`: DIR/<claimName>). An S3 source is read from its copy on the
-    object cache claim."""
-    model, data, out = spec.model.source, spec.dataset.source, spec.output
+    mounted: `mount(role, claimName)` with role model, dataset, eval, objects or output (the pod: a
+    fixed folder per role; `ftjob run`: DIR/<claimName>). An S3 source is read from its copy on
+    the object cache claim."""
+    model, data, held_out, out = spec.model.source, spec.dataset.source, spec.dataset.eval, spec.output
     relative = out.pvc.path if out.pvc is not None and out.pvc.path else job
 
     def where(role: str, pvc: "PvcSource | None", hub: "HubSource | None", s3: "S3Source | None") -> str:
@@ -195,6 +213,7 @@ def trainer_paths(
     return {
         "model": where("model", model.pvc, model.hub, model.s3),
         "dataset": where("dataset", data.pvc, data.hub, data.s3),
+        "eval_dataset": where("eval", held_out.pvc, held_out.hub, held_out.s3) if held_out is not None else None,
         "output": _join(mount("output", output_claim_name(job, spec)), relative),
         "cache": hub_cache if uses_hub(spec) else None,
         "objects": mount("objects", cache_claim_name(spec)) if uses_objects(spec) else None,
@@ -216,7 +235,9 @@ def on_claims(message: str, spec: "FineTuneJobSpec") -> str:
     """A trainer's message with each in-pod path of the model or dataset written as the claim and
     the path in it, the way the user wrote the spec: "/mnt/dataset/support/train.json" becomes
     "claim 'data', path 'support/train.json'" (the mount is the pod's detail, not the user's)."""
-    for mount, source in ((MODEL_MOUNT, spec.model.source.pvc), (DATASET_MOUNT, spec.dataset.source.pvc)):
+    held_out = spec.dataset.eval.pvc if spec.dataset.eval is not None else None
+    mounts = ((MODEL_MOUNT, spec.model.source.pvc), (DATASET_MOUNT, spec.dataset.source.pvc), (EVAL_MOUNT, held_out))
+    for mount, source in mounts:
         if source is not None:
             message = re.sub(re.escape(mount) + _REST_OF_PATH, _in_claim(source.claim_name), message)
     return message
@@ -235,23 +256,59 @@ COMPILER_OFF: Final = {"TORCHDYNAMO_DISABLE": "1"}
 # The Hub token reaches the pod only as one of these, each from key HUB_TOKEN_KEY of a Secret.
 HUB_TOKEN_ENV: Final = "HF_TOKEN"
 DATASET_HUB_TOKEN_ENV: Final = "HF_DATASET_TOKEN"
+EVAL_HUB_TOKEN_ENV: Final = "HF_EVAL_TOKEN"
 HUB_TOKEN_KEY: Final = "token"
+# The variable each role's token takes when its Secret is another than those before it (the
+# first Secret always takes HUB_TOKEN_ENV).
+_HUB_TOKEN_ENVS: Final = {"model": HUB_TOKEN_ENV, "dataset": DATASET_HUB_TOKEN_ENV, "eval": EVAL_HUB_TOKEN_ENV}
+
+
+def hub_tokens(spec: "FineTuneJobSpec") -> list[tuple[str, str, str]]:
+    """(role, variable, Secret) of each hub source whose tokenSecret is set, model, dataset, eval:
+    the first Secret is HF_TOKEN; a role whose Secret an earlier one holds shares its variable."""
+    found: list[tuple[str, str, str]] = []
+    for role, source in input_sources(spec).items():
+        hub = source.hub if source is not None else None
+        if hub is None or hub.token_secret is None:
+            continue
+        taken = {secret: env for _, env, secret in found}
+        env = taken.get(hub.token_secret) or (_HUB_TOKEN_ENVS[role] if found else HUB_TOKEN_ENV)
+        found.append((role, env, hub.token_secret))
+    return found
+
+
+def hub_token_env(spec: "FineTuneJobSpec", role: str) -> str | None:
+    """The variable the trainer reads `role`'s Hub token from; None when its source names no Secret."""
+    return next((env for named, env, _ in hub_tokens(spec) if named == role), None)
+
+
 # S3 credentials reach a pod only as these, each from the key of the same name of the Secret an
 # s3 source names (object_storage.ACCESS_KEY_FIELDS), in the pods that fetch and upload alone.
 # The dataset's, when its Secret is another than the model's, take DATASET_ before the name.
 S3_KEY_ENV: Final = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 DATASET_S3_PREFIX: Final = "DATASET_"
 DATASET_S3_KEY_ENV: Final = tuple(DATASET_S3_PREFIX + name for name in S3_KEY_ENV)
+# The held-out source's (spec.dataset.eval.s3), when its Secret is another than both of those.
+EVAL_S3_PREFIX: Final = "EVAL_"
+EVAL_S3_KEY_ENV: Final = tuple(EVAL_S3_PREFIX + name for name in S3_KEY_ENV)
+_S3_PREFIXES: Final = {"model": "", "dataset": DATASET_S3_PREFIX, "eval": EVAL_S3_PREFIX, "output": ""}
 # Whose credentials a pod holds: the pre-flight's and the fetch's, the inputs'; the trainer's,
 # the output's.
-S3_INPUT_ROLES: Final = ("model", "dataset")
+S3_INPUT_ROLES: Final = ("model", "dataset", "eval")
+# Where each role's s3 field is written in the spec.
+S3_FIELDS: Final = {
+    "model": "spec.model.source.s3",
+    "dataset": "spec.dataset.source.s3",
+    "eval": "spec.dataset.eval.s3",
+    "output": "spec.output.s3",
+}
 S3_OUTPUT_ROLES: Final = ("output",)
 
 
 def s3_secrets(spec: "FineTuneJobSpec", roles: tuple[str, ...]) -> list[tuple[str, str, str]]:
-    """(role, environment prefix, Secret) of each of `roles` (model, dataset, output) whose s3
-    names a Secret: the pod's variables are prefix + AWS_ACCESS_KEY_ID and the like."""
-    sources = {"model": spec.model.source.s3, "dataset": spec.dataset.source.s3, "output": spec.output.s3}
+    """(role, environment prefix, Secret) of each of `roles` (model, dataset, eval, output) whose
+    s3 names a Secret: the pod's variables are prefix + AWS_ACCESS_KEY_ID and the like."""
+    sources = s3_sources(spec)
     found: list[tuple[str, str, str]] = []
     for role in roles:
         source = sources[role]
@@ -261,8 +318,14 @@ def s3_secrets(spec: "FineTuneJobSpec", roles: tuple[str, ...]) -> list[tuple[st
         if source.secret_name in taken:
             found.append((role, taken[source.secret_name], source.secret_name))
         else:
-            found.append((role, DATASET_S3_PREFIX if found else "", source.secret_name))
+            found.append((role, _S3_PREFIXES[role] if found else "", source.secret_name))
     return found
+
+
+def s3_sources(spec: "FineTuneJobSpec") -> "dict[str, S3Source | OutputS3 | None]":
+    """Each role's s3 field (model, dataset, eval, output); None where it reads no bucket."""
+    inputs = {role: source.s3 if source is not None else None for role, source in input_sources(spec).items()}
+    return {**inputs, "output": spec.output.s3}
 
 
 # Where the Hub is and how to reach it: the platform sets these once (the chart's

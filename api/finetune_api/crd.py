@@ -56,6 +56,13 @@ PRINTER_COLUMNS: list[Schema] = [
         "priority": 1,
         "description": "The training method's own figures at the last report (dpo, orpo: reward accuracy and margin).",
     },
+    {
+        "name": "Evaluation",
+        "type": "string",
+        "jsonPath": ".status.evaluation.summary",
+        "priority": 1,
+        "description": "The base against the tuned model on the held-out split, e.g. loss 2.31 -> 1.05.",
+    },
     {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpus"},
     {
         "name": "Nodes",

@@ -11,6 +11,10 @@ GGUF_DIR: Final = "gguf"
 SAMPLES_FILE: Final = "samples.jsonl"
 # The run's loss curve (train and eval loss, the learning rate), drawn at the end, beside the adapter.
 LOSS_CURVE_FILE: Final = "loss-curve.png"
+# The base-against-tuned evaluation (figures, per-example losses, greedy answers, seconds), beside the adapter.
+EVALUATION_FILE: Final = "evaluation.json"
+# The page a person reads (curves, the base-against-tuned table, the answers), self-contained, beside the adapter.
+REPORT_FILE: Final = "report.html"
 # TensorBoard's event files of every attempt (the curve is drawn from them).
 TENSORBOARD_DIR: Final = "tensorboard"
 # The GGUF adapter is f16 whatever ggufType: llama.cpp applies it to a quantised base as it is.

@@ -195,6 +195,10 @@ CONVERSATION_FORMATS: Final = SFT_CONVERSATION_FORMATS
 TrainOn = Literal["assistant", "lastAssistant", "all"]
 DEFAULT_TRAIN_ON: Final[TrainOn] = "assistant"
 TRAIN_ON_NEEDS_CONVERSATIONS = "trainOn is for the conversation formats (messages, sharegpt)"
+EVAL_ONE_SPLIT = (
+    "dataset.evalFraction and dataset.eval are exclusive: hold out a share of dataset.source, or read a separate "
+    "held-out source"
+)
 
 
 class DatasetSpec(ApiModel):
@@ -205,7 +209,8 @@ class DatasetSpec(ApiModel):
                     "!has(self.trainOn) || self.format in " + str(list(CONVERSATION_FORMATS)),
                     TRAIN_ON_NEEDS_CONVERSATIONS,
                     ".trainOn",
-                )
+                ),
+                _cel("!(has(self.evalFraction) && has(self.eval))", EVAL_ONE_SPLIT, ".eval"),
             ]
         }
     )
@@ -222,8 +227,26 @@ class DatasetSpec(ApiModel):
         "completion and alpaca always train on the answer only, text on everything.",
     )
     eval_fraction: Annotated[float, Field(gt=0, le=0.5)] | None = Field(
-        default=None, description="Fraction of samples held out to report eval loss."
+        default=None,
+        description="Fraction of samples held out: the eval loss at checkpoints and the base-against-tuned "
+        "evaluation (spec.evaluation) are measured on them, and they are never trained on.",
     )
+    eval: DatasetSource | None = Field(
+        default=None,
+        description="A separate held-out source (same kinds and format as source; a hub source reads its split) "
+        "in place of evalFraction: the eval loss and the base-against-tuned evaluation are measured on all of it.",
+    )
+
+    @property
+    def held_out(self) -> bool:
+        """A held-out split exists (evalFraction or eval): the evaluation runs only then."""
+        return bool(self.eval_fraction) or self.eval is not None
+
+    @model_validator(mode="after")
+    def _one_eval_split(self) -> Self:
+        if self.eval_fraction is not None and self.eval is not None:
+            raise ValueError(EVAL_ONE_SPLIT)
+        return self
 
     @field_validator("train_on")
     @classmethod
@@ -490,6 +513,36 @@ class CheckpointSpec(ApiModel):
     )
     keep: Annotated[int, Field(ge=2, le=100)] = Field(
         default=3, description="Complete checkpoints kept (at least 2, so one survives a torn write)."
+    )
+
+
+# --- how the result is measured ------------------------------------------------------------
+
+
+class EvaluationGenerate(ApiModel):
+    count: Annotated[int, Field(ge=0, le=64)] = Field(
+        default=4,
+        description="Held-out examples with a reference answer answered greedily by the base and the tuned model "
+        "and scored against the reference (ROUGE-L, chrF, BLEU, exact match); 0: none.",
+    )
+    max_new_tokens: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=64, description="Greedy tokens generated per answer."
+    )
+
+
+class EvaluationSpec(ApiModel):
+    """The base model against the tuned one on the held-out split (dataset.evalFraction or dataset.eval);
+    without a held-out split nothing is measured."""
+
+    base: bool = Field(
+        default=True,
+        description="Measure the base (the adapter switched off) once before training; false: the tuned model only.",
+    )
+    at_checkpoints: bool = Field(
+        default=False, description="Also measure the tuned model at every checkpoint (its history in evaluation.json)."
+    )
+    generate: EvaluationGenerate = Field(
+        default_factory=EvaluationGenerate, description="Greedy answers of both models, scored against the reference."
     )
 
 
@@ -766,9 +819,16 @@ class FineTuneJobSpec(ApiModel):
     precision: Precision = Field(default="auto", description="Compute precision; auto = fp32 on GPUs without bf16.")
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimisation settings.")
     checkpoints: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoint cadence and retention.")
+    evaluation: EvaluationSpec = Field(
+        default_factory=EvaluationSpec,
+        description="The base against the tuned model on the held-out split, before and after training "
+        "(evaluation.json beside the adapter, status.evaluation); its time is in the plan.",
+    )
     output: OutputSpec = Field(description="Where the adapter, checkpoints and logs go.")
     object_cache: ObjectCacheSpec | None = Field(
-        default=None, description="The claim objects fetched from S3 (model.source.s3, dataset.source.s3) are kept on."
+        default=None,
+        description="The claim objects fetched from S3 (model.source.s3, dataset.source.s3, dataset.eval.s3) are "
+        "kept on.",
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="GPUs, CPU and memory.")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Scheduling constraints.")

@@ -141,7 +141,7 @@ class OutputPaths(ApiModel):
 class InputCopy(ApiModel):
     """An S3 source as the fetch Job left it on the object cache claim: fetched, or reused."""
 
-    source: Literal["model", "dataset"]
+    source: Literal["model", "dataset", "eval"]
     uri: Path | None = None
     claim_name: Annotated[str, Field(max_length=253)] | None = None
     objects: int | None = None
@@ -160,6 +160,22 @@ class Sample(ApiModel):
     answer: Annotated[str, Field(max_length=1024)] | None = Field(default=None, description="With the adapter.")
     base_answer: Annotated[str, Field(max_length=1024)] | None = Field(default=None, description="Without it.")
     path: Path | None = Field(default=None, description="samples.jsonl")
+
+
+FigureName = Annotated[str, Field(max_length=64)]
+Figures = Annotated[dict[FigureName, float], Field(max_length=16)]
+
+
+class EvaluationStatus(ApiModel):
+    """The base against the tuned model on the held-out split (spec.evaluation): the figures only;
+    evaluation.json beside the adapter has the examples, the answers and the history."""
+
+    step: int = Field(default=0, description="The step the tuned figures were measured at (0: only the base yet).")
+    base: Figures = Field(default_factory=dict, description="Figure name -> the base's value (adapter off).")
+    tuned: Figures = Field(default_factory=dict, description="Figure name -> the tuned model's value.")
+    summary: Annotated[str, Field(max_length=128)] | None = Field(
+        default=None, description="One short line of the first figure, e.g. loss 2.31 -> 1.05."
+    )
 
 
 class PreemptionRef(ApiModel):
@@ -220,6 +236,7 @@ class FineTuneJobStatus(ApiModel):
     progress: Annotated[Progress | None, BY_TRAINER] = None
     last_checkpoint: Annotated[CheckpointRef | None, BY_TRAINER] = None
     sample: Annotated[Sample | None, BY_TRAINER] = None
+    evaluation: Annotated[EvaluationStatus | None, BY_TRAINER] = None
     model_fingerprint: Annotated[
         Annotated[str, Field(max_length=64)] | None,
         BY_TRAINER,
@@ -232,7 +249,7 @@ class FineTuneJobStatus(ApiModel):
     start_time: Timestamp | None = None
     completion_time: Timestamp | None = None
     output: OutputPaths | None = None
-    inputs: Annotated[list[InputCopy], Field(max_length=2)] | None = Field(
+    inputs: Annotated[list[InputCopy], Field(max_length=3)] | None = Field(
         default=None, description="The S3 sources, as the fetch Job fetched or reused them before the GPU Job."
     )
     queue: QueueStatus | None = None

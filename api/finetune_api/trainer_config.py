@@ -17,6 +17,10 @@ class RuntimePaths(ApiModel):
         description="Folder of the base model, or a Hub id when downloading."
     )
     dataset: Annotated[str, Field(min_length=1)] = Field(description="Dataset file or folder, or a Hub id.")
+    eval_dataset: str | None = Field(
+        default=None,
+        description="The held-out source (spec.dataset.eval): a file or folder, or a Hub id; None without one.",
+    )
     output: Annotated[str, Field(min_length=1)] = Field(description="Writable output folder.")
     cache: str | None = Field(default=None, description="HF cache folder (hub downloads).")
     objects: str | None = Field(

@@ -8,7 +8,7 @@ path in it. The records themselves are `ftjob check-data`'s.
 import json
 from pathlib import Path
 
-from finetune_api.spec import FineTuneJobSpec
+from finetune_api.spec import FineTuneJobSpec, PvcSource
 
 
 def _where(claim: str, path: str) -> str:
@@ -44,11 +44,9 @@ def _model(spec: FineTuneJobSpec, volumes: Path) -> str | None:
     return None if isinstance(loaded, dict) else f"{field}: {where}: config.json is not a JSON object"
 
 
-def _dataset(spec: FineTuneJobSpec, volumes: Path) -> str | None:
-    source = spec.dataset.source.pvc
+def _data(field: str, source: PvcSource | None, volumes: Path) -> str | None:
     if source is None:
         return None
-    field = "spec.dataset"
     if (missing := _claim_folder(field, volumes, source.claim_name)) is not None:
         return missing
     if not (volumes / source.claim_name / source.path).exists():
@@ -57,5 +55,12 @@ def _dataset(spec: FineTuneJobSpec, volumes: Path) -> str | None:
 
 
 def path_problems(spec: FineTuneJobSpec, volumes: Path) -> list[str]:
-    """One line per input the pre-flight would refuse; empty when the model and dataset are there."""
-    return [p for p in (_model(spec, volumes), _dataset(spec, volumes)) if p is not None]
+    """One line per input the pre-flight would refuse; empty when the model, the dataset and the
+    held-out source (dataset.eval) are there."""
+    held_out = spec.dataset.eval.pvc if spec.dataset.eval is not None else None
+    found = (
+        _model(spec, volumes),
+        _data("spec.dataset", spec.dataset.source.pvc, volumes),
+        _data("spec.dataset.eval", held_out, volumes),
+    )
+    return [p for p in found if p is not None]

@@ -126,6 +126,10 @@ def describe(job: dict[str, Any]) -> str:
         # Only what this job reported: a re-created job's start may find older ones (its message says).
         lines.append("Checkpoint:  none reported by this job")
     lines.extend(output_lines(status.get("output") or {}, status.get("sample") or {}))
+    evaluation = status.get("evaluation") or {}
+    if evaluation.get("summary"):
+        # The one line; `ftjob report` and `ftjob compare` give the whole table.
+        lines.append(f"Evaluation:  {evaluation['summary']} (tuned at step {evaluation.get('step', '?')})")
     lines.append(f"Restarts:    {status.get('restarts') or 0}")
     if status.get("startTime"):
         lines.append(f"Started:     {status['startTime']} ({age(status['startTime'])} ago)")

@@ -18,10 +18,13 @@ COMMAND_MODULES = (
     "finetune_cli.jobs",
     "finetune_cli.watch",
     "finetune_cli.logs",
+    "finetune_cli.report",
+    "finetune_cli.compare",
     "finetune_cli.upload",
     "finetune_cli.export",
     "finetune_cli.serve",
     "finetune_cli.chat",
+    "finetune_cli.lm_eval_run",
 )
 
 

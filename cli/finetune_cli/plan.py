@@ -34,13 +34,13 @@ from finetune_plan.nodes import Nodes, room
 from finetune_plan.parallelism import TRAINER_LOSS_CHUNKS
 from finetune_plan.pod import Verdict, memory_refusal, verdict
 
-from . import cluster_nodes
+from . import cluster_nodes, plan_evaluation
 from .claim_paths import path_problems
 from .cluster_nodes import nodes_for
 from .errors import CliError
 from .family import family_line
 from .fetch_line import bandwidth, fetch_line
-from .plan_head import head_lines
+from .plan_head import head_lines, with_evaluation
 
 DOES_NOT_FIT = 3
 BYTES_PER_TOKEN = 4  # a rough average for English text with Llama-3's tokenizer
@@ -109,6 +109,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "without SDPA (Gemma 2) is always planned materialised",
     )
     parser.add_argument("--tokens", type=int, metavar="N", help="tokens in one epoch of the dataset")
+    plan_evaluation.add_options(parser)
     parser.add_argument(
         "--fetch-bandwidth",
         metavar="RATE",
@@ -369,13 +370,21 @@ def judged_spec(spec: FineTuneJobSpec, args: argparse.Namespace) -> FineTuneJobS
 
 
 def _gpu_report(
-    spec: FineTuneJobSpec, launch: LaunchPlan, plan: Plan, nodes: tuple[Nodes, str | None], token_origin: str
+    spec: FineTuneJobSpec,
+    launch: LaunchPlan,
+    plan: Plan,
+    nodes: tuple[Nodes, str | None],
+    token_origin: str,
+    *,
+    args: argparse.Namespace,
 ) -> tuple[Verdict, dict[str, Any], str]:
     """A GPU job's verdict, its JSON and its text: the verdict and the job's time first."""
     host = plan.host
     memory = spec.resources.memory or host.quantity
     said = verdict(spec, plan, nodes[0], to_bytes(memory))
-    timed = job_time(plan, spec, plan.speed.epoch_tokens if plan.speed else None)
+    trained = job_time(plan, spec, plan.speed.epoch_tokens if plan.speed else None)
+    evaluated = plan_evaluation.timed(plan, spec, args, _volume_roots(args), launch.processes)
+    timed = with_evaluation(trained, evaluated)
     pod = {"memory": memory, "plannedMemory": host.quantity, "memoryShort": memory_refusal(spec, host)}
     result = {
         **plan.to_dict(),
@@ -383,11 +392,14 @@ def _gpu_report(
         "verdict": {"fits": said.fits, "reason": said.reason, "message": said.message},
         "nodes": {"source": nodes[0].source, "notTheClusters": nodes[1]},
         "jobSeconds": round(timed.seconds, 1) if timed.seconds is not None else None,
+        "trainingSeconds": round(trained.seconds, 1) if trained.seconds is not None else None,
+        "evaluation": evaluated.to_dict() if evaluated is not None else None,
         "pod": pod,
         "tokens_source": token_origin or None,
     }
     found = said.room if said.room is not None else room(spec, nodes[0], to_bytes(memory))
-    text = "\n".join([*head_lines(said, plan, timed, nodes, found), render(plan, launch.processes)])
+    head = head_lines(said, plan, timed, nodes, found, evaluated=evaluated)
+    text = "\n".join([*head, render(plan, launch.processes)])
     return said, result, text
 
 
@@ -428,7 +440,7 @@ def run(args: argparse.Namespace) -> int:
         judged = judged_spec(spec, args)
         product = judged.resources.gpu_product
         nodes = read[product] if product in read else read.setdefault(product, nodes_for(args, product))
-        said, result, text = _gpu_report(judged, launch, plan, nodes, token_origin)
+        said, result, text = _gpu_report(judged, launch, plan, nodes, token_origin, args=args)
         all_fit = all_fit and said.fits
         results.append({"name": name, **result, **launched})
         text += "\n" + longest_line(plan, spec) + "\n" + batch + "\n" + checkpoint_lines(plan, spec)

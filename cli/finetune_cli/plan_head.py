@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from finetune_plan import GIB, Plan
 from finetune_plan.duration import JobTime
+from finetune_plan.evaluation import EvaluationTime, describe
 from finetune_plan.messages.report import duration
 from finetune_plan.nodes import Nodes, Room
 from finetune_plan.pod import Verdict
@@ -34,6 +35,16 @@ def time_line(timed: JobTime) -> str:
     return f"time      about {duration(timed.seconds)} for the whole job: {timed.how}, at the plan's speed"
 
 
+def with_evaluation(trained: JobTime, evaluated: EvaluationTime | None) -> JobTime:
+    """The whole job's time with its evaluation's (the held-out split's passes and answers): the
+    training's alone, said so, where the held-out size is not known here."""
+    if evaluated is None or trained.seconds is None:
+        return trained
+    if evaluated.seconds is None:
+        return JobTime(trained.seconds, f"{trained.how}, not counting the evaluation")
+    return JobTime(trained.seconds + evaluated.seconds, f"{trained.how}, and the evaluation")
+
+
 def nodes_line(said: Verdict, found: Room | None, nodes: tuple[Nodes, str | None]) -> str | None:
     """The nodes' own word, where they were read from and, when not from the cluster, why."""
     if found is None:
@@ -46,8 +57,15 @@ def nodes_line(said: Verdict, found: Room | None, nodes: tuple[Nodes, str | None
 
 
 def head_lines(
-    said: Verdict, plan: Plan, timed: JobTime, nodes: tuple[Nodes, str | None], found: Room | None
+    said: Verdict,
+    plan: Plan,
+    timed: JobTime,
+    nodes: tuple[Nodes, str | None],
+    found: Room | None,
+    *,
+    evaluated: EvaluationTime | None = None,
 ) -> list[str]:
-    """The verdict, the time and the nodes, before the plan's table."""
+    """The verdict, the time (and the evaluation's, within it) and the nodes, before the plan's table."""
     line = nodes_line(said, found, nodes)
-    return [verdict_line(said, plan), time_line(timed), *([line] if line else []), ""]
+    evaluation = [] if evaluated is None else [f"evaluation {describe(evaluated)}"]
+    return [verdict_line(said, plan), time_line(timed), *evaluation, *([line] if line else []), ""]

@@ -50,15 +50,10 @@ class PodProxy:
         self.cluster.api.update_params_for_auth(headers, [], ["BearerToken"], None, None, None)
         return headers
 
-    def call(
-        self,
-        method: str,
-        endpoint: str,
-        query: dict[str, str] | None = None,
-        body: Iterable[bytes] | None = None,
-        length: int | None = None,
-    ) -> Reply:
-        """One request; `body` streams with a known `length`, so the proxy forwards it as it comes."""
+    def _send(
+        self, method: str, endpoint: str, query: dict[str, str], body: Iterable[bytes] | None, length: int | None
+    ) -> Any:
+        """One request through the proxy: the urllib3 response, its body read."""
         import urllib3
 
         headers = self._headers()
@@ -66,9 +61,9 @@ class PodProxy:
             headers["Content-Type"] = "application/octet-stream"
             headers["Content-Length"] = str(length or 0)
         try:
-            response = self.cluster.api.rest_client.pool_manager.request(
+            return self.cluster.api.rest_client.pool_manager.request(
                 method,
-                self.url(endpoint, query or {}),
+                self.url(endpoint, query),
                 body=body,
                 headers=headers,
                 timeout=urllib3.Timeout(connect=CONNECT_SECONDS, read=READ_SECONDS),
@@ -78,6 +73,26 @@ class PodProxy:
         except urllib3.exceptions.HTTPError as exc:
             reason = " ".join(str(getattr(exc, "reason", None) or exc).split())
             raise CliError(f"upload pod {self.pod}: the API server's pod proxy failed: {reason}") from None
+
+    def call(
+        self,
+        method: str,
+        endpoint: str,
+        query: dict[str, str] | None = None,
+        body: Iterable[bytes] | None = None,
+        length: int | None = None,
+    ) -> Reply:
+        """One request; `body` streams with a known `length`, so the proxy forwards it as it comes."""
+        return self._reply(self._send(method, endpoint, query or {}, body, length))
+
+    def read(self, endpoint: str, query: dict[str, str]) -> tuple[Reply, bytes]:
+        """A GET whose answer is a file's bytes: (the reply, the bytes) on 200, else (the error, b"")."""
+        response = self._send("GET", endpoint, query, None, None)
+        if response.status == 200:
+            return Reply(200, {}), bytes(response.data)
+        return self._reply(response), b""
+
+    def _reply(self, response: Any) -> Reply:
         try:
             parsed = json.loads(response.data or b"{}")
         except ValueError:
@@ -85,7 +100,7 @@ class PodProxy:
         reply = Reply(response.status, parsed if isinstance(parsed, dict) else {})
         if reply.status in (401, 403) and reply.body.get("kind") == "Status":  # the API server's, not the receiver's
             raise CliError(
-                f"forbidden: {reply.error} (ftjob upload needs get, create, update on pods/proxy in namespace "
-                f"{self.cluster.namespace}; the built-in edit role has them)"
+                f"forbidden: {reply.error} (ftjob upload, report and compare need get, create, update on "
+                f"pods/proxy in namespace {self.cluster.namespace}; the built-in edit role has them)"
             )
         return reply

@@ -11,6 +11,12 @@ plain HTTP; a request carries one file's path relative to ROOT:
   PUT  /append?path=P&offset=N    append the body to P's partial, which must hold N bytes (409 with its size if not)
   POST /finish?path=P&sha256=H    P's partial has sha256 H: it becomes P (mode 0644); else it is removed (409)
   POST /discard?path=P            remove P's partial (it is not a prefix of the file being sent)
+  GET  /read?path=P               P's bytes (`ftjob report` reads report.html, `ftjob compare` evaluation.json);
+                                  404 where P is no file
+  GET  /list?path=P               {"entries": [{"name", "size" (null: a folder)}]} of folder P ('' the root)
+
+Reads are confined as writes are, and more: a link inside the claim that leads out of it is not
+followed (a claim's files are the trainer's and the user's; a link could name the pod's own).
 
 Every request must carry the pod's token (header X-Upload-Token, the pod's FTJOB_UPLOAD_TOKEN):
 the API server's proxy lets only those with `pods/proxy` in the namespace through, but the port is
@@ -60,6 +66,22 @@ def resolve(relative: str) -> Path:
     if not relative or relative.startswith("/") or any(part in ("", ".", "..") for part in parts):
         raise BadPath(f"path {relative!r} must be relative, without '.' or '..' parts")
     return State.root.joinpath(*parts)
+
+
+def inside(path: Path) -> Path:
+    """`path` with its links followed, refused where that leaves ROOT."""
+    real, root = path.resolve(), State.root.resolve()
+    if real != root and root not in real.parents:
+        raise BadPath("path leads out of the claim through a link")
+    return real
+
+
+def listed_size(entry: Path) -> Any:
+    """A file's size in a listing; null for a folder, and for a link that leads out of the claim."""
+    try:
+        return inside(entry).stat().st_size if entry.is_file() else None
+    except BadPath:
+        return None
 
 
 def partial_of(path: Path) -> Path:
@@ -136,13 +158,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.reply(500, {"error": f"{type(exc).__name__}: {exc}"})
 
     def do_GET(self) -> None:
-        self.dispatch({"ping": lambda query: self.reply(200, {}), "stat": self.stat_file})
+        self.dispatch({"ping": self.ping, "stat": self.stat_file, "read": self.read_file, "list": self.list_folder})
 
     def do_PUT(self) -> None:
         self.dispatch({"append": self.append_file})
 
     def do_POST(self) -> None:
         self.dispatch({"finish": self.finish_file, "discard": self.discard_file})
+
+    def ping(self, query: "dict[str, str]") -> None:
+        self.reply(200, {})
 
     def stat_file(self, query: "dict[str, str]") -> None:
         path = resolve(query.get("path", ""))
@@ -152,6 +177,35 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if query.get("hash") == "partial" and body["partial"] is not None:
             body["partialSha256"] = partial_sha256(partial_of(path))
         self.reply(200, body)
+
+    def read_file(self, query: "dict[str, str]") -> None:
+        path = inside(resolve(query.get("path", "")))
+        if not path.is_file():
+            self.reply(404, {"error": "no such file"})
+            return
+        with path.open("rb") as handle:
+            length = os.fstat(handle.fileno()).st_size
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(length))
+            self.end_headers()
+            while length > 0:
+                block = handle.read(min(BLOCK, length))
+                if not block:  # the file shrank while it was read: the short body tells the reader
+                    self.close_connection = True
+                    return
+                self.wfile.write(block)
+                length -= len(block)
+                State.last_request = time.monotonic()
+
+    def list_folder(self, query: "dict[str, str]") -> None:
+        wanted = query.get("path", "")
+        folder = inside(resolve(wanted) if wanted else State.root)
+        if not folder.is_dir():
+            self.reply(404, {"error": "no such folder"})
+            return
+        entries = [{"name": entry.name, "size": listed_size(entry)} for entry in sorted(folder.iterdir())]
+        self.reply(200, {"entries": entries})
 
     def append_file(self, query: "dict[str, str]") -> None:
         partial = partial_of(resolve(query.get("path", "")))

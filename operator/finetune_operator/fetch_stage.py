@@ -14,9 +14,11 @@ from typing import Any, Protocol
 from finetune_api.contract import (
     FETCHED_PREFIX,
     LISTED_PREFIX,
+    S3_INPUT_ROLES,
     TERMINAL_PHASES,
     cache_claim_name,
     fetch_job_name,
+    s3_sources,
     said_after,
 )
 from finetune_api.quantities import describe_bytes, to_bytes
@@ -45,7 +47,7 @@ def claim_capacity(claim: Body) -> str | None:
 
 
 def fetching_message(job: str, spec: FineTuneJobSpec) -> str:
-    sources = [s.uri for s in (spec.model.source.s3, spec.dataset.source.s3) if s is not None]
+    sources = [s.uri for role, s in s3_sources(spec).items() if role in S3_INPUT_ROLES and s is not None]
     return (
         f"fetching inputs: Job {fetch_job_name(job)} fetches {', '.join(sources)} into claim {cache_claim_name(spec)!r}"
     )

@@ -125,6 +125,20 @@ def test_defaults_are_applied_by_the_server(
     assert spec["quantization"] == {"type": "nf4", "doubleQuant": True}
     assert spec["training"]["optimizer"] == "paged_adamw_8bit"
     assert spec["resources"]["nodes"] == 1
+    assert spec["evaluation"] == {"base": True, "atCheckpoints": False, "generate": {"count": 4, "maxNewTokens": 64}}
+
+
+def test_a_separate_eval_source_is_admitted_and_read_as_the_held_out_split(
+    crd_installed: None, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    held_out = {"s3": {"bucket": "data", "key": "tiny/eval.jsonl"}}
+    body = tiny_with({"dataset": {"evalFraction": None, "eval": held_out}})
+    spec = _create(custom, namespace, body)["spec"]
+    assert spec["dataset"]["eval"] == held_out
+    parsed, error = parse_spec({"spec": spec})
+    assert error is None and parsed is not None
+    assert parsed.dataset.eval is not None and parsed.dataset.eval.s3 is not None
+    assert parsed.dataset.held_out and parsed.dataset.eval_fraction is None
 
 
 @pytest.mark.parametrize(

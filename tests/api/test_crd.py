@@ -101,6 +101,7 @@ def test_crd_names_and_columns() -> None:
         "Loss",
         "EvalLoss",
         "Metrics",
+        "Evaluation",
         "GPUs",
         "Nodes",
         "Ready",
@@ -119,6 +120,13 @@ def test_crd_names_and_columns() -> None:
     assert (eval_column["type"], eval_column["jsonPath"], eval_column["priority"]) == (
         "string",
         ".status.progress.evalLossText",
+        1,
+    )
+    # The base against the tuned model, one short line the trainer writes, also only with -o wide.
+    evaluation = columns["Evaluation"]
+    assert (evaluation["type"], evaluation["jsonPath"], evaluation["priority"]) == (
+        "string",
+        ".status.evaluation.summary",
         1,
     )
     # The training method's figures (dpo, orpo) in short, also only with -o wide.

@@ -23,6 +23,11 @@ EXAMPLES = sorted(
 VALIDATED_ELSEWHERE = {
     "kueue/queues.yaml": "tests/operator/test_e2e_kueue.py (applied through Kueue's own admission)",
     "kueue/README.md": "prose",
+    "eval-tasks/_answers_template": "tests/cli/test_eval_command.py (ftjob eval: built by lm-evaluation-harness)",
+    "eval-tasks/cow.yaml": "tests/cli/test_eval_command.py (ftjob eval: built by lm-evaluation-harness)",
+    "eval-tasks/cow.jsonl": "tests/cli/test_eval_command.py (ftjob eval: the cow task's data)",
+    "eval-tasks/colours.yaml": "tests/cli/test_eval_command.py (ftjob eval: built by lm-evaluation-harness)",
+    "eval-tasks/colours.jsonl": "tests/cli/test_eval_command.py (ftjob eval: the colours task's data)",
 }
 
 

@@ -202,6 +202,7 @@ TRAINER_FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"modes"}),
     frozenset({"model"}),
     frozenset({"objectives", "outputs"}),
+    frozenset({"evaluation"}),
     frozenset({"training"}),
     frozenset({"launch"}),
     frozenset({"__main__", "seam"}),

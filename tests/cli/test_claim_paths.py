@@ -5,7 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tests.support.api_cases import tiny_with
 from tests.support.cli import REPO, assert_one_line_error, ftjob
 
 EXAMPLE_TINY = str(REPO / "examples" / "tiny-job.yaml")  # models:tiny-llama, datasets:tiny/alpaca.jsonl
@@ -54,3 +56,15 @@ def test_a_model_folder_without_its_config_or_a_missing_claim_is_named(volumes: 
 def test_without_volumes_validate_checks_no_paths() -> None:
     result = ftjob("validate", EXAMPLE_TINY)
     assert result.returncode == 0 and result.stdout.strip() == f"{EXAMPLE_TINY}: valid"
+
+
+def test_a_missing_held_out_file_is_named_as_the_dataset_is(volumes: Path, tmp_path: Path) -> None:
+    held_out = {"pvc": {"claimName": "datasets", "path": "tiny/eval.jsonl"}}
+    job = tmp_path / "held-out.yaml"
+    job.write_text(yaml.safe_dump(tiny_with({"dataset": {"evalFraction": None, "eval": held_out}})))
+    said = "spec.dataset.eval: claim 'datasets', path 'tiny/eval.jsonl': no such file or folder"
+    assert assert_one_line_error(ftjob("validate", str(job), "--volumes", str(volumes)), on_stdout=True) == (
+        f"{job}: {said}"
+    )
+    (volumes / "datasets" / "tiny" / "eval.jsonl").write_text('{"instruction": "hi", "output": "hello"}\n')
+    assert ftjob("validate", str(job), "--volumes", str(volumes)).returncode == 0

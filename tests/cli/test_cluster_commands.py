@@ -187,6 +187,12 @@ def test_status_shows_conditions_progress_checkpoint_and_output(
             "output": {"claimName": "outputs", "adapterPath": "/mnt/output/shown/adapter"},
             "restarts": 1,
             "startTime": now,
+            "evaluation": {
+                "step": 30,
+                "base": {"loss": 2.31, "perplexity": 10.07},
+                "tuned": {"loss": 1.05, "perplexity": 2.86},
+                "summary": "loss 2.31 -> 1.05",
+            },
         },
     )
     result = ftjob("status", "shown", "-n", namespace)
@@ -197,6 +203,7 @@ def test_status_shows_conditions_progress_checkpoint_and_output(
     assert "Checkpoint:  step 10 at /mnt/output/shown/checkpoints/checkpoint-10" in out
     assert "adapter /mnt/output/shown/adapter" in out and "claim outputs" in out
     assert "Restarts:    1" in out
+    assert "Evaluation:  loss 2.31 -> 1.05 (tuned at step 30)" in out
     assert "TrainerRunning" in out and "SpecValid" in out
     as_json = ftjob("status", "shown", "-n", namespace, "-o", "json")
     assert '"totalSteps": 30' in as_json.stdout

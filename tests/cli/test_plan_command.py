@@ -418,7 +418,10 @@ def test_the_first_lines_are_the_verdict_the_whole_jobs_time_and_the_nodes(tmp_p
     lines = ftjob("plan", str(stepped), "--offline").stdout.splitlines()
     assert lines[1].startswith("FITS: ")
     assert lines[2].startswith("time      about ") and "for the whole job: 10 steps (training.maxSteps) of" in lines[2]
-    assert lines[3] == (
+    # The example holds out 2 %: how many rows is not known here, so the time is the training's alone.
+    assert lines[2].endswith("not counting the evaluation, at the plan's speed")
+    assert lines[3].startswith("evaluation not known yet: held-out examples unknown here")
+    assert lines[4] == (
         "nodes     one Tesla-P40 server can hold a pod of 4 GPUs (the planner's figure of 8 GPUs a server) "
         "(not the cluster's nodes: --offline)"
     )
@@ -440,3 +443,39 @@ def test_more_gpus_than_a_server_holds_is_refused_with_a_split_that_would_fit() 
     assert "resources.nodes: 2 with gpus: 8 (the same 16 GPUs)" in verdict
     said = json.loads(ftjob("plan", EXAMPLE_70B, "--offline", "--gpus", "16", "--json").stdout)
     assert said["fits"] is False and said["verdict"]["reason"] == "TooManyGpusPerNode"
+
+
+def test_the_evaluation_has_its_own_line_and_the_whole_jobs_time_includes_it(tmp_path: Path) -> None:
+    """With the held-out rows known (--eval-examples, or counted from the data under --volumes), the
+    evaluation's line gives each part and the job's time is the training's plus the evaluation's."""
+    job = yaml.safe_load(Path(EXAMPLE_70B).read_text())
+    job["spec"]["training"].pop("epochs", None)
+    job["spec"]["training"]["maxSteps"] = 100
+    stepped = tmp_path / "steps.yaml"
+    stepped.write_text(yaml.safe_dump(job))
+    lines = ftjob("plan", str(stepped), "--offline", "--eval-examples", "40").stdout.splitlines()
+    assert (
+        lines[2].endswith("10 s each, and the evaluation, at the plan's speed") or ", and the evaluation, " in lines[2]
+    )
+    assert lines[3].startswith("evaluation about ") and "on 40 held-out examples: base " in lines[3]
+    assert "held-out loss at 2 checkpoint(s)" in lines[3] and "4 answer(s) x 2 models" in lines[3]
+    plan = json.loads(ftjob("plan", str(stepped), "--offline", "--eval-examples", "40", "--json").stdout)
+    evaluation = plan["evaluation"]
+    assert evaluation["examples"] == 40 and evaluation["tunedPasses"] == 1 and evaluation["lossPasses"] == 2
+    assert plan["jobSeconds"] == pytest.approx(plan["trainingSeconds"] + evaluation["seconds"], abs=0.2)
+    parts = evaluation["base"] + evaluation["tuned"] * 3 + evaluation["generation"]
+    assert evaluation["seconds"] == pytest.approx(parts, abs=0.3)
+    # The held-out rows counted where the data is (here the current folder): 2 % of 500 records.
+    data = tmp_path / "volumes" / "datasets" / "support" / "alpaca.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text('{"instruction": "hi", "output": "hello"}\n' * 500)
+    counted = ftjob("plan", str(stepped), "--offline", "--json", cwd=tmp_path / "volumes")
+    assert json.loads(counted.stdout)["evaluation"]["examples"] == 10
+    # Without a held-out split, no evaluation and no line.
+    del job["spec"]["dataset"]["evalFraction"]
+    stepped.write_text(yaml.safe_dump(job))
+    plain = ftjob("plan", str(stepped), "--offline").stdout
+    assert (
+        "\nevaluation " not in plain
+        and json.loads(ftjob("plan", str(stepped), "--offline", "--json").stdout)["evaluation"] is None
+    )

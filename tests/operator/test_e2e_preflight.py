@@ -125,3 +125,20 @@ def test_a_gguf_job_whose_tokenizer_the_converter_refuses_fails_in_the_pre_fligh
     assert (failed["reason"], failed["message"]) == ("InvalidConfig", said), failed
     assert phases == ["Pending", "Failed"], phases
     assert jobs.pods("gguf") == []
+
+
+def test_a_wrong_held_out_path_fails_in_the_preflight_naming_its_claim_and_path(
+    jobs: Jobs, training_volumes: dict[str, Path], operator: OperatorProcess
+) -> None:
+    """A separate held-out source (dataset.eval) is checked as the training data is, on its own
+    mount of its claim (here the training data's claim, mounted a second time)."""
+    held_out = {"pvc": {"claimName": "datasets", "path": "tiny/missing-eval.jsonl"}}
+    spec = p40_job("tiny/alpaca.jsonl")
+    spec["dataset"] = {**spec["dataset"], "eval": held_out}
+    jobs.create("wrong-eval", spec)
+    phases, _, status = watch_until_done(jobs, "wrong-eval", timeout=180)
+    said = "spec.dataset.eval: claim 'datasets', path 'tiny/missing-eval.jsonl': no such file or folder"
+    failed = jobs.condition("wrong-eval", "Failed")
+    assert (failed["reason"], failed["message"]) == ("InvalidData", said), failed
+    assert status["message"] == said and phases == ["Pending", "Failed"], (status, phases)
+    assert jobs.pods("wrong-eval") == []  # no trainer pod: the check came first

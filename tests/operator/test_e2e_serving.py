@@ -4,6 +4,7 @@ built from the pinned sdist (hack/llama_cpp.py), reached through the API server'
 
 - `ftjob chat` with each adapter gives that adapter's greedy tokens, equal to the PEFT model's on
   the same prompt (transformers + peft on the CPU, greedy), and without one the base's.
+- `ftjob eval` runs lm-evaluation-harness tasks against it: one table of the base and both adapters.
 - Appending a third adapter rolls the pods: every request sent during the roll is answered.
 - What the operator refuses (an adapter's job not Succeeded, without gguf-lora, trained on another
   base; a claim of another namespace) it says in one line naming the field, as `ftjob validate`
@@ -14,6 +15,7 @@ The two jobs are trained once for the module (about a minute each on two cores).
 """
 
 import json
+import re
 import shutil
 import threading
 import time
@@ -33,7 +35,7 @@ from finetune_cli.chat import post
 from finetune_trainer.outputs.gguf_export import CONVERTERS_ENV
 from hack import llama_cpp as pinned
 from tests.support import steps
-from tests.support.cli import ftjob_process
+from tests.support.cli import REPO, assert_one_line_error, ftjob_process
 from tests.support.harness import NO_INPUT_CHECK, Jobs, OperatorProcess, wait_for
 from tests.support.install import make_claim, wait_bound
 from tests.support.specs import body as spec_body
@@ -272,6 +274,98 @@ def test_each_adapter_answers_with_its_peft_tokens_and_none_with_the_bases(serve
     text = served.ftjob("chat", "pair", PROMPT, "--adapter", "moo", "--max-tokens", str(NEW_TOKENS))
     assert text.returncode == 0 and text.stdout.strip(), text.stderr
     print(f"\ngreedy answers: {said}; moo says {text.stdout.strip()!r}")
+
+
+# --- ftjob eval: lm-evaluation-harness against the server -----------------------------------------
+# The example task folder (examples/eval-tasks: a cow task and a colours task, generate_until,
+# exact match and chrF), run against `pair` while it serves the two adapters: one table of the base
+# and both; each adapter scores its own task above the base, and the figures are
+# lm-evaluation-harness's on the answers the server gives (chrF equal to sacrebleu's on the same
+# answers, fetched again with `lora` as the relay sets it).
+
+TASKS = REPO / "examples" / "eval-tasks"
+
+
+def _questions() -> dict[str, tuple[list[str], list[str]]]:
+    """Task name -> (questions, references), read from the example's data files."""
+    found: dict[str, tuple[list[str], list[str]]] = {}
+    for task, data in (("cow_sound", "cow.jsonl"), ("colours", "colours.jsonl")):
+        docs = [json.loads(line) for line in (TASKS / data).read_text().splitlines() if line.strip()]
+        found[task] = ([d["question"] for d in docs], [d["answer"] for d in docs])
+    return found
+
+
+def _answer(served: Served, question: str, lora: list[dict[str, Any]]) -> str:
+    """The server's greedy answer, asked as lm-evaluation-harness asks (the template's settings)."""
+    body = {"model": "pair", "messages": [{"role": "user", "content": question}], "max_tokens": 32,
+            "temperature": 0, "stop": ["\n"], "lora": lora}  # fmt: skip
+    return str(served.proxy("pair-server", "v1/chat/completions", body)["choices"][0]["message"]["content"])
+
+
+def test_one_table_of_the_base_and_both_adapters_each_best_on_its_own_task(served: Served) -> None:
+    import sacrebleu
+
+    started = time.monotonic()
+    done = served.ftjob("eval", "pair", "--tasks", str(TASKS), "-o", "json", timeout=600)
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["columns"] == [{"name": "base"}, {"name": "moo", "adapter": 0}, {"name": "colours", "adapter": 1}]
+    cells = {(r["task"], r["metric"]): r["values"] for r in said["rows"]}
+    assert sorted(cells) == [("colours", "chrf"), ("colours", "exact_match"), ("cow_sound", "chrf"),
+                             ("cow_sound", "exact_match")]  # fmt: skip
+    assert {r["samples"] for r in said["rows"]} == {2}
+    for task, best in (("cow_sound", "moo"), ("colours", "colours")):
+        chrf = cells[task, "chrf"]
+        assert chrf[best] > chrf["base"] and chrf[best] > max(v for k, v in chrf.items() if k != best), (task, chrf)
+    # lm-evaluation-harness's figures on the server's answers: chrF as sacrebleu scores them.
+    answers: dict[str, dict[str, list[str]]] = {}
+    for column, lora in (("base", []), ("moo", [{"id": 0, "scale": 1.0}]), ("colours", [{"id": 1, "scale": 1.0}])):
+        for task, (questions, references) in _questions().items():
+            answers.setdefault(column, {})[task] = [_answer(served, q, lora) for q in questions]
+            expected = sacrebleu.corpus_chrf(answers[column][task], [references]).score
+            assert cells[task, "chrf"][column] == pytest.approx(expected), (column, task, answers[column][task])
+    print(f"\nftjob eval: {seconds:.1f} s for 3 runs of 2 tasks; answers {answers}; table {said['rows']}")
+    table = served.ftjob("eval", "pair", "--tasks", str(TASKS), "--adapter", "colours", "--limit", "1", timeout=300)
+    assert table.returncode == 0, table.stderr
+    cells_of = [re.split(r"\s{3,}", line) for line in table.stdout.splitlines()]
+    assert cells_of[0] == ["TASK", "METRIC", "N", "BASE", "colours"], table.stdout
+    assert len(cells_of) == 5 and all(len(row) == 5 and row[2] == "1" for row in cells_of[1:]), table.stdout
+
+
+def test_what_is_refused_is_one_line(served: Served, tmp_path: Path) -> None:
+    unknown = served.ftjob("eval", "pair", "--tasks", str(TASKS), "--adapter", "baa")
+    assert_one_line_error(unknown, "modelserver pair serves no adapter 'baa' (its adapters: 0 (moo), 1 (colours))")
+    missing = served.ftjob("eval", "nosuch", "--tasks", str(TASKS))
+    assert_one_line_error(missing, "modelserver nosuch")
+    broken = tmp_path / "tasks"
+    broken.mkdir()
+    (broken / "bad.yaml").write_text("task: x\noutput_type: [generate_until\n")
+    refused = served.ftjob("eval", "pair", "--tasks", str(broken))
+    assert_one_line_error(refused, f"error: {broken / 'bad.yaml'}: line 3: ")
+
+
+def test_a_task_folder_on_a_claim_is_read_through_the_upload_pod(served: Served) -> None:
+    """pvc:CLAIM/PATH: copied through the upload pod's read routes, then read as a local folder;
+    a refusal names the file on the claim."""
+    shutil.copytree(TASKS, served.folders["datasets"] / "eval-tasks")
+    broken = served.folders["datasets"] / "eval-broken"
+    shutil.copytree(TASKS, broken)
+    (broken / "colours.yaml").write_text((TASKS / "colours.yaml").read_text() + "metric_list: [\n")
+    for folder in (served.folders["datasets"] / "eval-tasks", broken):
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    args = ("--adapter", "moo", "--limit", "1", "-o", "json")
+    done = served.ftjob("eval", "pair", "--tasks", "pvc:datasets/eval-tasks", *args, timeout=400)
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert [c["name"] for c in said["columns"]] == ["base", "moo"]
+    assert sorted((r["task"], r["metric"], r["samples"]) for r in said["rows"]) == [
+        ("colours", "chrf", 1), ("colours", "exact_match", 1), ("cow_sound", "chrf", 1), ("cow_sound", "exact_match", 1)
+    ]  # fmt: skip
+    refused = served.ftjob("eval", "pair", "--tasks", "pvc:datasets/eval-broken", *args, timeout=400)
+    line = assert_one_line_error(refused, "error: pvc:datasets/eval-broken/colours.yaml: line ")
+    assert "/tmp" not in line, line
 
 
 # --- a roll ------------------------------------------------------------------------------------

@@ -37,17 +37,23 @@ HUB_SETTINGS = Settings(
     hub_env={"HF_ENDPOINT": "https://hub.internal.example", "HTTPS_PROXY": "http://10.0.0.20:3128"},
 )
 
-# One of each kind of Job the operator makes: one node on claims, Hub sources with tokens (model
-# and dataset from different Secrets), several nodes, a Kueue-queued job, a Pascal GPU job.
+# One of each kind of Job the operator makes: one node on claims, Hub sources with tokens (model,
+# dataset and held-out source from different Secrets), several nodes, a Kueue-queued job, a Pascal
+# GPU job, a held-out source on a claim of its own.
 KINDS: dict[str, dict[str, Any]] = {
     "claims": body(),
     "hub-tokens": body(
         model={"source": HUB_TOKEN},
-        dataset={"source": {"hub": {"id": "org/data", "tokenSecret": "data-token"}}, "format": "alpaca"},
+        dataset={
+            "source": {"hub": {"id": "org/data", "tokenSecret": "data-token"}},
+            "eval": {"hub": {"id": "org/held-out", "tokenSecret": "eval-token", "split": "test"}},
+            "format": "alpaca",
+        },
     ),
     "multinode": {**gpu_spec(), "resources": {"gpus": 4, "nodes": 2, "cpu": "2", "memory": "8Gi"}},
     "kueue": body(placement={"queueName": "team-a"}),
     "pascal": gpu_spec(),
+    "held-out": body(dataset={"eval": {"pvc": {"claimName": "evals", "path": "tiny/eval.jsonl"}}}),
 }
 
 
@@ -82,7 +88,11 @@ def test_the_fence_admits_the_folders_the_builders_mount_and_no_other() -> None:
 S3 = {"bucket": "bucket", "endpoint": "http://store:9000"}
 S3_KIND = body(
     model={"source": {"pvc": None, "s3": {**S3, "key": "m/", "secretName": "models"}}},
-    dataset={"source": {"pvc": None, "s3": {**S3, "key": "d.jsonl", "secretName": "data"}}, "format": "alpaca"},
+    dataset={
+        "source": {"pvc": None, "s3": {**S3, "key": "d.jsonl", "secretName": "data"}},
+        "eval": {"s3": {**S3, "key": "e.jsonl", "secretName": "evals"}},
+        "format": "alpaca",
+    },
     output={"s3": {**S3, "key": "out/", "secretName": "out"}},
 )
 
@@ -110,7 +120,8 @@ def test_the_fence_admits_the_environment_names_the_builders_write_and_no_other(
 
 
 def test_a_secret_reaches_the_pod_only_as_the_hub_token_from_its_key() -> None:
-    assert _literal(JOBS, "hubTokenEnv") == [contract.HUB_TOKEN_ENV, contract.DATASET_HUB_TOKEN_ENV]
+    tokens = [contract.HUB_TOKEN_ENV, contract.DATASET_HUB_TOKEN_ENV, contract.EVAL_HUB_TOKEN_ENV]
+    assert _literal(JOBS, "hubTokenEnv") == tokens
     assert json.loads(_expression(JOBS, "hubTokenKey").replace("'", '"')) == contract.HUB_TOKEN_KEY
     assert _literal(JOBS, "hubEndpointEnv") == list(contract.HUB_ENDPOINT_ENV)
     refs = [
@@ -119,7 +130,7 @@ def test_a_secret_reaches_the_pod_only_as_the_hub_token_from_its_key() -> None:
         for e in _container(built)["env"]
         if "secretKeyRef" in e.get("valueFrom", {})
     ]
-    assert set(refs) == {(contract.HUB_TOKEN_ENV, "token"), (contract.DATASET_HUB_TOKEN_ENV, "token")}
+    assert set(refs) == {(name, "token") for name in tokens}
     assert not any("envFrom" in _container(built) for _, built in _jobs())
 
 
@@ -170,7 +181,7 @@ def test_the_fence_pins_the_preflight_shape_from_the_contract_and_the_builder() 
     assert set(allowed) < set(contract.MOUNT_PATHS) and contract.OUTPUT_MOUNT not in allowed
     built = _preflights()
     # The Hub kinds have nothing on a claim to check: they get no pre-flight.
-    assert {kind for kind, _ in built} == {"claims", "kueue"}
+    assert {kind for kind, _ in built} == {"claims", "kueue", "held-out"}
     for kind, preflight_job in built:
         container = _container(preflight_job)
         pod = preflight_job["spec"]["template"]["spec"]
@@ -184,8 +195,10 @@ def test_the_fence_pins_the_preflight_shape_from_the_contract_and_the_builder() 
 
 def test_s3_credentials_reach_a_pod_only_from_the_key_of_their_own_name() -> None:
     pairs = _literal(JOBS, "s3KeyEnv")
-    assert set(pairs) == set(contract.S3_KEY_ENV) | set(contract.DATASET_S3_KEY_ENV) == job.S3_ENV_NAMES
-    assert all(pairs[name] == name.removeprefix(contract.DATASET_S3_PREFIX) for name in pairs)
+    prefixed = set(contract.DATASET_S3_KEY_ENV) | set(contract.EVAL_S3_KEY_ENV)
+    assert set(pairs) == set(contract.S3_KEY_ENV) | prefixed == job.S3_ENV_NAMES
+    prefixes = ("", contract.DATASET_S3_PREFIX, contract.EVAL_S3_PREFIX)
+    assert pairs == {prefix + key: key for prefix in prefixes for key in contract.S3_KEY_ENV}
     assert _literal(JOBS, "fetchCommand") == list(contract.FETCH_COMMAND)
     assert json.loads(_expression(JOBS, "objectsMount").replace("'", '"')) == contract.OBJECTS_MOUNT
     assert json.loads(_expression(JOBS, "fetchSuffix").replace("'", '"')) == contract.FETCH_SUFFIX

@@ -220,7 +220,12 @@ def test_a_root_or_unconfined_job_is_refused(fenced: Fenced) -> None:
 
 HUB_TOKENS = {
     "model": {"source": {"hub": {"id": "org/private", "tokenSecret": "hub-token"}}},
-    "dataset": {"source": {"hub": {"id": "org/data", "tokenSecret": "data-token"}}, "format": "alpaca"},
+    "dataset": {
+        "source": {"hub": {"id": "org/data", "tokenSecret": "data-token"}},
+        # A separate held-out source with a third Secret: its token is HF_EVAL_TOKEN.
+        "eval": {"hub": {"id": "org/held-out", "tokenSecret": "eval-token"}},
+        "format": "alpaca",
+    },
 }
 # The operator's real Jobs, as the chart's settings make them (its Hub endpoint included).
 REAL_JOBS: dict[str, dict[str, Any]] = {
@@ -228,6 +233,8 @@ REAL_JOBS: dict[str, dict[str, Any]] = {
     "multi-node": {**gpu_spec(), "resources": {"gpus": 4, "nodes": 2, "cpu": "2", "memory": "8Gi"}},
     "hub": spec_body(**HUB_TOKENS),
     "kueue": spec_body(placement={"queueName": "team-a"}),
+    # The held-out source on a claim of its own, mounted at the contract's EVAL_MOUNT.
+    "held-out": spec_body(dataset={"eval": {"pvc": {"claimName": "evals", "path": "e.jsonl"}}}),
 }
 FENCE_SETTINGS = Settings(hub_env=FENCE_HUB_ENV)
 
@@ -407,7 +414,7 @@ def _preflight(owner: Owner, kind: str = "one-node") -> dict[str, Any]:
     return preflight_builder.preflight_job(owner, spec, FENCE_SETTINGS)
 
 
-@pytest.mark.parametrize("kind", ["one-node", "multi-node"])
+@pytest.mark.parametrize("kind", ["one-node", "multi-node", "held-out"])
 def test_the_operators_preflight_job_is_admitted(fenced: Fenced, kind: str) -> None:
     assert fenced.refusal(fenced.batch.create_namespaced_job, _preflight(fenced.owner, kind)) is None
 
@@ -474,6 +481,7 @@ S3_SPEC = spec_body(
     model={"source": {"pvc": None, "s3": {"bucket": "models", "key": "tiny/", "secretName": "s3-models", **S3_STORE}}},
     dataset={
         "source": {"pvc": None, "s3": {"bucket": "data", "key": "a.jsonl", "secretName": "s3-data", **S3_STORE}},
+        "eval": {"s3": {"bucket": "data", "key": "e.jsonl", "secretName": "s3-eval", **S3_STORE}},
         "format": "alpaca",
     },
     output={
@@ -532,7 +540,7 @@ def test_a_job_naming_secrets_under_s3_gets_exactly_those(fenced: Fenced, s3_own
     job = _s3_jobs(s3_owner)[kind]
     assert fenced.refusal(fenced.batch.create_namespaced_job, job) is None
     # The pods that fetch hold the inputs' Secrets; the trainer the output's alone.
-    assert _secret_names(job) == ({"s3-out"} if kind == "trainer" else {"s3-models", "s3-data"})
+    assert _secret_names(job) == ({"s3-out"} if kind == "trainer" else {"s3-models", "s3-data", "s3-eval"})
 
 
 def test_the_namespaces_object_cache_claim_is_admitted(fenced: Fenced) -> None:

@@ -120,6 +120,17 @@ WRONG_SPECS = [
         "spec.dataset.trainOn: trainOn is for the conversation formats (messages, sharegpt)",
     ),
     (
+        "evalFraction and eval",
+        {"dataset": {"eval": {"pvc": {"claimName": "datasets", "path": "tiny/eval.jsonl"}}}},
+        "dataset.evalFraction and dataset.eval are exclusive",
+    ),
+    (
+        "eval with two sources",
+        {"dataset": {"evalFraction": None, "eval": {"pvc": {"claimName": "d"}, "hub": {"id": "org/data"}}}},
+        "spec.dataset.eval: exactly one of pvc, hub or s3 must be set",
+    ),
+    ("too many generated answers", {"evaluation": {"generate": {"count": 65}}}, "spec.evaluation.generate.count:"),
+    (
         "preference method on alpaca",
         {"training": {"method": "dpo"}},
         "dataset.format alpaca is not one training.method dpo reads (preference)",

@@ -29,6 +29,9 @@ PLANT_HALF = "FINETUNE_TEST_PLANT_HALF"  # "parameter", "buffer" or "activation"
 SIGTERM_AT = "FINETUNE_TEST_SIGTERM_AT"
 # "STEP": while rank 0 writes that step's checkpoint, SIGTERM reaches every rank, twice
 SIGTERM_IN_SAVE = "FINETUNE_TEST_SIGTERM_IN_SAVE"
+# "STEP": as the tuned model's evaluation at that step begins, rank 0 sends SIGTERM to the pod's
+# main process (the evaluation after training, or at that checkpoint)
+SIGTERM_IN_EVALUATION = "FINETUNE_TEST_SIGTERM_IN_EVALUATION"
 STEP_DELAY = "FINETUNE_TEST_STEP_DELAY"  # seconds to sleep per step, to widen kill windows
 # seconds to sleep after each micro-batch: a SIGTERM at a random moment then lands inside a step
 # far more often than on its boundary, and a tiny run outlasts a suspend's way through the API
@@ -52,6 +55,7 @@ SWITCHES = (
     PLANT_HALF,
     SIGTERM_AT,
     SIGTERM_IN_SAVE,
+    SIGTERM_IN_EVALUATION,
     STEP_DELAY,
     MICRO_DELAY,
     OOM_AT,
@@ -88,6 +92,7 @@ class TestFaults(Faults):
         self.under_launcher = bool(env.get("FINETUNE_REASON_DIR"))
         self.kill_in_save = _int(env.get(KILL_IN_SAVE))
         self.sigterm_in_save = _int(env.get(SIGTERM_IN_SAVE))
+        self.sigterm_in_evaluation = _int(env.get(SIGTERM_IN_EVALUATION))
         at, _, rank = env.get(NONFINITE_AT, "").partition("@")
         self.nonfinite = int(at) if at.isdigit() and (not rank or int(rank) == self.rank) else None
         self.kill_rank_at = _pair(env.get(KILL_RANK_AT, ""), "@")
@@ -129,6 +134,12 @@ class TestFaults(Faults):
             os._exit(0)
         if self.step_delay:
             time.sleep(self.step_delay)
+
+    def before_evaluation(self, model: str, step: int) -> None:
+        if model == "tuned" and self.sigterm_in_evaluation == step and self.rank == 0:
+            os.kill(os.getppid() if self.under_launcher else os.getpid(), signal.SIGTERM)
+            if self.under_launcher:
+                time.sleep(1.0)  # the launcher passes it on to every rank before they next agree
 
     def in_save(self, step: int) -> None:
         if self.kill_in_save == step:

@@ -37,6 +37,9 @@ class Faults:
     def after_step(self, step: int) -> None:
         """After optimizer step `step` (1-based) is counted and reported."""
 
+    def before_evaluation(self, model: str, step: int) -> None:
+        """As the evaluation of `model` ("base" or "tuned") at step `step` begins (evaluation/)."""
+
     def in_save(self, step: int) -> None:
         """After a checkpoint's files are written, before the checkpoint is marked complete."""
 

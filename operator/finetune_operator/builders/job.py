@@ -12,6 +12,10 @@ from finetune_api.contract import (
     CONTAINER,
     DATASET_HUB_TOKEN_ENV,
     DATASET_MOUNT,
+    DATASET_S3_PREFIX,
+    EVAL_HUB_TOKEN_ENV,
+    EVAL_MOUNT,
+    EVAL_S3_PREFIX,
     HUB_CACHE,
     HUB_ENDPOINT_ENV,
     HUB_TOKEN_ENV,
@@ -26,6 +30,7 @@ from finetune_api.contract import (
     TMP_MOUNT,
     TRAINER_COMMAND,
     cache_claim_name,
+    hub_tokens,
     library_environment,
     s3_secrets,
     uses_hub,
@@ -59,10 +64,13 @@ from .pvc import output_claim_name
 COMMAND: Final = TRAINER_COMMAND
 # The variables of S3 credentials a pod may get, each from the key of the same name (less any
 # prefix) of the Secret an s3 field names.
-S3_ENV_NAMES: Final = frozenset(prefix + key for prefix in ("", "DATASET_") for key in ACCESS_KEY_FIELDS)
+S3_ENV_NAMES: Final = frozenset(
+    prefix + key for prefix in ("", DATASET_S3_PREFIX, EVAL_S3_PREFIX) for key in ACCESS_KEY_FIELDS
+)
 # Every variable `environment` may write; the operator fence admits no other name.
 ENV_NAMES: Final = frozenset(
-    {"POD_NAME", "POD_NAMESPACE", "HOME", "PYTHONUNBUFFERED", "HF_HOME", HUB_TOKEN_ENV, DATASET_HUB_TOKEN_ENV}
+    {"POD_NAME", "POD_NAMESPACE", "HOME", "PYTHONUNBUFFERED", "HF_HOME"}
+    | {HUB_TOKEN_ENV, DATASET_HUB_TOKEN_ENV, EVAL_HUB_TOKEN_ENV}
     | {*ALLOCATOR, *OFFLINE, *COMPILER_OFF, *HUB_ENDPOINT_ENV}
     | S3_ENV_NAMES
     # The fetch Job's: the object cache claim's size (builders/objects.py).
@@ -120,8 +128,6 @@ def s3_credentials(spec: FineTuneJobSpec, roles: tuple[str, ...]) -> list[dict[s
 
 
 def environment(spec: FineTuneJobSpec, settings: Settings) -> list[dict[str, Any]]:
-    model_hub = spec.model.source.hub
-    data_hub = spec.dataset.source.hub
     env: list[dict[str, Any]] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -134,12 +140,12 @@ def environment(spec: FineTuneJobSpec, settings: Settings) -> list[dict[str, Any
     if uses_hub(spec):
         env.append({"name": "HF_HOME", "value": HUB_CACHE})
         env += [{"name": k, "value": v} for k, v in sorted(settings.hub_env.items())]
-    model_secret = model_hub.token_secret if model_hub else None
-    data_secret = data_hub.token_secret if data_hub else None
-    if model_secret:
-        env.append(_secret_env(HUB_TOKEN_ENV, model_secret))
-    if data_secret and data_secret != model_secret:
-        env.append(_secret_env(DATASET_HUB_TOKEN_ENV if model_secret else HUB_TOKEN_ENV, data_secret))
+    # One variable per Secret (contract.hub_tokens): a source whose Secret another names shares it.
+    written: set[str] = set()
+    for _, name, secret in hub_tokens(spec):
+        if name not in written:
+            written.add(name)
+            env.append(_secret_env(name, secret))
     # The trainer copies its outputs to output.s3 after training ended well.
     return env + s3_credentials(spec, S3_OUTPUT_ROLES)
 
@@ -216,7 +222,7 @@ def volumes(
 def input_claims(
     spec: FineTuneJobSpec, *, without_objects: bool = False
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The model and dataset claims a spec names, as volumes and read-only mounts (the trainer's
+    """The model, dataset and held-out claims a spec names, as volumes and read-only mounts (the trainer's
     Job and the input check's mount them alike), and the object cache claim the trainer reads S3
     sources' copies from (the pre-flight lists them, the fetch Job writes it: builders/objects.py)."""
     vols: list[dict[str, Any]] = []
@@ -226,9 +232,11 @@ def input_claims(
             {"name": "objects", "persistentVolumeClaim": {"claimName": cache_claim_name(spec), "readOnly": True}}
         )
         mounts.append({"name": "objects", "mountPath": OBJECTS_MOUNT, "readOnly": True})
+    held_out = spec.dataset.eval.pvc if spec.dataset.eval is not None else None
     for name, source, mount in (
         ("model", spec.model.source.pvc, MODEL_MOUNT),
         ("dataset", spec.dataset.source.pvc, DATASET_MOUNT),
+        ("eval", held_out, EVAL_MOUNT),
     ):
         if source is not None:
             vols.append({"name": name, "persistentVolumeClaim": {"claimName": source.claim_name, "readOnly": True}})

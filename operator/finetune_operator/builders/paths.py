@@ -7,6 +7,7 @@ from finetune_api.trainer_config import RuntimePaths
 POD_MOUNTS = {
     "model": contract.MODEL_MOUNT,
     "dataset": contract.DATASET_MOUNT,
+    "eval": contract.EVAL_MOUNT,
     "output": contract.OUTPUT_MOUNT,
     "objects": contract.OBJECTS_MOUNT,
 }

@@ -29,6 +29,7 @@ from finetune_api.contract import (
     PREFLIGHT_POD_LABEL,
     S3_INPUT_ROLES,
     TMP_MOUNT,
+    input_sources,
     preflight_job_name,
     uses_objects,
 )
@@ -48,7 +49,7 @@ def needed(spec: FineTuneJobSpec, settings: Settings) -> bool:
     """Whether the job has anything on a claim to check, or S3 objects to list and fetch (which
     only the pre-flight and the fetch Job do: never the GPU pod). A Hub model and dataset have
     nothing: the pre-flight pod has no route to the Hub."""
-    on_claims = spec.model.source.pvc is not None or spec.dataset.source.pvc is not None
+    on_claims = any(source is not None and source.pvc is not None for source in input_sources(spec).values())
     return uses_objects(spec) or (settings.preflight and on_claims)
 
 

@@ -2,9 +2,10 @@
 
 What the trainer's first pass would find wrong before any weight loads, found without torch: the
 model folder on its claim, its config.json readable and of a family the trainer trains (with the
-LoRA targets it names), and the dataset on its claim through the check `ftjob check-data` runs
-without a tokenizer (every record's format, line by line). A bad path or a bad record then costs
-a CPU pod of about a second of work, not a GPU pod after scheduling and an image pull.
+LoRA targets it names), and the dataset (and the held-out source, spec.dataset.eval) on its claim
+through the check `ftjob check-data` runs without a tokenizer (every record's format, line by
+line). A bad path or a bad record then costs a CPU pod of about a second of work, not a GPU pod
+after scheduling and an image pull.
 
 Then each output format's own check (finetune_api.formats), on the model folder: for GGUF,
 llama.cpp's converter's vocabulary pass over the model's own tokenizer, in a process of its own
@@ -82,7 +83,22 @@ def check_inputs(config: TrainerConfig, *, fetched: bool = False) -> dict[str, A
 
         report = check_dataset(config, tokenizer=None, model_config=None)
         checked.update(dataset=config.paths.dataset, records=report.total, samples=len(report.samples))
+    checked.update(_held_out(config, fetched))
     # Each output format's own check (finetune_api.formats), e.g. llama.cpp's converter on the
     # model's tokenizer for GGUF: after the inputs, which are the likelier mistake.
     checked.update(formats=check_formats(config))
     return checked
+
+
+def _held_out(config: TrainerConfig, fetched: bool) -> dict[str, Any]:
+    """The held-out source (spec.dataset.eval) on its claim, checked as the training data is."""
+    held_out = config.spec.dataset.eval
+    if held_out is None or not (held_out.pvc is not None or (fetched and held_out.s3 is not None)):
+        return {}
+    path = Path(config.paths.eval_dataset or "")
+    if not config.paths.eval_dataset or not path.exists():
+        raise TrainerFailure(ExitReason.InvalidData, f"spec.dataset.eval: {path}: no such file or folder")
+    from ..data.loading import check_dataset
+
+    report = check_dataset(config, tokenizer=None, model_config=None, held_out=True)
+    return {"evalDataset": str(path), "evalRecords": report.total, "evalSamples": len(report.samples)}

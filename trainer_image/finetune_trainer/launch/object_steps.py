@@ -88,7 +88,12 @@ def check_hub(config: TrainerConfig) -> None:
     import requests
 
     spec = config.spec
-    hubs = (("spec.model.source.hub", spec.model.source.hub), ("spec.dataset.source.hub", spec.dataset.source.hub))
+    held_out = spec.dataset.eval.hub if spec.dataset.eval is not None else None
+    hubs = (
+        ("spec.model.source.hub", spec.model.source.hub),
+        ("spec.dataset.source.hub", spec.dataset.source.hub),
+        ("spec.dataset.eval.hub", held_out),
+    )
     for field, hub in hubs:
         if hub is None:
             continue

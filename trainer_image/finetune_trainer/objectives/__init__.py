@@ -38,6 +38,12 @@ class TrainingObjective:
         # forward each, for an objective whose entry names them (`Objective.sequence_names`).
         self.split = False
 
+    # The evaluation's per-example figures (evaluation/measure.py): while a list, `loss_sum` adds
+    # one tuple per row of each micro-batch, padding rows too (`example_names` names what each
+    # holds; empty: the objective keeps none); None while training, whose path is left as it is.
+    examples: list[tuple[float, ...]] | None = None
+    example_names: tuple[str, ...] = ()
+
     def configure(self, spec: FineTuneJobSpec) -> None:
         """Read the objective's own settings from the spec (DPO's `training.dpo`)."""
 

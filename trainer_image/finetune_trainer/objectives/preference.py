@@ -281,6 +281,23 @@ class Preference(TrainingObjective):
             for index, value in enumerate((figures * weight).sum(dim=1).tolist()):
                 self.sums[index] += float(value)
 
+    # Each evaluated pair's summed log-probability of its chosen answer less its rejected one's,
+    # the objective's implicit rewards of both, and its weight (0: a padding pair).
+    example_names = ("logpMargin", "rewardChosen", "rewardRejected", "weight")
+
+    def keep_examples(
+        self, weight: torch.Tensor, sums: torch.Tensor, chosen_reward: torch.Tensor, rejected_reward: torch.Tensor
+    ) -> None:
+        """Each pair's figures into `examples` while the evaluation keeps them; `sums` the
+        sequences' summed answer cross-entropy (chosen ones first)."""
+        if self.examples is None:
+            return
+        count = len(weight)
+        with torch.no_grad():
+            margin = sums[count:] - sums[:count]  # log p(chosen) - log p(rejected), summed over answer tokens
+            rows = torch.stack([margin, chosen_reward, rejected_reward, weight]).T.tolist()
+        self.examples.extend(tuple(float(v) for v in row) for row in rows)
+
     def step_metrics(self, loss: float, trained: int, sums: Sequence[float] = ()) -> dict[str, float]:
         pairs = max(trained, 1)
         return {name: value / pairs for name, value in zip(self.figure_names, sums, strict=False)}
@@ -324,6 +341,7 @@ class Dpo(Preference):
         else:
             losses = -F.logsigmoid(settings.beta * (chosen - rejected))
         self.record(weight, settings.beta * chosen.detach(), settings.beta * rejected.detach(), policy.detach())
+        self.keep_examples(weight, sums[0], settings.beta * chosen.detach(), settings.beta * rejected.detach())
         return (losses * weight).sum()
 
     def configure(self, spec: FineTuneJobSpec) -> None:
@@ -365,6 +383,7 @@ class Orpo(Preference):
         nll = (sums[1][:count] * weight).sum()
         pairs, tokens = totals[0], max(totals[1], 1.0)
         self.record(weight, beta * chosen.detach(), beta * rejected.detach(), logps.detach())
+        self.keep_examples(weight, sums[0], beta * chosen.detach(), beta * rejected.detach())
         with torch.no_grad():
             for index, value in enumerate(
                 (float(nll) * pairs / tokens, float((ratio * weight).sum()), float((log_odds * weight).sum())),

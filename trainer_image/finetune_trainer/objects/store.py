@@ -22,7 +22,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from finetune_api.contract import S3_INPUT_ROLES, S3_KEY_ENV, S3_OUTPUT_ROLES, s3_secrets
+from finetune_api.contract import S3_FIELDS, S3_INPUT_ROLES, S3_KEY_ENV, S3_OUTPUT_ROLES, s3_secrets, s3_sources
 from finetune_api.object_storage import OutputS3, S3Source
 from finetune_api.reasons import ExitReason
 from finetune_api.spec import FineTuneJobSpec
@@ -35,7 +35,7 @@ CONNECT_TIMEOUT_S: Final = 5
 READ_TIMEOUT_S: Final = 60
 ATTEMPTS: Final = 4
 DEFAULT_REGION: Final = "us-east-1"
-# The pods that fetch hold the model's and the dataset's credentials; the trainer's, the output's.
+# The pods that fetch hold the inputs' credentials (model, dataset, eval); the trainer's, the output's.
 INPUT_ROLES: Final = S3_INPUT_ROLES
 OUTPUT_ROLES: Final = S3_OUTPUT_ROLES
 # botocore's codes for credentials the store refused, and for a missing bucket or key.
@@ -69,17 +69,12 @@ def wheres(spec: FineTuneJobSpec, roles: tuple[str, ...]) -> list[tuple[str, Whe
     """(role, Where) of each of `roles` read from S3, with the environment prefix its credentials
     have in the pod (the same call the operator's builders make)."""
     prefixes = {role: prefix for role, prefix, _ in s3_secrets(spec, roles)}
-    sources: dict[str, Source | None] = {
-        "model": spec.model.source.s3,
-        "dataset": spec.dataset.source.s3,
-        "output": spec.output.s3,
-    }
-    fields = {"model": "spec.model.source.s3", "dataset": "spec.dataset.source.s3", "output": "spec.output.s3"}
+    sources = s3_sources(spec)  # model, dataset, eval (spec.dataset.eval) and output
     found: list[tuple[str, Where]] = []
     for role in roles:
         source = sources[role]
         if source is not None:
-            found.append((role, Where(source, fields[role], prefixes.get(role, ""))))
+            found.append((role, Where(source, S3_FIELDS[role], prefixes.get(role, ""))))
     return found
 
 

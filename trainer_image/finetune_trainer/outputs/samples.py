@@ -7,8 +7,12 @@ and once with it switched off, so `samples.jsonl` shows what training changed.
 
 The loss head (loss_head.py) stands where the LM head was during training; for generation it
 is switched to return the last position's logits (the family's logit transform applied), and
-back after. Decoding is a plain greedy loop without a KV cache: a few
-hundred forwards, independent of the checkpointing the model was trained with.
+back after. Decoding is a plain greedy loop. Where rank 0 answers alone it keeps transformers'
+KV cache: one forward over the prompt, then one one-token forward per new token, with the model
+in eval mode for the answer (gradient checkpointing, which acts in training mode only, turns
+the cache off) and every module's mode put back after. Under fsdp's lockstep each token is a
+forward over the whole row so far, without a cache (below). Both give the same greedy answers
+(`tests/trainer/test_evaluation_answers.py`).
 
 Rank 0 answers alone in every mode but fsdp, where it holds a shard of the model: there every
 rank runs every forward in lockstep (each forward's all-gathers are collectives), on the same
@@ -98,9 +102,49 @@ def _decoded(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     return text
 
 
+@contextmanager
+def _inference(model: nn.Module) -> Iterator[None]:
+    """The model in eval mode (so the KV cache is kept), each module's own mode put back after."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _cached_greedy(model: nn.Module, ids: list[int], steps: int, eos: int | None, device: torch.device) -> list[int]:
+    """Greedy tokens with transformers' KV cache: the prompt once, then each new token alone."""
+    tokens = torch.tensor([ids], device=device)
+    past: Any = None
+    out: list[int] = []
+    with torch.no_grad(), _inference(model):
+        for _ in range(steps):
+            result = model(input_ids=tokens, cache=past, use_cache=True)
+            past = result.cache
+            token = int(result.logits[0, -1].argmax())
+            if token == eos:
+                break
+            out.append(token)
+            tokens = torch.tensor([[token]], device=device)
+    return out
+
+
 def _greedy(
-    model: nn.Module, ids: list[int], steps: int, eos: int | None, device: torch.device, *, lockstep: bool = False
+    model: nn.Module,
+    ids: list[int],
+    steps: int,
+    eos: int | None,
+    device: torch.device,
+    *,
+    lockstep: bool = False,
+    cached: bool | None = None,
 ) -> list[int]:
+    """Greedy tokens: with the KV cache (`cached`, by default where the rank answers alone), or
+    each token a forward over the whole row so far."""
+    if cached if cached is not None else not lockstep:
+        return _cached_greedy(model, ids, steps, eos, device)
     tokens = torch.tensor([ids], device=device)
     out: list[int] = []
     for _ in range(steps):

@@ -26,6 +26,8 @@ class _Scalars(Protocol):
 
     def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> None: ...
 
+    def flush(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -113,6 +115,9 @@ class Progress:
         self.eval_loss: float | None = None
         self.eval_step: int | None = None
         self.lora: dict[str, Any] | None = None  # what was adapted (families.adapted), for the status
+        # The plan's seconds of the evaluation still ahead after a step (its held-out passes and
+        # answers), added to the ETA; none where no plan times it.
+        self.evaluation_ahead: Callable[[int], float] = lambda _step: 0.0
         self._writer: _Scalars | None = None
         if tensorboard is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -191,7 +196,8 @@ class Progress:
 
     def eta(self, step: int, elapsed: float, done: int) -> float | None:
         """Seconds to the last step: at the plan's pace until MEASURED_STEPS steps are timed,
-        then at this process's own, its first step (the warm-up) left out."""
+        then at this process's own, its first step (the warm-up) left out; and the evaluation
+        still ahead, by the plan."""
         if done < 1:
             return None
         if done < MEASURED_STEPS and self.planned_step_seconds:
@@ -200,7 +206,7 @@ class Progress:
             pace = (elapsed - self.first_step_seconds) / (done - 1)
         else:
             pace = elapsed / done
-        return round((self.total_steps - step) * pace, 1)
+        return round((self.total_steps - step) * pace + self.evaluation_ahead(step), 1)
 
     def evaluated(self, step: int, loss: float) -> None:
         self.eval_loss = loss
@@ -208,6 +214,16 @@ class Progress:
         emit("eval", step=step, evalLoss=loss)
         if self._writer is not None:
             self._writer.add_scalar("eval/loss", loss, step)
+
+    def evaluation(self, model: str, step: int, figures: Mapping[str, float | None], seconds: float) -> None:
+        """A measure of the base or the tuned model on the held-out split (evaluation/): the
+        `evaluation` event and TensorBoard's `evaluation/<model>/<name>` at `step`."""
+        shown = {name: value for name, value in figures.items() if value is not None and math.isfinite(value)}
+        emit("evaluation", model=model, step=step, figures=shown, seconds=round(seconds, 3))
+        if self._writer is not None:
+            for name, value in shown.items():
+                self._writer.add_scalar(f"evaluation/{model}/{name}", value, step)
+            self._writer.flush()
 
     def close(self) -> None:
         if self._writer is not None:

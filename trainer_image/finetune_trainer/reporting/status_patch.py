@@ -1,6 +1,6 @@
 """Live progress into the FineTuneJob: `status.progress`, `status.lastCheckpoint`, the base
-model's `status.modelFingerprint` and, once trained, `status.sample` (the first sample answer);
-nothing else.
+model's `status.modelFingerprint`, `status.evaluation` (the base against the tuned model) and,
+once trained, `status.sample` (the first sample answer); nothing else.
 
 The trainer uses its pod's ServiceAccount (or KUBECONFIG when set) and sends JSON merge patches
 to the status subresource, at most every `interval` seconds plus at each checkpoint. Patching
@@ -141,6 +141,13 @@ class StatusReporter:
     def sample(self, sample: dict[str, Any]) -> None:
         with self._wake:
             self._pending["sample"] = sample
+            self._due = True
+            self._wake.notify()
+
+    def evaluation(self, evaluation: dict[str, Any]) -> None:
+        """status.evaluation (the base's and the tuned model's figures), sent at once."""
+        with self._wake:
+            self._pending["evaluation"] = evaluation
             self._due = True
             self._wake.notify()
 

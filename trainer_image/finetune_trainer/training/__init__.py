@@ -3,8 +3,9 @@
 - `recipe.py`: the run as named stages, in their order (setup, resume, train, export, summary,
   cleanup); `run_state.py`: the typed parts of the run's state the stages hand on.
 - `setup.py`: the checks and the launch before any weight loads, then the model, rows, guard and
-  optimizer; `resume.py`: the latest checkpoint, the reporter and the loop; `steps.py`: the
-  steps with their checkpoints, evaluations and stop; `recipe_outputs.py`: what the stages write
+  optimizer; `resume.py`: the latest checkpoint, the reporter, the loop and the evaluation
+  (evaluation/); `steps.py`: the base's evaluation, the steps with their checkpoints,
+  evaluations and stop, the tuned model's evaluation; `recipe_outputs.py`: what the stages write
   (checkpoints, the adapter and its formats, the samples, the summary).
 - `loop.py`: the optimizer step and the evaluation, the same for one process and N.
 - `optim.py`: the optimizers' factories and the schedule.

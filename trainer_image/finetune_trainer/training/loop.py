@@ -27,12 +27,12 @@ from torch.optim.lr_scheduler import LRScheduler
 from finetune_api.reasons import ExitReason
 
 from .. import faults
-from ..data.batches import Row, Schedule, eval_slots
+from ..data.batches import Row, Schedule
 from ..distributed.gradsync import sum_figures
 from ..distributed.topology import Topology
+from ..evaluation.passes import HeldOutPass
 from ..failures import TrainerFailure
 from ..memory.phases import PhaseProbe
-from ..model.dropout import dropout_off
 from ..model.loss_head import LossHead
 from ..model.precision_guard import GuardReport, fail_if_half, watch_activations
 from ..modes import Mode, SingleProcess
@@ -171,38 +171,24 @@ class Loop:
         self.optimizer.zero_grad(set_to_none=True)
         return StepFigures(loss=loss, tokens=int(tokens), lr=lr, trained=int(targets), sums=sums)
 
-    def evaluate(self) -> float | None:
-        """Token-weighted eval loss over the held-out rows, split over the ranks.
+    def held_out(self) -> HeldOutPass:
+        """The held-out pass on this loop's model, objective and device (evaluation/passes.py)."""
+        return HeldOutPass(
+            model=self.model,
+            head=self.head,
+            objective=self.objective,
+            ranks=self.topology,
+            device=self.device,
+            pad_id=self.pad_id,
+            packed=self.packed,
+            batch_size=self.eval_batch_size,
+            sharded=self.mode.sharded,
+            drop_gradients=lambda: self.optimizer.zero_grad(set_to_none=True),
+        )
 
-        Each eval micro-batch runs as a training micro-batch does (gradients on, checkpointing on,
-        so no more memory than a step), with dropout off, and a zero backward; the gradients are
-        dropped after. Measured on the CPU (gloo, 2 ranks): a no-grad forward of the FSDP-sharded
-        model gave a wrong eval loss (5.47 against 4.59) and the steps after it left the
-        one-process run; with gradients on it gives the one-process loss. Where inside FSDP1 the
-        no-grad path goes wrong was not found. Every mode takes this one path, because a
-        no-grad and a grad eval leave the later steps different in their last bits (Adam then
-        widens that), and the modes must train the same adapter.
-        """
+    def evaluate(self) -> float | None:
+        """Token-weighted eval loss over the held-out rows, split over the ranks: the held-out
+        pass (evaluation/passes.py says why it runs as a training micro-batch does)."""
         if not self.eval_rows:
             return None
-        total = 0.0
-        totals = self.objective.counts(self.eval_rows)  # every rank holds every eval row
-        self.objective.start_step()
-        try:
-            # torch 2.7 leaves enable_grad's __init__ unannotated.
-            with dropout_off(self.model), torch.enable_grad():  # type: ignore[no-untyped-call]
-                for ids in eval_slots(
-                    len(self.eval_rows), self.eval_batch_size, self.topology.rank, self.topology.world_size
-                ):
-                    if not ids and not self.mode.sharded:
-                        continue
-                    rows = [self.eval_rows[i] for i in ids] or self._padding(self.eval_rows)
-                    batch = self.objective.collate(rows, self.pad_id, self.device, self.packed)
-                    value = self.objective.loss_sum(self.model, self.head, batch, totals)
-                    # torch 2.7 leaves Tensor.backward unannotated.
-                    (value * 0.0).backward()  # type: ignore[no-untyped-call]
-                    total += float(value.detach())
-        finally:
-            self.optimizer.zero_grad(set_to_none=True)
-        (total,) = sum_figures([total], self.topology.world_size, self.device)
-        return total / max(totals[0], 1.0)
+        return self.held_out().run(self.eval_rows)

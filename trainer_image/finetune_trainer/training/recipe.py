@@ -1,7 +1,8 @@
 """One training run in one process of the job, as a recipe of named stages.
 
-`Recipe.run` goes setup -> resume -> train (checkpoint and evaluate along the way) -> export
--> summary, then cleanup. Each stage is a function (or, for the steps, a small class) of the
+`Recipe.run` goes setup -> resume -> train (the base's evaluation before the first step,
+checkpoint and evaluate along the way, the tuned model's evaluation after the last checkpoint:
+evaluation/) -> export -> summary, then cleanup. Each stage is a function (or, for the steps, a small class) of the
 parts of the run's state it reads, and returns the part it makes (`run_state`; the anchor is
 torchtune's recipe interface: `setup`, `train`, `save_checkpoint`, `cleanup`).
 

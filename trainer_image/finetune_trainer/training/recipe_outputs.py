@@ -13,7 +13,7 @@ from finetune_api.layout import LOSS_CURVE_FILE, SAMPLES_FILE, TENSORBOARD_DIR
 from .. import faults
 from ..outputs import samples
 from ..outputs.export import public_name, save_adapter, save_formats, write_summary
-from ..reporting import curves
+from ..reporting import curves, report
 from ..reporting.progress import emit
 from ..state import fingerprint
 from ..state.checkpoints import Checkpoint, checkpoint_name
@@ -116,6 +116,21 @@ def _memory_parts(setup: Setup) -> dict[str, Any] | None:
     return {"gpu": str(setup.device), "planned": planned.parts_gib(), "measured": measured}
 
 
+# What the `done` event repeats of the summary.
+DONE_FIELDS = frozenset(
+    {
+        "finalStep",
+        "finalLoss",
+        "evalLoss",
+        "bestEvalLoss",
+        "adapterPath",
+        "lossCurvePath",
+        "reportPath",
+        "precisionGuard",
+    }
+)
+
+
 def summary(state: State, finished: Finished, written: Written) -> dict[str, Any]:
     """Rank 0: summary.json and the `done` event."""
     run, setup, loaded, position = state.run, state.setup, state.loaded, state.position
@@ -179,7 +194,10 @@ def summary(state: State, finished: Finished, written: Written) -> dict[str, Any
         "loadSeconds": round(loaded.loaded_s, 1),
         "seconds": round(time.time() - run.started, 1),
     }
+    # The page a person reads (reporting/report.py): the curve above, evaluation.json's table and answers.
+    settings = run.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    page = report.write(run.output, summary, settings, f"FineTuneJob {name}")
+    summary["reportPath"] = str(page) if page else None
     write_summary(run.output, summary)
-    ending = ("finalStep", "finalLoss", "evalLoss", "bestEvalLoss", "adapterPath", "lossCurvePath", "precisionGuard")
-    emit("done", **{k: v for k, v in summary.items() if k in ending})
+    emit("done", **{k: v for k, v in summary.items() if k in DONE_FIELDS})
     return summary

@@ -4,12 +4,19 @@ reports while training and the loop that runs the steps, and the `start` event (
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial as bind
 from typing import Any
 
-from finetune_api.layout import TENSORBOARD_DIR
+from finetune_api.layout import EVALUATION_FILE, TENSORBOARD_DIR
 from finetune_plan.duration import optimizer_step_seconds
+from finetune_plan.evaluation import evaluation_time
+from finetune_plan.results.plan import Plan
 
+from ..distributed.gradsync import sum_figures
+from ..evaluation import files
+from ..evaluation.generation import Answering
+from ..evaluation.stages import Evaluation
 from ..reporting.progress import Counting, Progress, emit
 from ..reporting.status_patch import StatusReporter
 from ..state import fingerprint
@@ -77,6 +84,8 @@ def start(run: Run, setup: Setup, loaded: Loaded, position: Position) -> Live:
         optimizer_step_seconds(plan, run.spec.training.gradient_accumulation) if plan is not None else None,
     )
     progress.lora = loaded.lora
+    if plan is not None and loaded.eval_rows:
+        progress.evaluation_ahead = _evaluation_ahead(plan, run, loaded)
     loop = _loop(run, setup, loaded)
     # The base's fingerprint, by which a ModelServer tells this job's adapter from another base's.
     identity = fingerprint.base_identity(run.config) if reporter is not None else None
@@ -103,7 +112,58 @@ def start(run: Run, setup: Setup, loaded: Loaded, position: Position) -> Live:
             rows=len(loaded.rows),
             evalSamples=len(loaded.eval_samples) if loaded.eval_samples else 0,
         )
-    return Live(reporter, progress, loop)
+    return Live(reporter, progress, loop, _evaluation(run, setup, loaded, progress, loop))
+
+
+def _evaluation(run: Run, setup: Setup, loaded: Loaded, progress: Progress, loop: Loop) -> Evaluation | None:
+    """The base against the tuned model on the held-out split (evaluation/), with what an
+    earlier attempt measured read back; None without a held-out split."""
+    spec, samples = run.spec, loaded.eval_samples
+    if not samples or not loaded.eval_rows:
+        return None
+    rows: list[Any] = list(loaded.eval_rows)
+    if spec.training.packing:  # one row per held-out example: its index is the example's
+        unpacked = spec.model_copy(update={"training": spec.training.model_copy(update={"packing": False})})
+        rows = run.objective.rows(samples, setup.tokenizer, unpacked)
+    split = "dataset.eval" if spec.dataset.eval is not None else "evalFraction"
+    record = files.Record(spec.training.method, split, len(rows))
+    path = run.output / EVALUATION_FILE if run.main else None  # beside the adapter
+    if path is not None:
+        record = files.earlier(path, record)
+    answering = Answering(
+        loaded.adapter.peft_model,
+        loaded.head,
+        setup.tokenizer,
+        setup.mode.loop_device(setup.device),
+        run.ranks,
+        runner=loaded.trained if setup.mode.sharded else None,
+    )
+    # Every rank must know whether the base is measured already: rank 0 alone reads the file.
+    (known,) = sum_figures([1.0 if record.base.get("loss") is not None else 0.0], run.ranks.world_size, loop.device)
+    return Evaluation(
+        loop.held_out(),
+        rows,
+        [dict(sample) for sample in samples],
+        answering,
+        spec.evaluation,
+        record,
+        lambda: run.stop.requested,
+        base_known=known > 0,
+        path=path,
+        progress=progress if run.main else None,
+    )
+
+
+def _evaluation_ahead(plan: Plan, run: Run, loaded: Loaded) -> Callable[[int], float]:
+    """The plan's seconds of the held-out passes and answers still ahead after a step
+    (`finetune_plan.evaluation`: the loss at each checkpoint by steps, the tuned model at those
+    before the last with atCheckpoints and after training, both models' answers)."""
+    spec, total = run.spec, loaded.schedule.total_steps
+    timed = evaluation_time(plan, spec, len(loaded.eval_samples or ()), total_steps=total)
+    every, at_checkpoints = spec.checkpoints.every_steps, spec.evaluation.at_checkpoints
+    if timed is None:
+        return lambda _step: 0.0
+    return lambda step: timed.ahead(step, total, every, at_checkpoints=at_checkpoints) or 0.0
 
 
 def _loop(run: Run, setup: Setup, loaded: Loaded) -> Loop:

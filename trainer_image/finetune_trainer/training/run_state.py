@@ -28,6 +28,7 @@ from .. import objectives
 from ..data.batches import Row, Schedule
 from ..data.checks import DataReport
 from ..distributed.topology import Topology
+from ..evaluation.stages import Evaluation
 from ..hardware.capabilities import Hardware, ResolvedPrecision
 from ..hardware.host_memory import HostMemory
 from ..memory.budget import MemoryPlan
@@ -100,6 +101,7 @@ class Setup:
     family: Family
     tokenizer: PreTrainedTokenizerBase
     data: DataReport
+    eval_data: DataReport | None  # the held-out source (spec.dataset.eval), checked as `data` is
     fingerprint: dict[str, Any]  # what rank 0's checkpoints depend on (empty on the other ranks)
     decided: Decision
     mode: Mode
@@ -156,6 +158,8 @@ class Live:
     reporter: StatusReporter | None
     progress: Progress
     loop: Loop
+    # The base against the tuned model on the held-out split; None without one.
+    evaluation: Evaluation | None = None
 
     def cleanup(self, failed: bool = False) -> None:
         """Stop the status reporter's thread, its last status sent: retried for up to a minute

@@ -75,6 +75,8 @@ def decide(run: Run) -> Setup:
         check_formats(run.config)
     tokenizer = load_tokenizer(run.config)
     data = check_dataset(run.config, tokenizer, model_config)
+    # The held-out source (spec.dataset.eval), checked as the training data is.
+    eval_data = check_dataset(run.config, tokenizer, model_config, held_out=True) if spec.dataset.eval else None
     recorded = _existing_checkpoints(run) if run.main else {}
     decided = run.decision
     if decided is None:  # no launcher handed one down: decide here, as it would have
@@ -106,6 +108,7 @@ def decide(run: Run) -> Setup:
         family=family,
         tokenizer=tokenizer,
         data=data,
+        eval_data=eval_data,
         fingerprint=recorded,
         decided=decided,
         mode=mode,
@@ -170,7 +173,8 @@ def load(run: Run, setup: Setup) -> Loaded:
     lora = families.adapted(model)
     log.info("LoRA on %s: %d LoRA layers", ", ".join(lora["modules"]), lora["layers"])
     head = install_loss_head(model, setup.decided.loss_chunk_tokens)
-    train_samples, eval_samples = split(setup.data.samples, run.spec.dataset.eval_fraction, training.seed)
+    held_out = setup.eval_data.samples if setup.eval_data is not None else None
+    train_samples, eval_samples = split(setup.data.samples, run.spec.dataset.eval_fraction, training.seed, held_out)
     rows = objective.rows(train_samples, setup.tokenizer, run.spec)
     eval_rows = objective.rows(eval_samples, setup.tokenizer, run.spec) if eval_samples else None
     schedule = Schedule.make(

@@ -4,6 +4,8 @@ happened and the peak against the plan."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from finetune_api.reasons import ExitReason
@@ -43,9 +45,13 @@ class Steps:
     def train(self) -> Finished:
         """Every step to the end, then the last evaluation and what the run measured."""
         run, position, live = self.run, self.position, self.live
-        live.progress.begin(position.step, tokens=position.tokens, trained=position.trained_tokens)
-        run.stop.arm()
         try:
+            # The base before the first step, and before the stop is armed: a SIGTERM during it
+            # ends the run at once, with nothing to save.
+            if live.evaluation is not None:
+                self._evaluating(live.evaluation.before, position.step)
+            live.progress.begin(position.step, tokens=position.tokens, trained=position.trained_tokens)
+            run.stop.arm()
             while position.step < self.loaded.schedule.total_steps:
                 faults.current().out_of_memory_at(position.step + 1, tightened=self.setup.decided.retry is not None)
                 outcome = live.loop.step(position.step, resume=position.partial, stop=lambda: run.stop.requested)
@@ -56,6 +62,9 @@ class Steps:
             # Every rank decides alike (the evaluation is collective): only rank 0 keeps `progress`.
             if self.loaded.eval_rows and self.evaluated_at != position.step:
                 self.evaluate()
+            # The tuned model once the last checkpoint is written: a stop during it loses no step.
+            if live.evaluation is not None and not self._evaluating(live.evaluation.after, position.step):
+                raise self._stopped(checkpoint_name(position.step), None)
             finished = self._finished()
             topology.barrier(run.ranks)
         except torch.OutOfMemoryError as exc:
@@ -108,6 +117,19 @@ class Steps:
                 (stopping,) = live.loop.agree(run.stop.requested)
         if stopping:
             raise self._stopped(checkpoint_name(step), None)
+        # The tuned model at a checkpoint (evaluation.atCheckpoints), after it is written: a stop
+        # during it loses nothing; the last step's is the evaluation after training.
+        evaluation = live.evaluation if run.spec.evaluation.at_checkpoints and by_steps and step < total else None
+        if evaluation is not None and not self._evaluating(evaluation.at_checkpoint, step):
+            raise self._stopped(checkpoint_name(step), None)
+
+    def _evaluating(self, stage: Callable[..., bool | None], *args: int) -> bool:
+        """A stage of the base-against-tuned evaluation (collective); an OOM in it says so."""
+        self.evaluating = True
+        try:
+            return stage(*args) is not False
+        finally:
+            self.evaluating = False
 
     def save_checkpoint(self, at: int, partial: Partial | None = None) -> str:
         """Rank 0 writes, every rank waits for it; returns the checkpoint's name."""
