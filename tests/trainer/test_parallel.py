@@ -236,7 +236,10 @@ def test_fsdp_ranks_answer_the_samples_together_as_one_process_answers_them(
 
 
 def test_packing_eval_and_the_merged_export_are_the_same_on_two_processes(tmp_path: Path, tiny_assets: Path) -> None:
-    extras = {"dataset": {"evalFraction": 0.1}, "output": {"merge": True}}
+    # Two answers of 12 tokens: fsdp's ranks answer in lockstep without a KV cache, one process
+    # with it, and both must give the same words and figures.
+    evaluation = {"generate": {"count": 2, "maxNewTokens": 12}}
+    extras = {"dataset": {"evalFraction": 0.1}, "output": {"merge": True}, "evaluation": evaluation}
     packed = {"packing": True, "maxLength": 128}
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
@@ -249,6 +252,13 @@ def test_packing_eval_and_the_merged_export_are_the_same_on_two_processes(tmp_pa
     assert summary(two)["data"] == summary(one)["data"]
     assert summary(two)["evalLoss"] == pytest.approx(summary(one)["evalLoss"], abs=1e-4)
     assert [e["step"] for e in split.of("eval")] == [e["step"] for e in single.of("eval")] == [4, 8, 12]
+    # The evaluation (evaluation.json): the same base and tuned figures and the same answers.
+    judged_two, judged_one = (json.loads((job.output / "evaluation.json").read_text()) for job in (two, one))
+    assert judged_two["answers"] == judged_one["answers"] and len(judged_one["answers"]) == 2
+    assert [f["name"] for f in judged_two["figures"]] == [f["name"] for f in judged_one["figures"]]
+    for mine, theirs in zip(judged_two["figures"], judged_one["figures"], strict=True):
+        for side in ("base", "tuned"):
+            assert mine[side] == pytest.approx(theirs[side], rel=1e-4, abs=1e-4), (mine, theirs)
     assert_same_trained_adapter(adapter(two), adapter(one))
     merged = load_file(str(two.output / "merged" / "model.safetensors"))
     reference = load_file(str(one.output / "merged" / "model.safetensors"))

@@ -54,7 +54,9 @@ def preference(
     them kept for the evaluation at each checkpoint (which runs the objective's loss too)."""
     source = {"pvc": {"claimName": "datasets", "path": path}}
     dataset = {"source": source, "format": "preference", **({"evalFraction": held_out} if held_out else {})}
-    return with_changes(base, training={"method": method, **training}, dataset=dataset)
+    # No greedy answers: the modes' answers are held equal in test_parallel.py; here the figures.
+    evaluation = {"generate": {"count": 0}}
+    return with_changes(base, training={"method": method, **training}, dataset=dataset, evaluation=evaluation)
 
 
 def mkdir(root: Path, name: str) -> Path:
