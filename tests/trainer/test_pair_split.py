@@ -165,7 +165,12 @@ def _job(root: Path, pair_root: Path, name: str, **training: Any) -> JobDir:
     job = JobDir(folder)
     job.spec_changes = _merge(
         _spec("dpo", 0.0, maxSteps=STEPS, batchSize=2, gradientAccumulation=2, **training),
-        {"dataset": {"evalFraction": 0.125}, "checkpoints": {"everySteps": STEPS}, "output": {"samples": {"count": 0}}, "evaluation": {"generate": {"count": 0}}},
+        {
+            "dataset": {"evalFraction": 0.125},
+            "checkpoints": {"everySteps": STEPS},
+            "output": {"samples": {"count": 0}},
+            "evaluation": {"generate": {"count": 0}},
+        },
     )
     return job
 
