@@ -56,9 +56,23 @@ def lm_eval_module(name: str) -> Any:
         os.environ.setdefault(key, value)
     logging.getLogger("lm_eval").setLevel(os.environ.get("LMEVAL_LOG_LEVEL", "").upper() or logging.CRITICAL)
     try:
-        return importlib.import_module(name)
+        module = importlib.import_module(name)
     except ImportError:
         raise CliError(INSTALL_HINT) from None
+    _quiet_bars()
+    return module
+
+
+def _quiet_bars() -> None:
+    """datasets' and the Hub's bars off, also where this process imported them before the
+    environment above was set (they read it once, at import: a program calling ftjob in-process)."""
+    if os.environ.get("TQDM_DISABLE") == "0":
+        return
+    import datasets
+    from huggingface_hub import utils as hub_utils
+
+    datasets.disable_progress_bars()
+    hub_utils.disable_progress_bars()
 
 
 def _yaml_problem(exc: Exception) -> str:
