@@ -64,15 +64,14 @@ def lm_eval_module(name: str) -> Any:
 
 
 def _quiet_bars() -> None:
-    """datasets' and the Hub's bars off, also where this process imported them before the
-    environment above was set (they read it once, at import: a program calling ftjob in-process)."""
+    """datasets' bars off (it builds each task's data set from the folder's files), also where
+    this process imported datasets before the environment above was set: it reads it once, at
+    import (a program calling ftjob in-process, as the tests' workers do)."""
     if os.environ.get("TQDM_DISABLE") == "0":
         return
     import datasets
-    from huggingface_hub import utils as hub_utils
 
     datasets.disable_progress_bars()
-    hub_utils.disable_progress_bars()
 
 
 def _yaml_problem(exc: Exception) -> str:
