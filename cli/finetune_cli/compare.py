@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from finetune_api.dotted import dotted_paths
 from finetune_api.layout import EVALUATION_FILE
 
 from . import kube
@@ -49,16 +50,6 @@ class Table:
     figures: list[list[str]] = field(default_factory=list)
 
 
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested mapping as dotted paths to its leaves (a list is one leaf)."""
-    if not isinstance(value, Mapping) or not value:
-        return {prefix: value} if prefix else {}
-    rows: dict[str, Any] = {}
-    for key, inner in value.items():
-        rows.update(flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
-    return rows
-
-
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -85,7 +76,7 @@ def figure_cell(figure: Figure | None) -> str:
 
 
 def compare_table(jobs: Sequence[JobView]) -> Table:
-    flat = [flatten(job.spec) for job in jobs]
+    flat = [dotted_paths(job.spec) for job in jobs]
     paths = sorted({path for spec in flat for path in spec})
     differing = [p for p in paths if len({_text(spec.get(p)) for spec in flat}) > 1]
     table = Table(["", *(job.name for job in jobs)])
@@ -117,7 +108,7 @@ def render_text(table: Table) -> str:
 
 def render_json(jobs: Sequence[JobView]) -> str:
     """The same comparison for a program: the differing settings' values, each job's figures."""
-    flat = [flatten(job.spec) for job in jobs]
+    flat = [dotted_paths(job.spec) for job in jobs]
     table = compare_table(jobs)
     views = [
         {

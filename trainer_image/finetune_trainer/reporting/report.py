@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from finetune_api.dotted import dotted_paths
 from finetune_api.layout import EVALUATION_FILE, LOSS_CURVE_FILE, REPORT_FILE, TENSORBOARD_DIR
 
 log = logging.getLogger(__name__)
@@ -83,16 +84,6 @@ def better_side(base: Any, tuned: Any, better: str) -> str | None:
         return "equal"
     tuned_wins = tuned < base if better == "lower" else tuned > base
     return "tuned" if tuned_wins else "base"
-
-
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested mapping as dotted paths to its leaves (lists stay one leaf)."""
-    if not isinstance(value, Mapping) or not value:
-        return {prefix: value} if prefix else {}
-    rows: dict[str, Any] = {}
-    for key, inner in value.items():
-        rows.update(flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
-    return rows
 
 
 def _text(value: Any) -> str:
@@ -239,7 +230,7 @@ def report_html(
         parts += [answers_section(evaluation), history_section(evaluation)]
     chosen = [(key, summary[key]) for key in SUMMARY_KEYS if summary.get(key) is not None]
     parts.append("<h2>Summary</h2>" + _rows(chosen))
-    parts.append("<h2>Settings</h2>" + _rows(sorted(flatten(settings).items())))
+    parts.append("<h2>Settings</h2>" + _rows(sorted(dotted_paths(settings).items())))
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head>"
