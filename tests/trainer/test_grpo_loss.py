@@ -24,8 +24,8 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 from datasets import Dataset
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from peft import get_peft_model
+from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from finetune_trainer.model.tiny_model import make_tiny_model
@@ -41,11 +41,11 @@ from finetune_trainer.objectives.grpo.loss import (
     grpo_loss,
     per_token_logps,
 )
+from tests.support.trl_side import base_model, lora_config
 
 pytestmark = pytest.mark.trainer
 
 TOLERANCE = 1e-5
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GROUP = 4
 COMPLETION = 6
 TEMPERATURE = 0.7  # not 1: the temperature is in every log-probability
@@ -80,14 +80,6 @@ CASES = [
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("grpo") / "tiny-llama")
-
-
-def lora_config() -> Any:
-    return LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS, bias="none", task_type="CAUSAL_LM")
-
-
-def base_model(folder: Path) -> Any:
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
 
 
 def adapter_weights(model: Any, seed: int, scale: float) -> dict[str, torch.Tensor]:

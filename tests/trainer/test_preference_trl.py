@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import torch
 from datasets import Dataset
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from peft import get_peft_model
+from transformers import AutoTokenizer
 from trl import DPOConfig, DPOTrainer
 from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
@@ -32,6 +32,7 @@ from finetune_trainer.model.loss_head import LossHead, install
 from finetune_trainer.model.tiny_model import make_tiny_model, preference_records
 from finetune_trainer.objectives import TrainingObjective, for_spec
 from finetune_trainer.objectives.preference import TRL_TAGS, Preference, pair_rows, sequence_sums
+from tests.support.trl_side import base_model, lora_config
 
 from .conftest import BASE_JOB
 
@@ -41,7 +42,6 @@ TOLERANCE = 1e-5
 # Shorter than every sequence of the batch: the head's per-sequence sums are taken across chunk
 # borders that fall inside sequences.
 CHUNK = 7
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Pairs in one micro-batch: the tiny model's opposites and animals, and two of lengths far apart.
 PAIRS = 5
 
@@ -54,14 +54,6 @@ ORPO_FIGURES = (*FIGURES, "nllLoss", "logOddsRatio", "logOddsChosen")
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("trl") / "tiny-llama")
-
-
-def lora_config() -> Any:
-    return LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS, bias="none", task_type="CAUSAL_LM")
-
-
-def base_model(folder: Path) -> Any:
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
 
 
 def adapter_weights(model: Any) -> dict[str, torch.Tensor]:
