@@ -49,6 +49,8 @@ done
 # preference pairs are what examples/dpo-tiny.yaml and orpo-tiny.yaml train on.
 ftjob make-tiny-model "$VOLUMES/models/tiny-llama" --dataset "$VOLUMES/datasets/tiny/alpaca.jsonl" \
   --preference "$VOLUMES/datasets/tiny/preference.jsonl"
+# examples/grpo-job.yaml's prompts: small sums with the answer its rewards check.
+cp examples/data/arithmetic.jsonl "$VOLUMES/datasets/tiny/arithmetic.jsonl"
 # examples/tiny-gguf.yaml's model: a tokenizer llama.cpp's converter takes, for its GGUF files.
 ftjob make-tiny-model "$VOLUMES/models/tiny-llama-gguf" --llama-tokenizer
 # The GGUF formats run llama.cpp's converters: the trainer image has them at /opt/llama.cpp, the

@@ -1,11 +1,13 @@
 """The whole `FineTuneJob` object as users write it in YAML."""
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from .base import ApiModel, LabelMap
 from .constants import API_VERSION, KIND, MAX_NAME_LENGTH
+from .objectives import services_of
+from .services import outside
 from .spec import FineTuneJobSpec
 from .status import FineTuneJobStatus
 
@@ -30,6 +32,16 @@ class FineTuneJob(ApiModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: FineTuneJobSpec
     status: FineTuneJobStatus | None = None
+
+    @model_validator(mode="after")
+    def _services_in_its_namespace(self) -> Self:
+        """A Service the trainer calls is in the job's namespace: checked here where the manifest
+        names its namespace, by the operator always (admission's rules cannot see it)."""
+        if self.metadata.namespace is not None:
+            refusal = outside(services_of(self.spec.training), self.metadata.namespace)
+            if refusal is not None:
+                raise ValueError(refusal)
+        return self
 
 
 assert API_VERSION == "finetune.dev/v1alpha1" and KIND == "FineTuneJob"

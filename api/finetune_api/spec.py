@@ -51,14 +51,17 @@ from .multinode import several_nodes
 from .object_storage import MODEL_NEEDS_PREFIX, ObjectCacheSpec, OutputS3, S3Source
 from .objectives import DEFAULT as DEFAULT_METHOD
 from .objectives import (
+    HELD_OUT_FIELDS,
     NO_PACKING,
     NOT_READ,
     OBJECTIVES,
     dataset_format_choice,
     describe_formats,
     describe_methods,
+    holds_out,
     known_formats,
     splits_pairs,
+    unpacked_why,
 )
 from .objectives import packs as objective_packs
 from .objectives import reads as objective_reads
@@ -353,11 +356,17 @@ def _packing_rules() -> list[JsonDict]:
     if not unpacked:
         return []
     # The CRD's defaults are checked against these rules before any field of theirs is defaulted.
+    whys = {o.name: unpacked_why(o) for o in OBJECTIVES if not o.packs}
+    grouped: dict[str, list[str]] = {}
+    for name, why in whys.items():
+        grouped.setdefault(why, []).append(name)
     rule = _cel(
         f"!has(self.packing) || !self.packing || !has(self.method) || !(self.method in {unpacked})",
-        NO_PACKING.format(method=" or ".join(unpacked)),
+        "; ".join(NO_PACKING.format(method=" or ".join(names), why=why) for why, names in grouped.items()),
     )
-    return [{**rule, "messageExpression": _cel_text(NO_PACKING, method="self.method"), "fieldPath": ".packing"}]
+    # A JSON object is a CEL map: each method's own reason.
+    message = _cel_text(NO_PACKING, method="self.method", why=f"{json.dumps(whys)}[self.method]")
+    return [{**rule, "messageExpression": message, "fieldPath": ".packing"}]
 
 
 def _settings_rules(properties: Any) -> list[JsonDict]:
@@ -795,6 +804,21 @@ def _format_rule() -> JsonDict:
     return {**rule, "messageExpression": message}
 
 
+def _held_out_rules() -> list[JsonDict]:
+    """A held-out split with a method that takes none (the registry's, when the schema is made):
+    the CEL side of `objectives.holds_out`."""
+    method = f"(has(self.training) && has(self.training.method) ? self.training.method : '{DEFAULT_METHOD}')"
+    out: list[JsonDict] = []
+    for objective in OBJECTIVES:
+        for field in HELD_OUT_FIELDS if objective.no_held_out else ():
+            refusal = holds_out(objective.name, field)
+            assert refusal is not None
+            out.append(
+                _cel(f"{method} != '{objective.name}' || !has(self.dataset.{field})", refusal, f".dataset.{field}")
+            )
+    return out
+
+
 def _spec_rules(schema: JsonDict, _: Any = None) -> None:
     schema["x-kubernetes-validations"] = [
         _cel(
@@ -806,6 +830,7 @@ def _spec_rules(schema: JsonDict, _: Any = None) -> None:
         _cel(_DEVICE_MAP_RULE, DEVICE_MAP_ONE_PROCESS, ".resources.processes"),
         _cel(_DEVICE_MAP_NODES_RULE, DEVICE_MAP_ONE_NODE, ".resources.nodes"),
         _format_rule(),
+        *_held_out_rules(),
     ]
 
 
@@ -869,6 +894,15 @@ class FineTuneJobSpec(ApiModel):
         refusal = objective_reads(self.training.method, self.dataset.format)
         if refusal is not None:
             raise ValueError(refusal)
+        return self
+
+    @model_validator(mode="after")
+    def _held_out_for_the_method(self) -> Self:
+        taken = {"evalFraction": self.dataset.eval_fraction is not None, "eval": self.dataset.eval is not None}
+        for field in HELD_OUT_FIELDS:
+            refusal = holds_out(self.training.method, field) if taken[field] else None
+            if refusal is not None:
+                raise ValueError(refusal)
         return self
 
     @model_validator(mode="after")

@@ -70,10 +70,13 @@ class Progress(ApiModel):
     trained_tokens: int | None = Field(
         default=None,
         description="Of those, the targets of the loss (dataset.trainOn; answers only for completion). "
-        "Methods whose loss is a mean over pairs (dpo, orpo) report pairs instead.",
+        "Methods whose loss is a mean over pairs (dpo, orpo) report pairs instead; grpo reports completions.",
     )
     pairs: int | None = Field(
         default=None, description="dpo, orpo: preference pairs trained so far (what their loss is a mean over)."
+    )
+    completions: int | None = Field(
+        default=None, description="grpo: completions sampled and trained on so far (numGenerations per prompt)."
     )
     metrics: Annotated[dict[Annotated[str, Field(max_length=64)], float], Field(max_length=16)] | None = Field(
         default=None,
@@ -81,7 +84,9 @@ class Progress(ApiModel):
         "and orpo give rewardAccuracy (the share of pairs whose chosen answer earns the higher reward), "
         "rewardMargin, rewardChosen, rewardRejected (beta x the log-probability ratio to the reference for "
         "dpo, beta x the mean log-probability for orpo) and logpChosen, logpRejected; orpo adds nllLoss, "
-        "logOddsRatio and logOddsChosen.",
+        "logOddsRatio and logOddsChosen; grpo gives TRL's figures over that step's completions: reward, "
+        "rewards/<name>/mean, reward_std, reward_group_std, frac_reward_zero_std, completions/mean_length, "
+        "completions/clipped_ratio, kl (beta above 0) and clip_ratio/* (the first 16).",
     )
     metrics_text: Annotated[str, Field(max_length=64)] | None = Field(
         default=None,

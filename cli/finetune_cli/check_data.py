@@ -6,7 +6,9 @@ one-line summary (samples, tokens, and the trained tokens: the targets of the lo
 trainer's own rule and `--train-on`) plus its warnings, and exits 0. `--json` prints one object
 per sample on stdout instead (`{"line": N, "tokens": T, "trainedTokens": K}`); the problems, the
 warnings and the summary then go to stderr. A preference record is a pair: its tokens are both
-sequences', its trained tokens both answers' (the tokens DPO and ORPO score).
+sequences', its trained tokens both answers' (the tokens DPO and ORPO score). A prompt record
+(GRPO's) is its prompt's tokens, none trained (the completions sampled for it are), and a prompt
+longer than `--max-length` less `--max-completion-length` is an error naming the line.
 """
 
 import argparse
@@ -15,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, get_args
 
-from finetune_api.objectives import OBJECTIVES, dataset_formats
+from finetune_api.objectives import OBJECTIVES, dataset_formats, unpacked_why
+from finetune_api.objectives.grpo import PROMPT, GrpoSpec
 from finetune_api.objectives.preference import PREFERENCE
 from finetune_api.spec import CONVERSATION_FORMATS, TrainOn
 
@@ -33,7 +36,8 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "every bad line with its number and field, exit 1. With --tokenizer: samples, tokens and trained "
         "tokens, samples with 0 trained tokens as errors, replies that maxLength cuts as warnings (see "
         "Training data; for preference: pairs, both sequences' tokens and both answers' scored tokens, a pair "
-        "that maxLength leaves an answer without a token as an error); a tokenizer folder of a family the "
+        "that maxLength leaves an answer without a token as an error; for prompt: the prompts' tokens, a prompt "
+        "longer than maxLength less maxCompletionLength as an error); a tokenizer folder of a family the "
         "trainer does not train is refused in one line.",
     )
     parser.add_argument("file", metavar="FILE")
@@ -43,6 +47,14 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     parser.add_argument("--tokenizer", metavar="PATH", help="model folder: also count tokens, check lengths")
     parser.add_argument(
         "--max-length", type=int, default=2048, metavar="L", help="tokens per sample (spec.training.maxLength)"
+    )
+    parser.add_argument(
+        "--max-completion-length",
+        type=int,
+        default=GrpoSpec().max_completion_length,
+        metavar="C",
+        help="for --format prompt: tokens each completion may take of --max-length "
+        "(spec.training.grpo.maxCompletionLength)",
     )
     parser.add_argument("--packing", action="store_true", help="as with spec.training.packing")
     parser.add_argument(
@@ -79,10 +91,13 @@ def _load_tokenizer(path: str) -> tuple[object, object | None]:
 def _options(args: argparse.Namespace) -> None:
     if args.train_on is not None and args.format not in CONVERSATION_FORMATS:
         raise CliError(f"--train-on is for the conversation formats ({', '.join(CONVERSATION_FORMATS)})")
-    if args.packing and not any(o.packs for o in OBJECTIVES if args.format in o.dataset_formats):
+    readers = [o for o in OBJECTIVES if args.format in o.dataset_formats]
+    if args.packing and not any(o.packs for o in readers):
+        raise CliError(f"--packing: the methods that read format {args.format} never pack ({unpacked_why(readers[0])})")
+    if args.format == PROMPT and not 1 <= args.max_completion_length < args.max_length:
         raise CliError(
-            f"--packing: the methods that read format {args.format} never pack (a pair's answers are "
-            "scored one sequence each)"
+            f"--max-completion-length {args.max_completion_length}: from 1 to below --max-length {args.max_length} "
+            "(a sequence is the prompt and its completion)"
         )
     if args.json and not args.tokenizer:
         raise CliError("--json prints each sample's tokens: it needs --tokenizer")
@@ -91,9 +106,17 @@ def _options(args: argparse.Namespace) -> None:
 def _summary(args: argparse.Namespace, report: Any) -> str:
     # A preference record is a pair: two sequences, each answer's tokens scored.
     pairs = args.format == PREFERENCE
-    line = f"{args.file}: {len(report.samples)} {'pairs' if pairs else 'samples'} OK ({args.format})"
+    noun = "pairs" if pairs else "prompts" if args.format == PROMPT else "samples"
+    line = f"{args.file}: {len(report.samples)} {noun} OK ({args.format})"
     if not args.tokenizer:
         return line
+    if args.format == PROMPT:
+        # A prompt trains nothing itself: its completions, sampled in training, are what is trained.
+        room = args.max_length - args.max_completion_length
+        return (
+            f"{line}: {report.tokens} prompt tokens, the longest {report.longest} (maxLength {args.max_length} "
+            f"leaves {room} beside maxCompletionLength {args.max_completion_length})"
+        )
     rule = f", trainOn {args.train_on or 'assistant'}" if args.format in CONVERSATION_FORMATS else ""
     if pairs:
         rule = " (the answers' tokens, chosen and rejected)"
@@ -113,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
             max_length=args.max_length if tokenizer is not None else None,
             packing=args.packing,
             train_on=args.train_on,
+            max_completion_length=args.max_completion_length if args.format == PROMPT else None,
         )
     except seam.DataSourceError as exc:
         raise CliError(str(exc)) from None

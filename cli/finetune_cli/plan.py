@@ -382,7 +382,9 @@ def _gpu_report(
     host = plan.host
     memory = spec.resources.memory or host.quantity
     said = verdict(spec, plan, nodes[0], to_bytes(memory))
-    trained = job_time(plan, spec, plan.speed.epoch_tokens if plan.speed else None)
+    records = plan_evaluation.training_records(spec, args, _volume_roots(args))
+    epoch = plan.speed.epoch_tokens if plan.speed else None
+    trained = job_time(plan, spec, epoch, records=records, processes=launch.processes)
     evaluated = plan_evaluation.timed(plan, spec, args, _volume_roots(args), launch.processes)
     timed = with_evaluation(trained, evaluated)
     pod = {"memory": memory, "plannedMemory": host.quantity, "memoryShort": memory_refusal(spec, host)}
@@ -448,7 +450,7 @@ def run(args: argparse.Namespace) -> int:
         if fetched is not None:
             text += "\n" + fetched
             results[-1]["fetch"] = fetched.removeprefix("fetch").strip()
-        if token_origin and token_origin != "given":
+        if token_origin and token_origin != "given" and plan.recipe.grpo is None:  # GRPO counts prompts
             text += f"\n          (epoch tokens {token_origin}, ~{BYTES_PER_TOKEN} bytes per token)"
         texts.append(f"{source}: {name}\n{text}")
     if args.json:

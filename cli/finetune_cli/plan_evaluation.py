@@ -57,7 +57,7 @@ def _on_disk(source: DatasetSource | None, roots: list[Path], max_length: int) -
     return None
 
 
-def _training_records(spec: FineTuneJobSpec, args: argparse.Namespace, roots: list[Path]) -> int | None:
+def training_records(spec: FineTuneJobSpec, args: argparse.Namespace, roots: list[Path]) -> int | None:
     """The training data's records: on disk here, else --tokens in rows of maxLength tokens."""
     length = spec.training.max_length
     records = _on_disk(spec.dataset.source, roots, length)
@@ -72,7 +72,7 @@ def examples(spec: FineTuneJobSpec, args: argparse.Namespace, roots: list[Path])
         if given < 1:
             raise CliError("--eval-examples: must be at least 1")
         return given
-    records = _training_records(spec, args, roots)
+    records = training_records(spec, args, roots)
     return held_out_examples(spec, records, _on_disk(spec.dataset.eval, roots, spec.training.max_length))
 
 
@@ -93,7 +93,7 @@ def timed(
     if not spec.dataset.held_out:
         return None
     held_out = examples(spec, args, roots)
-    records = _training_records(spec, args, roots)
+    records = training_records(spec, args, roots)
     # evalFraction's rows come out of the training data; dataset.eval's are beside it.
     trained = records if records is None or spec.dataset.eval is not None else max(1, records - (held_out or 0))
     return evaluation_time(plan, spec, held_out, total_steps=planned_steps(spec, processes, trained))

@@ -17,8 +17,10 @@ from pydantic import ValidationError
 
 from finetune_api import images
 from finetune_api.contract import TERMINAL_PHASES, uses_objects
+from finetune_api.objectives import services_of
 from finetune_api.problems import problems_from
 from finetune_api.quantities import to_bytes
+from finetune_api.services import outside
 from finetune_api.spec import FineTuneJobSpec
 from finetune_plan.nodes import NodeFacts, Nodes, Room
 from finetune_plan.pod import Verdict, pod_plan, verdict
@@ -33,11 +35,13 @@ from .runtime.cache import Refusal
 from .settings import Settings
 from .status.events import Transition
 from .status.observation import (
+    CHECKING_INPUTS,
     EXCEEDS_LIMIT,
     IMAGE_NOT_ALLOWED,
     INVALID,
     NAMESPACE_NOT_ALLOWED,
     REFUSALS,
+    SERVICE_MISSING,
     WONT_FIT,
     Observation,
 )
@@ -75,6 +79,10 @@ class Observed:
     # The Job controller's last refusal to create a pod, by the UID of the Job it refused (the
     # job's Job or its pre-flight Job): a ResourceQuota's words.
     refusals: Mapping[str, Refusal] = field(default_factory=dict)
+    # The Services the job's trainer calls (its objective's `services`), read by name when the
+    # Job is to be made (`services_read`); None: there is none of that name.
+    services_read: bool = False
+    services: Mapping[str, Body | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,7 @@ class Actions:
     # The fetch Job (after the namespace's object cache claim, when it is made now).
     fetch: tuple[Body, ...] = ()
     read_claim: str | None = None  # read this object cache claim and decide again
+    read_services: tuple[str, ...] = ()  # read these Services of the namespace and decide again
     job_patch: Body | None = None  # fields of the live Job to change
     status_patch: Body | None = None  # a merge patch of the operator's status fields
     events: tuple[Transition, ...] = ()  # after the status patch: Warnings only (status.events.transitions)
@@ -150,6 +159,14 @@ def parse_spec(body: Body) -> tuple[FineTuneJobSpec | None, str | None]:
         return None, "; ".join(str(p) for p in problems_from(exc, FineTuneJobSpec, prefix="spec"))
 
 
+def parse_job(body: Body, namespace: str) -> tuple[FineTuneJobSpec | None, str | None]:
+    """`parse_spec`, and what the spec may not ask in `namespace`, which admission cannot see:
+    a Service of another namespace for its trainer to call."""
+    spec, invalid = parse_spec(body)
+    refusal = outside(services_of(spec.training), namespace) if spec is not None else None
+    return (None, refusal) if refusal is not None else (spec, invalid)
+
+
 def image_refusal(spec: FineTuneJobSpec, settings: Settings) -> str | None:
     """Why the job's trainer image may not run here, or None when the allow-list permits it."""
     image = spec.image or settings.trainer_image
@@ -158,10 +175,13 @@ def image_refusal(spec: FineTuneJobSpec, settings: Settings) -> str | None:
     return images.refusal(image, settings.allowed_images)
 
 
-def desired_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> list[Body]:
+def desired_children(
+    owner: Owner, spec: FineTuneJobSpec, settings: Settings, services: Mapping[str, Body | None] | None = None
+) -> list[Body]:
     """A job's own children in creation order: the Job last, so it never exists without its claim
     (and, for several nodes, without the headless Service its pods find each other through), and
-    its NetworkPolicy (several nodes only) first, so that no trainer pod of it ever runs unfenced;
+    its NetworkPolicies (several nodes; Services its trainer calls, as read: `services`) first,
+    so that no trainer pod of it ever runs unfenced or unable to reach what it calls;
     the namespace's policies are made before any of them (`namespace_children`).
 
     The trainer's config rides in the Job's pod template and its identity is the namespace's
@@ -170,20 +190,38 @@ def desired_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) ->
     claim = pvc_builder.output_pvc(owner, spec)
     service = multinode.service(owner, spec) if spec.resources.multinode else None
     return [
-        *network_children(owner, spec, settings),
+        *network_children(owner, spec, settings, services),
         *([claim] if claim is not None else []),
         *([service] if service is not None else []),
         multinode.indexed_job(owner, spec, settings),
     ]
 
 
-def network_children(owner: Owner, spec: FineTuneJobSpec, settings: Settings) -> list[Body]:
-    """The job's own NetworkPolicy: only a job of several nodes has one (its peers' ports), and
-    none where the platform switched trainer policies off. The rest of what a trainer may reach
-    is the namespace's (`namespace_children`)."""
+def network_children(
+    owner: Owner, spec: FineTuneJobSpec, settings: Settings, services: Mapping[str, Body | None] | None = None
+) -> list[Body]:
+    """The job's own NetworkPolicies: a job of several nodes has one (its peers' ports), a job
+    whose trainer calls Services another (their pods, from the Services as read: `services`; the
+    pre-flight's pod calls none, so it is made with the Job), and none where the platform
+    switched trainer policies off. The rest of what a trainer may reach is the namespace's
+    (`namespace_children`)."""
     rules = settings.trainer_network
-    policy = network.job_policy(owner, spec, rules) if rules is not None else None
-    return [policy] if policy is not None else []
+    if rules is None:
+        return []
+    egress = network.service_egress(services_of(spec.training), services, fenced=True)[0] if services else []
+    made = (network.job_policy(owner, spec, rules), network.services_policy(owner, egress))
+    return [policy for policy in made if policy is not None]
+
+
+def services_step(seen: Observed, spec: FineTuneJobSpec) -> tuple[tuple[str, ...], str | None]:
+    """(the Services to read first, what the job waits for) before its Job is made: the Services
+    its trainer calls, read once per pass, each there (and where the trainers are fenced,
+    reachable by a NetworkPolicy: builders/network.py)."""
+    calls = services_of(spec.training)
+    if calls and not seen.services_read:
+        return tuple(dict.fromkeys(call.service for call in calls)), None
+    fenced = seen.settings.trainer_network is not None
+    return (), network.service_egress(calls, seen.services, fenced)[1]
 
 
 def namespace_children(namespace: str, settings: Settings) -> list[Body]:
@@ -342,11 +380,12 @@ def decide(seen: Observed) -> Actions:
         return Actions()  # the garbage collector deletes the children (owner references)
     current: Body = body.get("status") or {}
     owner = Owner(name=seen.name, namespace=seen.namespace, uid=meta["uid"])
-    spec, invalid = parse_spec(body)
+    spec, invalid = parse_job(body, seen.namespace)
     invalid_reason = INVALID
     job: Body | None = None
     pods: list[Body] = []
     checking: str | None = None
+    waits_for = CHECKING_INPUTS
     if spec is not None:
         # A Job that another owner holds is a deleted FineTuneJob's of the same name, still
         # being collected: not ours, and nothing is created until the name is free.
@@ -368,10 +407,16 @@ def decide(seen: Observed) -> Actions:
             elif check is not None and check.state == "checking":
                 checking = check.message
             elif current.get("phase") not in TERMINAL_PHASES:
-                # The pass that creates a Job writes nothing else: its status follows in the next
-                # pass, paced while Jobs are being created (runtime/pacing.py).
-                children = tuple(desired_children(owner, spec, seen.settings))
-                return Actions(create=children, phase=current.get("phase"))
+                read, waiting = services_step(seen, spec)
+                if read:
+                    return Actions(read_services=read, phase=current.get("phase"))
+                if waiting is None:
+                    # The pass that creates a Job writes nothing else: its status follows in the
+                    # next pass, paced while Jobs are being created (runtime/pacing.py).
+                    children = tuple(desired_children(owner, spec, seen.settings, seen.services))
+                    return Actions(create=children, phase=current.get("phase"))
+                # Pending, saying which Service; the resync looks again (settings.resync_seconds).
+                checking, waits_for = waiting, SERVICE_MISSING
         if job is not None:
             uid = (job.get("metadata") or {}).get("uid")
             pods = [p for p in seen.pods if owned_by(p, uid)]
@@ -393,6 +438,7 @@ def decide(seen: Observed) -> Actions:
         job=job,
         pods=pods,
         checking=checking,
+        checking_reason=waits_for,
         admission=admission,
         preemptor=preemptor,
     )

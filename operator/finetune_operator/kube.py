@@ -158,6 +158,16 @@ class Kube:
                 return None
             raise
 
+    def get_service(self, namespace: str, name: str) -> Body | None:
+        """A Service a job's trainer calls (its selector and ports, for the job's NetworkPolicy), or None."""
+        read = self.core.read_namespaced_service
+        try:
+            return self._plain(self._call("get", "Service", read, name, namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def patch_job(self, namespace: str, name: str, patch: Body) -> Body:
         return self._plain(
             self._call("patch", "Job", self.batch.patch_namespaced_job, name, namespace, patch, _preload_content=False)

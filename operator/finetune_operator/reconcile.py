@@ -203,6 +203,10 @@ class Reconciler:
                 claim = self.kube.get_claim(namespace, actions.read_claim)
                 seen = dataclasses.replace(seen, claim_read=True, cache_claim=claim)
                 continue
+            if actions.read_services:
+                found = {service: self.kube.get_service(namespace, service) for service in actions.read_services}
+                seen = dataclasses.replace(seen, services_read=True, services=found)
+                continue
             if actions.job_patch:
                 job = self.kube.patch_job(namespace, name, {"spec": actions.job_patch})
                 self.cache.put_job(job)

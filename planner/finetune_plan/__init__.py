@@ -7,7 +7,8 @@ benchmarks all import it, and it imports nothing of theirs (only `finetune_api`)
 By concern: `results` (what a plan hands back), `layouts` (each mode's memory on every GPU),
 `search` (the mode, the loss chunks, the savers, the pair split: `make_plan`), `recompute` (the
 layers' activations), `host` (every host-memory figure and limit), `pairs` (a row's sequences
-through the model), `messages` (what a person reads of a plan); beneath them `memory` (the GPU's
+through the model), `grpo` (GRPO's step: its rollouts and forwards without gradients beside the
+scored pass), `messages` (what a person reads of a plan); beneath them `memory` (the GPU's
 bytes per component), `speed`, `placement`, `model_shape`, `families`, `gpu_products` and
 `calibration`; above them `parallelism.choose` (a spec to a launch), `pod` (what the operator
 plans), `grace`, `tighter` and `lengths`.

@@ -59,7 +59,8 @@ def grace_of(plan: Plan | None) -> Grace:
         return Grace(DEFAULT_S, None, None, None)
     shape, recipe = plan.shape, plan.recipe
     params = shape.layers * shape.lora_params_per_layer(recipe.lora_r, recipe.lora_targets)
-    return grace_seconds(plan.speed.step_seconds, checkpoint_bytes(params, recipe.optimizer))
+    # GRPO's micro-batch may be under way with its rollouts whole (`Speed.longest_seconds`).
+    return grace_seconds(plan.speed.longest_seconds, checkpoint_bytes(params, recipe.optimizer))
 
 
 def clock_steps(plan: Plan, every_minutes: int, accumulation: int) -> int | None:

@@ -13,6 +13,7 @@ from finetune_api.objectives import OBJECTIVES
 from finetune_api.spec import FineTuneJobSpec
 
 from .gpu_products import DEFAULT_PRODUCT, GpuProduct, lookup
+from .grpo.spec import terms_of, with_terms
 from .memory import FP32, Attention, Recipe
 from .recompute.ask import ActivationAsk
 
@@ -31,7 +32,7 @@ def recipe_from_spec(spec: FineTuneJobSpec, product: GpuProduct, attention: Atte
     # The planner may send them through one pass each instead, when only that fits (`pairs`).
     objective = OBJECTIVES.get(training.method)
     sequences = objective.sequences_per_row
-    return Recipe(
+    recipe = Recipe(
         max_length=training.max_length,
         batch_size=training.batch_size * sequences,
         gradient_accumulation=training.gradient_accumulation,
@@ -51,6 +52,8 @@ def recipe_from_spec(spec: FineTuneJobSpec, product: GpuProduct, attention: Atte
         sequence_names=objective.sequence_names,
         reference_forwards=objective.reference_forwards,
     )
+    # GRPO's terms are the planner's own (`grpo.spec`): a prompt's group, its reference forward.
+    return with_terms(recipe, terms_of(training))
 
 
 def product_for(name: str | None, fallback: str) -> GpuProduct:

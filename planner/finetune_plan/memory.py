@@ -35,6 +35,18 @@ def optimizer_bytes(name: str) -> float:
 
 
 @dataclass(frozen=True)
+class GrpoTerms:
+    """GRPO's settings that change a step's memory and time (`training.grpo`, named as the API's
+    fields): the group of completions per prompt, their longest, the optimizer steps one batch of
+    rollouts serves, and the KL's weight (above 0: a reference forward). `grpo` plans them."""
+
+    num_generations: int = 8
+    max_completion_length: int = 256
+    num_iterations: int = 1
+    beta: float = 0.0
+
+
+@dataclass(frozen=True)
 class Recipe:
     """The training settings that change memory or speed."""
 
@@ -74,6 +86,10 @@ class Recipe:
     pair_split: bool = False
     # Forwards of each sequence without gradients beside the trained one (DPO's reference: 1).
     reference_forwards: int = 0
+    # GRPO (`grpo`): a row is a prompt, `sequences_per_row` its group of completions; each step's
+    # rollouts and forwards without gradients are planned beside the scored micro-batch. None:
+    # another method.
+    grpo: GrpoTerms | None = None
 
     @property
     def tokens(self) -> int:
@@ -390,16 +406,26 @@ class GpuMemory:
     capacity: float
     notes: tuple[str, ...] = field(default=())
     workspaces: float = 0.0  # cuBLAS's, from the first step on (`cublas_workspace_bytes`)
+    # GRPO's phases without gradients at their largest (`grpo.phases`): the rollouts (their KV
+    # cache and forwards) or the scored micro-batch's forwards without gradients, above what
+    # stays. They hold none of a trained pass's activations: a step's rollouts run before any
+    # gradient, a forward without gradients before its micro-batch's trained one. 0: another method.
+    rollouts: float = 0.0
+
+    @property
+    def held(self) -> float:
+        """What stays through every phase: the weights, the adapter and its optimizer, the workspaces."""
+        return self.quantised_weights + self.embeddings_head + self.norms + self.lora_optimizer + self.workspaces
 
     @property
     def resident(self) -> float:
-        held = self.quantised_weights + self.embeddings_head + self.norms + self.lora_optimizer + self.workspaces
-        return held + self.activations
+        return self.held + self.activations
 
     @property
     def allocated(self) -> float:
-        """What torch.cuda.max_memory_allocated would report at the peak."""
-        return self.resident + max(self.temporaries, self.logits)
+        """What torch.cuda.max_memory_allocated would report at the peak: the trained pass's, or
+        GRPO's phases without gradients where they need more."""
+        return max(self.resident + max(self.temporaries, self.logits), self.held + self.rollouts)
 
     @property
     def overhead(self) -> float:
@@ -421,6 +447,7 @@ class GpuMemory:
             "activations": self.activations,
             "backward": self.temporaries,
             "loss": self.logits,
+            **({"rollouts": self.rollouts} if self.rollouts else {}),
             "allocated": self.allocated,
             "total": self.total,
         }
@@ -428,4 +455,6 @@ class GpuMemory:
 
     @property
     def peak_phase(self) -> str:
+        if self.held + self.rollouts > self.resident + max(self.temporaries, self.logits):
+            return "rollouts"
         return "loss" if self.logits > self.temporaries else "layer backward"

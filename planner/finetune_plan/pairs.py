@@ -39,8 +39,8 @@ def _sequences(count: int) -> str:
 
 def describe(recipe: Recipe) -> str | None:
     """`chosen and rejected in one micro-batch of 2 x 4 sequences` and the like; None for an
-    objective whose rows are one sequence."""
-    if recipe.sequences_per_row <= 1:
+    objective whose rows are one sequence, and for GRPO's groups (`grpo` says them)."""
+    if recipe.sequences_per_row <= 1 or recipe.grpo is not None:
         return None
     count = recipe.sequences_per_row
     names = recipe.sequence_names

@@ -36,6 +36,19 @@ class Speed:
     # the pair split's policy ones.
     reference_seconds: float = 0.0
     split_seconds: float = 0.0
+    # GRPO (`grpo.timing`): one micro-batch's rollouts and its forward for the old
+    # log-probabilities, whole; one batch of them serves `rollout_iterations` optimizer steps, so
+    # step_seconds holds that share of them.
+    rollout_seconds: float = 0.0
+    old_logp_seconds: float = 0.0
+    rollout_iterations: int = 1
+
+    @property
+    def longest_seconds(self) -> float:
+        """One micro-batch with its rollouts and old forward whole, not shared out: the longest a
+        micro-batch under way may still take (`step_seconds` for every method but GRPO)."""
+        whole = self.rollout_seconds + self.old_logp_seconds
+        return self.step_seconds + whole - whole / self.rollout_iterations
 
     @property
     def seconds_per_epoch(self) -> float | None:

@@ -18,7 +18,7 @@ from finetune_api.constants import GROUP, PLURAL, VERSION
 from finetune_api.generate import ROOT
 from finetune_operator.decide import parse_spec
 from tests.fixtures.cluster import Cluster
-from tests.support.api_cases import TINY, WRONG_SPECS, tiny_with
+from tests.support.api_cases import GRPO_REWARD, TINY, WRONG_SPECS, grpo_with, tiny_with
 
 pytestmark = pytest.mark.cluster
 
@@ -51,6 +51,8 @@ LEFT_TO_THE_OPERATOR = {
     "keptLayers with every layer recomputing",
     "pairSplit sometimes",
     "pairSplit with sft",
+    # A pattern the trainer's regular expressions (Python's re) refuse: CEL has no such check.
+    "grpo reward pattern not a regular expression",
 }
 
 
@@ -166,6 +168,19 @@ def test_a_preference_job_is_admitted_with_its_methods_block_only_when_written(
     parsed, error = parse_spec({"spec": spec})
     assert error is None and parsed is not None
     assert parsed.training.method == block
+
+
+def test_a_grpo_job_is_admitted_with_its_rewards_defaulted(
+    crd_installed: None, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    judge = {"name": "judge", "http": {"url": f"http://judge.{namespace}.svc.cluster.local:8080/score"}}
+    spec = _create(custom, namespace, tiny_with(grpo_with({"rewards": [GRPO_REWARD, judge]})))["spec"]
+    block = spec["training"]["grpo"]
+    assert block["numGenerations"] == 8 and block["lossType"] == "dapo" and block["maxCompletionLength"] == 16
+    assert block["rewards"][0] == {**GRPO_REWARD, "weight": 1.0}
+    assert block["rewards"][1]["http"] == {**judge["http"], "timeoutSeconds": 30, "batchSize": 64}
+    parsed, error = parse_spec({"spec": spec})
+    assert error is None and parsed is not None and parsed.training.method == "grpo"
 
 
 def test_the_server_words_a_method_and_format_refusal_as_ftjob_validate_does(

@@ -13,6 +13,7 @@ from finetune_api.base import ApiModel
 from finetune_api.method_settings import add_blocks
 from finetune_api.objectives import OBJECTIVES, Objective
 from finetune_api.objectives.dpo import DpoSpec
+from finetune_api.objectives.grpo import GrpoSpec
 from finetune_api.objectives.orpo import OrpoSpec
 from finetune_api.spec import FineTuneJobSpec, TrainingSpec
 from tests.support.specs import body
@@ -30,8 +31,8 @@ def _training(**training: object) -> TrainingSpec:
 def test_each_block_is_a_field_after_method_typed_as_its_model_and_unset_by_default() -> None:
     _training()
     names = list(TrainingSpec.model_fields)
-    assert names[names.index("method") :][:4] == ["method", "dpo", "orpo", "parallelism"]
-    for name, model in (("dpo", DpoSpec), ("orpo", OrpoSpec)):
+    assert names[names.index("method") :][:5] == ["method", "dpo", "orpo", "grpo", "parallelism"]
+    for name, model in (("dpo", DpoSpec), ("orpo", OrpoSpec), ("grpo", GrpoSpec)):
         field = TrainingSpec.model_fields[name]
         assert (field.annotation, field.default, field.alias) == (model | None, None, name)
 
@@ -62,7 +63,8 @@ def late() -> Iterator[Objective]:
 
 
 def test_a_block_registered_after_the_spec_was_built_is_refused_not_left_out(late: Objective) -> None:
-    with pytest.raises(RuntimeError, match="made for dpo, orpo, the training methods now bring dpo, orpo, late: "):
+    said = "made for dpo, orpo, grpo, the training methods now bring dpo, orpo, grpo, late: "
+    with pytest.raises(RuntimeError, match=said):
         crd.spec_schema()
 
 

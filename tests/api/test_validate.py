@@ -28,6 +28,7 @@ VALIDATED_ELSEWHERE = {
     "eval-tasks/cow.jsonl": "tests/cli/test_eval_command.py (ftjob eval: the cow task's data)",
     "eval-tasks/colours.yaml": "tests/cli/test_eval_command.py (ftjob eval: built by lm-evaluation-harness)",
     "eval-tasks/colours.jsonl": "tests/cli/test_eval_command.py (ftjob eval: the colours task's data)",
+    "data/arithmetic.jsonl": "tests/trainer/test_prompt_checks.py (check-data --format prompt: grpo-job.yaml's data)",
 }
 
 
@@ -80,6 +81,10 @@ PREFERENCE_CASES = [
         "dpo settings with sft",
         "packing with orpo",
         "pairSplit with sft",
+        "grpo on alpaca",
+        "grpo settings with sft",
+        "packing with grpo",
+        "grpo with evalFraction",
     }
 ]
 

@@ -170,7 +170,7 @@ def _training(crd: dict[str, Any]) -> dict[str, Any]:
 def test_the_first_use_finds_the_plugins_and_the_spec_has_their_blocks(made: dict[str, Any]) -> None:
     assert made["at_import"] == []
     fields = made["fields"]
-    assert fields[fields.index("method") :][:6] == ["method", "dpo", "orpo", "halved", "nested", "parallelism"]
+    assert fields[fields.index("method") :][:7] == ["method", "dpo", "orpo", "grpo", "halved", "nested", "parallelism"]
     assert made["factor"] == 0.25
     assert made["method settings"] == {"factor": 0.25}
     assert made["nested defaults"] == {
@@ -181,7 +181,7 @@ def test_the_first_use_finds_the_plugins_and_the_spec_has_their_blocks(made: dic
 
 def test_the_crd_carries_each_block_with_its_type_bounds_and_rules(made: dict[str, Any]) -> None:
     training = _training(made["crd"])
-    assert training["properties"]["method"]["enum"] == ["sft", "dpo", "orpo", "halved", "nested"]
+    assert training["properties"]["method"]["enum"] == ["sft", "dpo", "orpo", "grpo", "halved", "nested"]
     assert training["properties"]["halved"] == {
         "type": "object",
         "description": "halved's settings (method halved; the defaults when unset).",
@@ -287,7 +287,7 @@ def test_the_api_server_admits_a_block_and_keeps_an_unset_one_unset(
 ) -> None:
     spec = _create(custom, throwaway_crd, namespace, {"training": training})["spec"]
     assert spec["training"].get(block) == stored
-    others = {"dpo", "orpo", "halved", "nested"} - {block}
+    others = {"dpo", "orpo", "grpo", "halved", "nested"} - {block}
     assert not others & spec["training"].keys()
 
 

@@ -479,3 +479,51 @@ def test_the_evaluation_has_its_own_line_and_the_whole_jobs_time_includes_it(tmp
         "\nevaluation " not in plain
         and json.loads(ftjob("plan", str(stepped), "--offline", "--json").stdout)["evaluation"] is None
     )
+
+
+def _grpo_job(tmp_path: Path, **training: Any) -> str:
+    """The GRPO example on one P40: 8 completions of 256 tokens to prompts of up to 256 (maxLength 512)."""
+    body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "grpo-job.yaml").read_text(encoding="utf-8"))
+    spec = body["spec"]
+    spec["resources"] = {"gpus": 1, "gpuProduct": "Tesla-P40"}
+    spec["training"].update({"maxLength": 512, "batchSize": 1, **training})
+    spec["training"] = {key: value for key, value in spec["training"].items() if value is not None}
+    spec["training"]["grpo"].update({"numGenerations": 8, "maxCompletionLength": 256})
+    job = tmp_path / "grpo.yaml"
+    job.write_text(yaml.safe_dump(body), encoding="utf-8")
+    return str(job)
+
+
+def test_a_grpo_job_prints_its_step_and_its_time_in_optimizer_steps(tmp_path: Path):
+    """The `grpo` line (the rollouts, their KV cache, the step's seconds by part), the rollouts' row
+    of the memory table, and the job's time from maxSteps, or from the prompts on the volume."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_3_8B))
+    job = _grpo_job(tmp_path)
+    result = ftjob("plan", job, "--model-config", str(config))
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("grpo ")]
+    assert line.startswith(
+        "grpo      step: rollouts 8 x 256 tokens per prompt (1 prompt of up to 256 tokens a micro-batch), "
+        "KV cache 1.00 GiB; generation "
+    )
+    assert ", scoring " in line and ", per step " in line
+    assert any(x.startswith("rollouts (no-grad phase)") for x in result.stdout.splitlines())
+    assert "time      about " in result.stdout and "20 steps (training.maxSteps) of " in result.stdout
+    plan = json.loads(ftjob("plan", job, "--model-config", str(config), "--json").stdout)
+    # 2 (k, v) x 32 layers x 8 kv heads x 128 x 4 bytes, for 8 rows of 512 tokens: 1 GiB.
+    assert plan["grpo"]["kvCacheBytes"] == 2 * 32 * 8 * 128 * 4 * 8 * 512 == GIB
+    assert plan["grpo"]["stepSeconds"] == pytest.approx(plan["trainingSeconds"] / 20, rel=1e-3)
+    assert plan["batch_size"] == 1 and plan["speed"]["rollout_seconds"] > 0
+
+    volumes = tmp_path / "volumes"
+    (volumes / "models" / "tiny-llama").mkdir(parents=True)
+    (volumes / "models" / "tiny-llama" / "config.json").write_text(json.dumps(LLAMA_3_8B))
+    data = volumes / "datasets" / "tiny" / "arithmetic.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text('{"prompt": "1 + 1 =", "answer": "2"}\n' * 30)
+    epochs = _grpo_job(tmp_path, maxSteps=None, epochs=2)
+    result = ftjob("plan", epochs, "--volumes", str(volumes))
+    assert result.returncode == 0, result.stderr
+    assert "for the whole job: 60 optimizer steps (2 epoch(s) of 30 prompts) of " in result.stdout
+    assert "epoch tokens estimated" not in result.stdout

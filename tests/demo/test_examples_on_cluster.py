@@ -6,6 +6,7 @@ with the converters the node agent hands its pods, as the trainer image has them
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ def make_demo_data(volumes: dict[str, Path]) -> None:
     models, data = volumes["models"], volumes["datasets"] / "tiny"
     made = [ftjob, "make-tiny-model", str(models / "tiny-llama"), "--dataset", str(data / "alpaca.jsonl")]
     subprocess.run([*made, "--preference", str(data / "preference.jsonl")], check=True, timeout=300)
+    shutil.copyfile(REPO / "examples" / "data" / "arithmetic.jsonl", data / "arithmetic.jsonl")
     gguf = [ftjob, "make-tiny-model", str(models / "tiny-llama-gguf"), "--llama-tokenizer"]
     subprocess.run(gguf, check=True, timeout=300)
     llama_cpp.converters()  # the demo unpacks them: the node agent hands their folder to its pods

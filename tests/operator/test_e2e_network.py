@@ -112,3 +112,60 @@ def test_two_multinode_jobs_of_a_namespace_do_not_open_ports_to_each_other(
     assert reference["uid"] == owner["metadata"]["uid"] and reference["controller"] is True
     jobs.delete("left")
     wait_for(lambda: _policy(jobs, "left-network") is None or None, 60, "the policy collected with its job")
+
+
+def _grpo_spec(url: str) -> dict[str, Any]:
+    """A suspended GRPO job (Hub sources: no input check) whose one reward calls `url`."""
+    rewards = [{"name": "judge", "http": {"url": url}}]
+    spec = gpu_spec(training={"method": "grpo", "grpo": {"maxCompletionLength": 16, "rewards": rewards}}, suspend=True)
+    spec["dataset"]["format"] = "prompt"
+    return spec
+
+
+def test_a_grpo_job_waits_for_its_reward_service_then_reaches_its_pods_alone(
+    jobs: Jobs, operator: OperatorProcess
+) -> None:
+    """The job waits, Pending with ServiceMissing and one Warning, while the Service its http
+    reward calls is missing; once it exists, the job's own `<job>-rewards` (owned by it, before
+    its Job) lets its pods reach the Service's pods on the Service's target port, and no others."""
+    jobs.create("grpo", _grpo_spec("http://judge:8080/score"))
+    waiting = jobs.status_when(
+        "grpo", lambda s: str(s.get("message", "")).startswith("waiting for Service"), "waiting for its Service", 60
+    )
+    assert waiting["phase"] == "Pending"
+    assert (
+        waiting["message"]
+        == "waiting for Service 'judge' (spec.training.grpo.rewards[0].http.url): the namespace has none"
+    )
+    assert jobs.condition("grpo", "Running")["reason"] == "ServiceMissing"
+    said = [e["message"] for e in jobs.events_with("grpo", "ServiceMissing") if e["reason"] == "ServiceMissing"]
+    assert said == [waiting["message"]]
+    assert _job(jobs, "grpo") is None and _policy(jobs, "grpo-rewards") is None
+    judge = {"selector": {"app": "judge"}, "ports": [{"name": "http", "port": 8080, "targetPort": 9000}]}
+    jobs.core.create_namespaced_service(jobs.namespace, {"metadata": {"name": "judge"}, "spec": judge})
+    # The resync (5 s here) looks again.
+    found = wait_for(lambda: _job(jobs, "grpo"), 60, "the Job of grpo once its Service exists")
+    policy = _policy(jobs, "grpo-rewards")
+    assert policy is not None
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"][LABEL_JOB] == "grpo" and not spec.get("ingress")
+    assert spec["egress"] == [
+        {"to": [{"podSelector": {"matchLabels": {"app": "judge"}}}], "ports": [{"protocol": "TCP", "port": 9000}]}
+    ]
+    (reference,) = policy["metadata"]["ownerReferences"]
+    assert reference["kind"] == KIND and reference["name"] == "grpo" and reference["controller"] is True
+    job = jobs.api.sanitize_for_serialization(found)
+    assert job["metadata"]["creationTimestamp"] >= policy["metadata"]["creationTimestamp"]
+
+
+def test_a_grpo_job_calling_another_namespaces_service_fails_naming_the_field(
+    jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create("elsewhere", _grpo_spec("http://judge.other-team:8080/score"))
+    failed = jobs.wait_phase("elsewhere", "Failed", 60)
+    assert failed["message"] == (
+        f"spec.training.grpo.rewards[0].http.url: a reward service must be in the job's namespace ({jobs.namespace}), "
+        "not other-team"
+    )
+    assert jobs.condition("elsewhere", "Failed")["reason"] == "Invalid"
+    assert _job(jobs, "elsewhere") is None and _policy(jobs, "elsewhere-rewards") is None

@@ -207,3 +207,16 @@ def test_s3_credentials_reach_a_pod_only_from_the_key_of_their_own_name() -> Non
             ref = entry.get("valueFrom", {}).get("secretKeyRef")
             if ref is not None:
                 assert pairs[entry["name"]] == ref["key"], (kind, entry)
+
+
+def test_the_fence_names_a_jobs_own_policies_as_the_builder_does() -> None:
+    """`<job>-network` and `<job>-rewards` (builders/network.py): the suffixes the fence admits."""
+    from finetune_operator.builders import network
+
+    policy = _source_policy("finetune-fence-networkpolicies")
+    owner_rule = policy["spec"]["validations"][0]["expression"]
+    assert f"variables.jobName + '{network.SUFFIX}'" in owner_rule
+    assert f"variables.jobName + '{network.SERVICES_SUFFIX}'" in _expression(policy, "rewards")
+    assert network.services_policy_name("x") == "x" + network.SERVICES_SUFFIX
+    rules = [v.get("message", "") + v.get("messageExpression", "") for v in policy["spec"]["validations"]]
+    assert any("rule networkpolicy-services:" in rule for rule in rules)

@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from finetune_api import contract
 from finetune_api.constants import API_VERSION, KIND, TRAINER_SERVICE_ACCOUNT
+from finetune_api.services import ServiceUrl
 from finetune_api.spec import FineTuneJobSpec
 from finetune_operator.builders import job as job_builder
 from finetune_operator.builders import multinode as multinode_builder
@@ -924,6 +925,70 @@ def test_the_hub_rule_goes_only_to_the_hub_jobs_pods(network_fence: Fenced) -> N
     policy = copy.deepcopy(_shared_policies(fenced.namespace)[network_builder.HUB_TRAINERS])
     policy["spec"]["podSelector"]["matchLabels"].pop("finetune.dev/hub-egress")
     _assert_rule(fenced.refusal(fenced.networking.create_namespaced_network_policy, policy), "networkpolicy-pods")
+
+
+def _rewards_policy(owner: Owner) -> dict[str, Any]:
+    """A GRPO job's policy to the Service its http reward calls, as the operator builds it from
+    the Service it read (a named target port, as a Service may have)."""
+    judge = {"spec": {"selector": {"app": "judge"}, "ports": [{"port": 8080, "targetPort": "http", "protocol": "TCP"}]}}
+    call = ServiceUrl("spec.training.grpo.rewards[0].http.url", "a reward service", "judge", None, 8080)
+    egress, waiting = network_builder.service_egress((call,), {"judge": judge}, fenced=True)
+    policy = network_builder.services_policy(owner, egress)
+    assert waiting is None and policy is not None
+    return policy
+
+
+def _to(policy: dict[str, Any]) -> dict[str, Any]:
+    peer: dict[str, Any] = policy["spec"]["egress"][0]["to"][0]
+    return peer
+
+
+# (what the variant changes, the change to a job's policy to its reward Services, the rule that refuses it)
+REWARDS_VARIANTS: list[tuple[str, Callable[[dict[str, Any]], object], str]] = [
+    ("selects-all-pods", lambda p: p["spec"].update(podSelector={}), "networkpolicy-pods"),
+    ("unowned", lambda p: p["metadata"].pop("ownerReferences"), "networkpolicy-owner"),
+    ("another-suffix", lambda p: p["metadata"].update(name=f"{p['metadata']['name']}-more"), "networkpolicy-owner"),
+    ("ingress-from-everywhere", lambda p: _ingress(p).append({}), "networkpolicy-ingress"),
+    ("ingress-left-open", lambda p: p["spec"].update(policyTypes=["Egress"]), "networkpolicy-types"),
+    ("egress-to-another-namespace", lambda p: _to(p).update(namespaceSelector={}), "networkpolicy-services"),
+    (
+        "egress-to-an-address",
+        lambda p: _egress(p).append({"to": [ANYWHERE], "ports": [{"port": 443}]}),
+        "networkpolicy-services",
+    ),
+    ("egress-to-every-pod", lambda p: _to(p).update(podSelector={}), "networkpolicy-services"),
+    (
+        "egress-by-expression",
+        lambda p: _to(p)["podSelector"].update(matchExpressions=[{"key": "app", "operator": "Exists"}]),
+        "networkpolicy-services",
+    ),
+    ("egress-on-every-port", lambda p: _egress(p)[0].pop("ports"), "networkpolicy-services"),
+    (
+        "egress-on-a-range",
+        lambda p: _egress(p)[0].update(ports=[{"protocol": "TCP", "port": 1, "endPort": 65535}]),
+        "networkpolicy-services",
+    ),
+    ("egress-anywhere", lambda p: _egress(p).append({}), "networkpolicy-services"),
+]
+
+
+def test_a_jobs_policy_to_its_reward_services_is_admitted(network_fence: Fenced) -> None:
+    """`<job>-rewards`, as the builder makes it: the job's pods, nothing in, out only to the
+    Service's pods on its target port."""
+    fenced = network_fence
+    policy = _rewards_policy(fenced.owner)
+    assert policy["metadata"]["name"] == f"{fenced.owner.name}-rewards"
+    assert fenced.refusal(fenced.networking.create_namespaced_network_policy, policy) is None
+
+
+@pytest.mark.parametrize(("variant", "change", "rule"), REWARDS_VARIANTS, ids=[v[0] for v in REWARDS_VARIANTS])
+def test_a_broader_policy_to_reward_services_is_refused_naming_its_rule(
+    network_fence: Fenced, variant: str, change: Callable[[dict[str, Any]], object], rule: str
+) -> None:
+    fenced = network_fence
+    policy = _rewards_policy(fenced.owner)
+    change(policy)
+    _assert_rule(fenced.refusal(fenced.networking.create_namespaced_network_policy, policy), rule)
 
 
 def test_any_other_write_is_refused_naming_the_rule(fenced: Fenced) -> None:

@@ -28,6 +28,26 @@ def tiny_with(change: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+# A GRPO job on the tiny example: its prompt data, no held-out split, completions that leave the
+# prompt room in its maxLength (128), and a reward (the list is replaced whole by `tiny_with`).
+GRPO_REWARD: dict[str, Any] = {"name": "right", "answer": {"field": "answer", "pattern": "answer is (\\d+)"}}
+
+
+def grpo_with(grpo: dict[str, Any] | None = None, **training: Any) -> dict[str, Any]:
+    """The change that makes the tiny example a GRPO job, its block `grpo` merged over one reward."""
+    block = {"maxCompletionLength": 16, "rewards": [GRPO_REWARD], **(grpo or {})}
+    return {
+        "training": {"method": "grpo", "grpo": block, **training},
+        "dataset": {"format": "prompt", "evalFraction": None},
+    }
+
+
+def _grpo_held_out(**dataset: Any) -> dict[str, Any]:
+    change = grpo_with()
+    change["dataset"] = {"format": "prompt", "evalFraction": None, **dataset}
+    return change
+
+
 WRONG_SPECS = [
     ("zero rank", {"lora": {"r": 0}}, "spec.lora.r:"),
     ("rank too big", {"lora": {"r": 257}}, "spec.lora.r:"),
@@ -160,6 +180,75 @@ WRONG_SPECS = [
         "unknown dpo loss",
         {"training": {"method": "dpo", "dpo": {"lossType": "hinge"}}, "dataset": {"format": "preference"}},
         "spec.training.dpo.lossType:",
+    ),
+    # GRPO: its block's bounds and rules, its rewards, its data and no held-out split.
+    (
+        "grpo without rewards",
+        grpo_with({"rewards": []}),
+        "training.grpo.rewards: at least one reward for training.method grpo",
+    ),
+    (
+        "grpo rewards of one name",
+        grpo_with({"rewards": [GRPO_REWARD, {"name": "right", "length": {"target": 8}}]}),
+        "training.grpo.rewards: each reward's name is its own",
+    ),
+    (
+        "grpo reward of two kinds",
+        grpo_with({"rewards": [{**GRPO_REWARD, "length": {"target": 8}}]}),
+        "spec.training.grpo.rewards[0]: a reward is exactly one of answer, format, length or http",
+    ),
+    (
+        "grpo reward of no kind",
+        grpo_with({"rewards": [{"name": "nothing", "weight": 2}]}),
+        "spec.training.grpo.rewards[0]: a reward is exactly one of answer, format, length or http",
+    ),
+    (
+        "grpo reward name with a space",
+        grpo_with({"rewards": [{**GRPO_REWARD, "name": "right answer"}]}),
+        "spec.training.grpo.rewards[0].name:",
+    ),
+    (
+        "grpo reward url of no service",
+        grpo_with({"rewards": [{"name": "judge", "http": {"url": "http://10.0.0.7:8080/score"}}]}),
+        "spec.training.grpo.rewards[0].http.url:",
+    ),
+    (
+        "grpo reward pattern not a regular expression",
+        grpo_with({"rewards": [{"name": "tidy", "format": {"pattern": "(unclosed"}}]}),
+        "spec.training.grpo.rewards[0].format.pattern: not a regular expression",
+    ),
+    ("grpo group of one", grpo_with({"numGenerations": 1}), "spec.training.grpo.numGenerations:"),
+    ("grpo unknown loss", grpo_with({"lossType": "ppo"}), "spec.training.grpo.lossType:"),
+    (
+        "grpo completion as long as maxLength",
+        grpo_with({"maxCompletionLength": 128}),
+        "training.grpo.maxCompletionLength must be below training.maxLength",
+    ),
+    (
+        "grpo with evalFraction",
+        _grpo_held_out(evalFraction=0.1),
+        "dataset.evalFraction is not for training.method grpo: its rewards are what it is measured by",
+    ),
+    (
+        "grpo with a held-out source",
+        _grpo_held_out(eval={"pvc": {"claimName": "datasets", "path": "tiny/eval.jsonl"}}),
+        "dataset.eval is not for training.method grpo: its rewards are what it is measured by",
+    ),
+    (
+        "packing with grpo",
+        grpo_with(packing=True),
+        "training.packing is not for training.method grpo: each of its sequences is a prompt and one completion "
+        "sampled for it",
+    ),
+    (
+        "grpo on alpaca",
+        {**grpo_with(), "dataset": {"format": "alpaca", "evalFraction": None}},
+        "dataset.format alpaca is not one training.method grpo reads (prompt)",
+    ),
+    (
+        "grpo settings with sft",
+        {"training": {"grpo": {"numGenerations": 4}}},
+        "training.grpo is for training.method grpo",
     ),
     (
         "priority without a queue",

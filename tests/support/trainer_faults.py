@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -47,7 +48,11 @@ EXPORT_FAIL = "FINETUNE_TEST_EXPORT_FAIL"
 FETCH_CHUNK = "FINETUNE_TEST_FETCH_CHUNK"
 FETCH_DELAY = "FINETUNE_TEST_FETCH_DELAY"
 
+# "HOST=ADDRESS": an http reward's URL naming Service HOST is called at ADDRESS (host:port)
+# instead, where the test's own server listens: a run outside the cluster has no Service DNS.
+REWARD_HOST = "FINETUNE_TEST_REWARD_HOST"
 SWITCHES = (
+    REWARD_HOST,
     KILL_IN_SAVE,
     NONFINITE_AT,
     KILL_RANK_AT,
@@ -89,6 +94,8 @@ class TestFaults(Faults):
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.rank = int(env.get("RANK", "0"))
+        host, _, address = env.get(REWARD_HOST, "").partition("=")
+        self.reward_host = (host, address) if host and address else None
         self.under_launcher = bool(env.get("FINETUNE_REASON_DIR"))
         self.kill_in_save = _int(env.get(KILL_IN_SAVE))
         self.sigterm_in_save = _int(env.get(SIGTERM_IN_SAVE))
@@ -163,6 +170,14 @@ class TestFaults(Faults):
 
     def fetch_chunk(self, chunk: int) -> int:
         return self.chunk or chunk
+
+    def reward_url(self, url: str) -> str:
+        if not self.reward_host:
+            return url
+        parts = urllib.parse.urlsplit(url)
+        if parts.hostname != self.reward_host[0]:
+            return url
+        return urllib.parse.urlunsplit(parts._replace(netloc=self.reward_host[1]))
 
     def after_fetch_range(self) -> None:
         if self.fetch_delay:

@@ -23,7 +23,15 @@ def _no_hooks_left() -> object:
 
 def _call_every_hook(hooks: faults.Faults) -> dict[str, object]:
     """Each hook called once with plain arguments, what it returned by name."""
-    arguments = {"step": 3, "micro": 1, "tightened": False, "name": "merged", "chunk": 4096, "model": object()}
+    arguments = {
+        "step": 3,
+        "micro": 1,
+        "tightened": False,
+        "name": "merged",
+        "chunk": 4096,
+        "model": object(),
+        "url": "http://judge:8080/score",
+    }
     returned = {}
     for name, method in inspect.getmembers(hooks, inspect.ismethod):
         if name.startswith("_"):
@@ -39,6 +47,7 @@ def test_without_the_variable_every_hook_is_a_no_op() -> None:
     returned = _call_every_hook(hooks)
     assert returned.pop("nonfinite_at") is False
     assert returned.pop("fetch_chunk") == 4096
+    assert returned.pop("reward_url") == "http://judge:8080/score"
     assert set(returned.values()) == {None}
     assert len(returned) >= 6
 

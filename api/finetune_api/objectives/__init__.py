@@ -14,6 +14,11 @@ part needs of it without the trainer's code:
 - its settings block, `training.<name>` (`settings`: a model, optional), and the rules it adds to
   `training` while it is the method (`rules`): the spec's field, the CRD's schema and both sides'
   rules follow from them (finetune_api.method_settings);
+- what it refuses of the rest of the spec: a held-out split, where it measures itself otherwise
+  (`no_held_out`);
+- the in-cluster Services its trainer calls (`services`, from its settings block): the operator
+  lets the job's pods reach exactly those, and refuses one outside the job's namespace
+  (finetune_api.services);
 - the trainer's implementation (`module:Class`, a `finetune_trainer.objectives.TrainingObjective`):
   its rows and batches, its loss and its progress figures.
 Every module of this package registers its entry when imported; FINETUNE_PLUGINS adds others
@@ -28,6 +33,7 @@ from typing import Any, Final
 
 from finetune_api.base import ApiModel
 from finetune_api.registry import Choice, Registry
+from finetune_api.services import ServiceUrl
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,10 @@ class Objective:
     # Forwards of each sequence without gradients beside the trained one (DPO's reference: 1):
     # the planner's time, not its memory (no activations are kept).
     reference_forwards: int = 0
-    # Whether `training.packing` may put several rows in one sequence (a pair's answers cannot).
+    # Whether `training.packing` may put several rows in one sequence (a pair's answers cannot),
+    # and why not where it may not (empty: a pair's reason, PAIRS_UNPACKED).
     packs: bool = True
+    unpacked: str = ""
     # The names of a row's sequences where the trainer can also run them one micro-batch each,
     # when memory needs it (the planner decides: `finetune_plan.pairs`; a preference pair's
     # chosen and rejected); empty: a row's sequences always go through the model together.
@@ -71,6 +79,12 @@ class Objective:
     settings: type[ApiModel] | None = None
     # Rules of `training` it adds while it is the method (`Rule`: both sides from one statement).
     rules: tuple[Rule, ...] = ()
+    # Why it takes no held-out split (`dataset.evalFraction`, `dataset.eval`): what measures it
+    # instead; empty: it takes one.
+    no_held_out: str = ""
+    # The Services its trainer pods call, from the TrainingSpec (typed Any, as `Rule.holds`):
+    # the operator reads each and lets the job's pods reach its pods (builders/network.py).
+    services: Callable[[Any], tuple[ServiceUrl, ...]] | None = None
 
 
 OBJECTIVES: Final[Registry[Objective]] = Registry("training method", __name__, "spec.training.method")
@@ -110,20 +124,44 @@ def describe_methods() -> str:
 
 # The refusals, as templates: the spec's validators fill them in Python, the CRD's CEL rules
 # spell them as message expressions (finetune_api.spec), so both say the same line.
-NO_PACKING: Final = (
-    "training.packing is not for training.method {method}: a pair's answers are scored one sequence each"
-)
+NO_PACKING: Final = "training.packing is not for training.method {method}: {why}"
+# Why a method's rows are not packed, unless its entry says (`Objective.unpacked`): DPO's and ORPO's.
+PAIRS_UNPACKED: Final = "a pair's answers are scored one sequence each"
 NOT_READ: Final = "dataset.format {format} is not one training.method {method} reads ({known})"
 NO_PAIR_SPLIT: Final = (
     "training.pairSplit: true is not for training.method {method}: its rows are not pairs of sequences to split"
 )
 
 
+NO_HELD_OUT: Final = "dataset.{field} is not for training.method {method}: {why}"
+HELD_OUT_FIELDS: Final = ("evalFraction", "eval")
+
+
+def holds_out(method: str, field: str) -> str | None:
+    """None when objective `method` takes a held-out split in `dataset.<field>`, else the refusal."""
+    objective = OBJECTIVES.get(method)
+    if not objective.no_held_out:
+        return None
+    return NO_HELD_OUT.format(field=field, method=method, why=objective.no_held_out)
+
+
+def services_of(training: Any) -> tuple[ServiceUrl, ...]:
+    """The Services the trainer of `training` (a TrainingSpec) calls: its method's, none for most."""
+    read = OBJECTIVES.get(training.method).services
+    return () if read is None else read(training)
+
+
 def packs(method: str) -> str | None:
     """None when objective `method` may pack its rows, else the one-line refusal."""
-    if OBJECTIVES.get(method).packs:
+    objective = OBJECTIVES.get(method)
+    if objective.packs:
         return None
-    return NO_PACKING.format(method=method)
+    return NO_PACKING.format(method=method, why=unpacked_why(objective))
+
+
+def unpacked_why(objective: Objective) -> str:
+    """Why objective's rows are not packed (its entry's words, else a pair's)."""
+    return objective.unpacked or PAIRS_UNPACKED
 
 
 def splits_pairs(method: str) -> str | None:

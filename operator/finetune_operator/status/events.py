@@ -11,6 +11,7 @@ from typing import Any
 from finetune_api.contract import TERMINAL_PHASES
 from finetune_api.reasons import EXPORT_FAILED
 
+from .observation import SERVICE_MISSING
 from .pods import RETRIED_OOM
 from .room import SCHEDULABLE
 
@@ -32,11 +33,12 @@ def transitions(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Tra
     show above its Events, so a job that runs well posts none (at fleet scale that was 2.7
     Events a job, a third of the operator's requests). What the status would overwrite, or a
     user must act on, stays an Event: each failed attempt (Restarted), the GPU-memory retry,
-    each preemption, a job no node of its product can ever hold (Schedulable=False, room.py) and
-    the failure that ends the job. A pod waiting for a node is said by the
-    status (phase Pending, the message and Scheduled=False, in the scheduler's words) and by the
-    scheduler's own FailedScheduling Warning on the pod; when the wait turns into a failure (the
-    pending timeout), the Failed Warning says it.
+    each preemption, a job no node of its product can ever hold (Schedulable=False, room.py), a
+    Service its trainer calls that is missing (ServiceMissing) and the failure that ends the job.
+    A pod waiting for a node is said by the status (phase Pending, the message and
+    Scheduled=False, in the scheduler's words) and by the scheduler's own FailedScheduling
+    Warning on the pod; when the wait turns into a failure (the pending timeout), the Failed
+    Warning says it.
     """
     out: list[Transition] = []
     old_restarts = int(before.get("restarts") or 0)
@@ -62,6 +64,10 @@ def transitions(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Tra
     if unplaceable is not None and _condition(before, SCHEDULABLE, "False") is None:
         # No node of the product can ever hold the job: the one thing here a user must act on.
         out.append(Transition("Warning", str(unplaceable["reason"]), str(unplaceable["message"])))
+    waiting = _waiting_for_a_service(after)
+    if waiting is not None and _waiting_for_a_service(before) is None:
+        # A Service the job's trainer calls is missing: the user must make it (or fix the URL).
+        out.append(Transition("Warning", SERVICE_MISSING, str(waiting.get("message") or SERVICE_MISSING)))
     if _export_failed(after) and not _export_failed(before):
         out.append(Transition("Warning", EXPORT_FAILED, str(after.get("message") or EXPORT_FAILED)))
     if after.get("phase") == "Failed" and before.get("phase") != "Failed":
@@ -75,6 +81,11 @@ def transitions(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Tra
 
 def _condition(status: Mapping[str, Any], kind: str, state: str) -> Mapping[str, Any] | None:
     return next((c for c in status.get("conditions") or [] if c.get("type") == kind and c.get("status") == state), None)
+
+
+def _waiting_for_a_service(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    running = _condition(status, "Running", "False")
+    return running if running is not None and running.get("reason") == SERVICE_MISSING else None
 
 
 def _export_failed(status: Mapping[str, Any]) -> bool:

@@ -26,6 +26,9 @@ EXCEEDS_LIMIT = "ExceedsLimit"
 REFUSALS = frozenset({NAMESPACE_NOT_ALLOWED, IMAGE_NOT_ALLOWED, WONT_FIT, EXCEEDS_LIMIT})
 # A job whose pre-flight Job checks its inputs (preflight.py): Pending, saying so.
 CHECKING_INPUTS = "CheckingInputs"
+# A job whose trainer calls a Service of its namespace that is not there yet, or not reachable by
+# a NetworkPolicy (builders/network.py): Pending, saying which, with a Warning.
+SERVICE_MISSING = "ServiceMissing"
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,10 @@ class Observation:
     preemptor: str | None = None
     # spec.resources.nodes: the pods of one attempt (an Indexed Job when more than one).
     nodes: int = 1
-    # What the pre-flight Job is doing while it checks the inputs, before the Job exists.
+    # What the pre-flight Job is doing while it checks the inputs, before the Job exists, or what
+    # else the job waits for then (`checking_reason`: SERVICE_MISSING).
     checking: str | None = None
+    checking_reason: str = CHECKING_INPUTS
     # Whether a node of the product can ever hold the job's pods (finetune_plan.nodes.room);
     # None where it was not judged (a CPU job, a running one, nodes not known).
     room: Room | None = None

@@ -19,7 +19,7 @@ from ..guardrails import UNSCHEDULABLE
 from ..workloads import Admission
 from .conditions import Conditions, condition, ordered
 from .events import Transition, transitions
-from .observation import CHECKING_INPUTS, Observation
+from .observation import Observation
 from .patch import owned_part
 from .pods import export_failed, failed_attempts, job_condition, job_failure, oom_retry
 from .queue import preemption_text, queue_conditions, queue_status
@@ -124,7 +124,7 @@ def _without_job(obs: Observation, status: dict[str, Any], conds: Conditions, un
         return _finish(obs, {**kept, **status}, conds)
     status["phase"] = "Pending"
     if obs.checking:
-        conds["Running"] = condition("Running", False, CHECKING_INPUTS, obs.checking, obs)
+        conds["Running"] = condition("Running", False, obs.checking_reason, obs.checking, obs)
         status["message"] = obs.checking
     if unplaceable:
         status["message"] = unplaceable

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import memory as mem
+from ..grpo.phases import no_grad_bytes
 from ..memory import GpuMemory, Recipe
 from ..model_shape import ModelShape
 from ..placement import QUANTISED_ACCOUNTING_BYTES, Placement, balance, max_memory
@@ -19,10 +20,18 @@ from ..results.layout import Hardware, Layout
 
 
 def device_map_gpu(
-    shape: ModelShape, recipe: Recipe, hw: Hardware, gpu: int, layers: int, *, first: int | None = None
+    shape: ModelShape,
+    recipe: Recipe,
+    hw: Hardware,
+    gpu: int,
+    layers: int,
+    *,
+    first: int | None = None,
+    cached: bool = True,
 ) -> GpuMemory:
     """GPU `gpu` holding `layers` decoder layers from index `first` (default: the last ones on the
-    last GPU, else the first ones: where the kept layers would be without a placement)."""
+    last GPU, else the first ones: where the kept layers would be without a placement); GRPO's
+    rollouts with a KV cache, or without one (`cached` False: fsdp's lockstep on one GPU)."""
     last = hw.gpus - 1
     if first is None:
         first = shape.layers - layers if gpu == last else 0
@@ -48,11 +57,15 @@ def device_map_gpu(
         logits=mem.logits_bytes(shape, recipe) if gpu == loss_gpu else 0.0,
         capacity=hw.capacity,
         workspaces=mem.cublas_workspace_bytes(hw.product),
+        rollouts=no_grad_bytes(shape, recipe, layers=layers, head=gpu == loss_gpu, cached=cached),
     )
 
 
-def device_map_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, placement: Placement | None = None) -> Layout:
-    """device_map memory per GPU, for the balanced placement or a given one."""
+def device_map_layout(
+    shape: ModelShape, recipe: Recipe, hw: Hardware, placement: Placement | None = None, *, cached: bool = True
+) -> Layout:
+    """device_map memory per GPU, for the balanced placement or a given one (`cached`: as
+    `device_map_gpu`)."""
 
     # Balanced as if every layer recomputed: the layers kept (the last) then add to the GPUs that
     # hold them, which `gradientCheckpointing: auto` sizes against each GPU's headroom.
@@ -65,7 +78,7 @@ def device_map_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, placement
         placement = balance(shape.layers, [hw.capacity] * hw.gpus, total_for)
     firsts = [sum(placement.layers_per_gpu[:gpu]) for gpu in range(len(placement.layers_per_gpu))]
     per_gpu = tuple(
-        device_map_gpu(shape, recipe, hw, gpu, count, first=firsts[gpu])
+        device_map_gpu(shape, recipe, hw, gpu, count, first=firsts[gpu], cached=cached)
         for gpu, count in enumerate(placement.layers_per_gpu)
     )
     return Layout("device_map", per_gpu, recipe.loss_chunk_tokens, placement)

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from .. import calibration as cal
 from .. import memory as mem
+from ..grpo.phases import fsdp_no_grad_bytes
 from ..memory import GIB, GpuMemory, Recipe
 from ..model_shape import ModelShape
 from ..results.layout import Hardware, Layout
@@ -48,7 +49,9 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
     - logits (the loss): the logits' transients plus the head gathered whole (own unit; the root
       already holds it whole);
     - in both transient phases, what fsdp was measured to hold beyond these parts
-      (`cal.FSDP_UNMEASURED_GIB`).
+      (`cal.FSDP_UNMEASURED_GIB`);
+    - rollouts (GRPO's phases without gradients, `grpo.phases`): a forward's layer beside two
+      layers gathered whole, or its logits beside the head gathered, and the same unmeasured term.
     """
     n = hw.gpus
     layers = shape.layers
@@ -62,6 +65,8 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
     unmeasured = cal.FSDP_UNMEASURED_GIB * GIB
     lora_grads = mem.adapter_gradient_sum_bytes(shape, recipe)
     kept = mem.kept_layers(shape, recipe)
+    gathered = 2 * (packed + mem.norm_bytes_per_layer(shape)) + unmeasured
+    head_gathered = (0.0 if whole_in_root else head) + unmeasured
     gpu = GpuMemory(
         index=0,
         layers=layers,
@@ -70,11 +75,10 @@ def fsdp_layout(shape: ModelShape, recipe: Recipe, hw: Hardware, *, embeddings_i
         norms=layers * mem.norm_bytes_per_layer(shape) / n + shape.hidden * mem.FP32,
         lora_optimizer=layers * mem.lora_state_bytes_per_layer(shape, recipe) + lora_grads,
         activations=mem.activations_on_gpu(shape, recipe, layers, kept) + outside,
-        temporaries=mem.layer_pass_temporaries(shape, recipe, layers, kept)
-        + 2 * (packed + mem.norm_bytes_per_layer(shape))
-        + unmeasured,
-        logits=mem.logits_bytes(shape, recipe) + (0.0 if whole_in_root else head) + unmeasured,
+        temporaries=mem.layer_pass_temporaries(shape, recipe, layers, kept) + gathered,
+        logits=mem.logits_bytes(shape, recipe) + head_gathered,
         capacity=hw.capacity,
         workspaces=mem.cublas_workspace_bytes(hw.product),
+        rollouts=fsdp_no_grad_bytes(shape, recipe, gathered=gathered, head_gathered=head_gathered),
     )
     return Layout("fsdp", tuple(replace(gpu, index=i) for i in range(n)), recipe.loss_chunk_tokens)

@@ -21,7 +21,8 @@ from .fsdp import fsdp_layout
 def layout_for(mode: Mode, shape: ModelShape, recipe: Recipe, hw: Hardware) -> Layout:
     """`mode`'s memory on every GPU of `hw`."""
     if hw.gpus == 1:
-        return replace(device_map_layout(shape, recipe, hw), mode=mode)
+        # fsdp's ranks generate GRPO's rollouts in lockstep without a KV cache, on one GPU too.
+        return replace(device_map_layout(shape, recipe, hw, cached=mode != "fsdp"), mode=mode)
     if mode == "device_map":
         return device_map_layout(shape, recipe, hw)
     if mode == "data_parallel":

@@ -71,9 +71,14 @@ def render(plan: Plan, processes: int | None = None) -> str:
     header = "GiB per GPU".ljust(width) + "".join(f"{'GPU' + str(g.index):>9}" for g in plan.per_gpu)
     lines.append(header)
     lines.append("layers".ljust(width) + "".join(f"{g.layers:>9}" for g in plan.per_gpu))
-    for label, value in ROWS:
+    rows = ROWS
+    if any(g.rollouts for g in plan.per_gpu):  # GRPO's phases without gradients, before the total
+        rows = (*ROWS[:-3], ("rollouts (no-grad phase)", lambda g: g.rollouts), *ROWS[-3:])
+    for label, value in rows:
         lines.append(label.ljust(width) + "".join(f"{value(g) / GIB:>9.2f}" for g in plan.per_gpu))
     lines.append("  (total = resident + the larger of the layer pass and the loss pass + context)")
+    if rows is not ROWS:
+        lines.append("  (or, where larger, the weights, adapter and optimizer + the rollouts + context)")
     lines.append("")
     # The GPUs' and the host's word on the plan; `ftjob plan` says the job's one verdict above it.
     lines.append(f"memory    {plan.message}")
@@ -99,6 +104,7 @@ def render(plan: Plan, processes: int | None = None) -> str:
             )
             lines.append(f"offload   {act.offload}")
         lines.extend(pair_lines(plan))
+        lines.extend(grpo_lines(plan))
         if speed.seconds_per_epoch is not None and speed.epoch_tokens is not None:
             lines.append(f"epoch     {speed.epoch_tokens:,} tokens: {duration(speed.seconds_per_epoch)}")
     return "\n".join(lines)
@@ -133,3 +139,28 @@ def pair_lines(plan: Plan) -> list[str]:
             f"adapter): {speed.reference_seconds:.2f} s {step}"
         )
     return lines
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 100 else duration(value)
+
+
+def grpo_lines(plan: Plan) -> list[str]:
+    """GRPO's step (`grpo`): its rollouts and their KV cache, and an optimizer step's seconds,
+    the rollouts' share apart from the scoring (the forwards without gradients, the trained
+    passes, the optimizer)."""
+    step = plan.grpo
+    if step is None:
+        return []
+    cache = (
+        f"KV cache {step.kv_cache_bytes / GIB:.2f} GiB"
+        if step.cached
+        else "no KV cache (fsdp: each new token a forward of the whole rows)"
+    )
+    shared = f" (a batch of rollouts serves {step.iterations} steps)" if step.iterations > 1 else ""
+    prompts = f"{step.prompts} prompt{'' if step.prompts == 1 else 's'} of up to {step.prompt_tokens:,} tokens"
+    return [
+        f"grpo      step: rollouts {step.generations} x {step.completion_tokens} tokens per prompt ({prompts} a "
+        f"micro-batch), {cache}; generation {_seconds(step.generation_seconds)}{shared}, scoring "
+        f"{_seconds(step.scoring_seconds)}, per step {_seconds(step.step_seconds)}"
+    ]

@@ -1,8 +1,8 @@
 """What would fit instead, in words: the lines a plan that does not fit ends its verdict with.
 
 The search (`search.suggestions`) finds the figures: the fewest GPUs, the longest maxLength, a
-micro-batch of one row, gradient checkpointing; these are the sentences, each naming the field to
-change.
+micro-batch of one row, gradient checkpointing, GRPO's fewest completions per prompt; these are
+the sentences, each naming the field to change.
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ def no_gpu_count(most: int, product: str, max_length: int) -> str:
 
 def shorter(gpus: int, product: str, max_length: int) -> str:
     return f"fits on {gpus} x {product} with maxLength <= {max_length}"
+
+
+def fewer_generations(gpus: int, product: str, generations: int) -> str:
+    return f"fits on {gpus} x {product} with training.grpo.numGenerations <= {generations}"
 
 
 def no_length(

@@ -13,11 +13,12 @@ from dataclasses import replace
 
 from .. import memory as mem
 from ..bisection import largest_fitting
+from ..grpo.timing import estimate
 from ..layouts.mode import layout_for
 from ..memory import Recipe
 from ..model_shape import ModelShape
 from ..results.layout import Hardware, Layout
-from ..speed import Mode, estimate
+from ..speed import Mode
 
 
 def tokens_per_second(shape: ModelShape, recipe: Recipe, hw: Hardware, mode: Mode) -> float:

@@ -13,6 +13,7 @@ from typing import Any
 from finetune_api.modes import to_spec
 
 from .. import pairs
+from ..grpo.step import GrpoStep, step_of
 from ..host.limit import HostLimit
 from ..host.need import HostNeed
 from ..memory import GIB, GpuMemory, Recipe
@@ -99,12 +100,18 @@ class Plan:
         }
 
     @property
+    def grpo(self) -> GrpoStep | None:
+        """GRPO's step as planned (its rollouts' KV cache, its seconds by part); None for another
+        method."""
+        return step_of(self.shape, self.recipe, self.speed, self.mode)
+
+    @property
     def pair_summary(self) -> dict[str, Any]:
         """How a row's sequences go through the model and what the forwards without gradients
         cost (an objective of one sequence a row without them: nothing)."""
         recipe, speed = self.recipe, self.speed
         out: dict[str, Any] = {}
-        if recipe.sequences_per_row > 1:
+        if recipe.sequences_per_row > 1 and recipe.grpo is None:
             out["pair_split"] = recipe.pair_split
             out["sequences_per_pass"] = recipe.batch_size
         if recipe.reference_forwards:
@@ -112,6 +119,9 @@ class Plan:
             out["reference_seconds"] = None if speed is None else round(speed.reference_seconds, 3)
         if recipe.pair_split:
             out["split_forward_seconds"] = None if speed is None else round(speed.split_seconds, 3)
+        step = self.grpo
+        if step is not None:
+            out["grpo"] = step.to_dict()
         return out
 
     @property
@@ -151,6 +161,8 @@ class Plan:
                 else round(self.speed.seconds_per_epoch, 1),
                 "reference_seconds": round(self.speed.reference_seconds, 3),
                 "split_forward_seconds": round(self.speed.split_seconds, 3),
+                "rollout_seconds": round(self.speed.rollout_seconds, 3),
+                "old_logp_seconds": round(self.speed.old_logp_seconds, 3),
             }
         return {
             "fits": self.fits,
@@ -170,6 +182,7 @@ class Plan:
             **self.activation_summary,
             **self.pair_summary,
             "pairs": pairs.describe(self.recipe),
+            "grpo": None if self.grpo is None else self.grpo.to_dict(),
             "loss_chunk_tokens": self.layout.loss_chunk_tokens,
             "shortfall_gib": round(self.shortfall_gib, 2),
             "host_gib_per_process": _rounded(self.host_gib_per_process),
@@ -212,6 +225,7 @@ def gpu_dict(g: GpuMemory) -> dict[str, Any]:
         "activations_gib": gib(g.activations),
         "temporaries_gib": gib(g.temporaries),
         "logits_gib": gib(g.logits),
+        "rollouts_gib": gib(g.rollouts),
         "overhead_gib": gib(g.overhead),
         "allocated_gib": gib(g.allocated),
         "total_gib": gib(g.total),

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from .. import pairs
+from ..grpo.timing import estimate
 from ..host.budget import refused
 from ..host.limit import HostLimit
 from ..host.need import HostNeed, need_of
@@ -25,7 +26,7 @@ from ..recompute.choice import decide
 from ..results.activations import Activations
 from ..results.layout import Hardware, Layout
 from ..results.plan import Plan
-from ..speed import Mode, estimate
+from ..speed import Mode
 from .best import alternatives
 from .chunks import chunks_to_try
 from .modes import ALL_MODES, ModeChoice, modes_for

@@ -120,6 +120,9 @@ class Schedule:
     world: int
     seed: int
     total_steps: int
+    # Optimizer steps each step's rows serve (GRPO's numIterations: one batch of rollouts, several
+    # updates); 1 for every other objective.
+    repeats: int = 1
 
     @classmethod
     def make(
@@ -132,11 +135,12 @@ class Schedule:
         seed: int,
         max_steps: int | None,
         epochs: float | None,
+        repeats: int = 1,
     ) -> Schedule:
         per_step = accumulation * world
         steps_per_epoch = max(1, math.ceil(math.ceil(rows / batch_size) / per_step))
-        total = max_steps or max(1, math.ceil((epochs or 1.0) * steps_per_epoch))
-        return cls(rows, batch_size, accumulation, world, seed, total)
+        total = max_steps or max(1, math.ceil((epochs or 1.0) * steps_per_epoch)) * repeats
+        return cls(rows, batch_size, accumulation, world, seed, total, repeats)
 
     @property
     def per_step(self) -> int:
@@ -148,7 +152,7 @@ class Schedule:
 
     def epoch_of(self, step: int) -> float:
         """Epochs done after `step` optimizer steps (fractional)."""
-        return step / self.steps_per_epoch
+        return step / (self.steps_per_epoch * self.repeats)
 
     def order(self, epoch: int) -> list[int]:
         generator = torch.Generator().manual_seed(self.seed + epoch)
@@ -158,7 +162,7 @@ class Schedule:
         """(global micro-batch number, row indices) for each of the rank's micro-batches of
         0-based optimizer step `step`; an empty list of rows is a padding micro-batch past the
         epoch's end. The number seeds that micro-batch's dropout on whichever rank runs it."""
-        epoch, within = divmod(step, self.steps_per_epoch)
+        epoch, within = divmod(step // self.repeats, self.steps_per_epoch)
         order = self.order(epoch)
         out: list[tuple[int, list[int]]] = []
         for j in range(rank, self.per_step, self.world):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .chat import DEFAULT_TRAIN_ON, TEMPLATE_FIELD
 from .formats import normalise, pair_shape
 from .pairs import SIDES, PairTokens, tokenize_pairs
+from .prompts import prompt_ids
 from .records import Record
 from .tokens import IGNORE, Tokens, pieces, tokenize, trained
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 PREFERENCE = "preference"
+PROMPT = "prompt"
 # Samples named in one warning line; the rest are counted.
 MAX_LISTED = 20
 UNCUT = 2**62
@@ -207,7 +209,11 @@ def check_records(
     max_length: int | None = None,
     packing: bool = False,
     train_on: str | None = None,
+    max_completion_length: int | None = None,
 ) -> DataReport:
+    """Every record of `fmt` checked, every problem listed; with a tokenizer, each sample counted
+    as the trainer cuts it at `max_length`. A prompt (`fmt` prompt, GRPO) must leave
+    `max_completion_length` of `max_length` to its completion."""
     report = DataReport()
     wheres: list[str] = []
     foreign: tuple[str, ...] = ()
@@ -242,11 +248,19 @@ def check_records(
         )
         if tokenizer is not None and chat is not None:
             report.problems.extend(_template_problems(tokenizer, f"format preference with messages ({chat})"))
+    if fmt == PROMPT:
+        _one_kind_per_field(report, wheres)
+        chat = next((w for w, s in zip(wheres, report.samples, strict=True) if not isinstance(s["prompt"], str)), None)
+        if tokenizer is not None and chat is not None:
+            report.problems.extend(_template_problems(tokenizer, f"format prompt with messages ({chat})"))
     if tokenizer is not None and report.samples and not any(p.where == "tokenizer" for p in report.problems):
         # No maxLength given: nothing is cut.
         length = max_length if max_length is not None else UNCUT
         if fmt == PREFERENCE:
             _check_pairs(report, wheres, tokenizer, max_length=length)
+            return report
+        if fmt == PROMPT:
+            _check_prompts(report, wheres, tokenizer, max_length=length, completion=max_completion_length or 0)
             return report
         _check_tokens(
             report, wheres, tokenizer, max_length=length, packing=packing, train_on=train_on or DEFAULT_TRAIN_ON
@@ -414,3 +428,81 @@ def _one_shape(report: DataReport, wheres: list[str]) -> None:
         keep.append(sample)
         kept_wheres.append(where)
     report.samples, wheres[:] = keep, kept_wheres
+
+
+def _kind(name: str, value: Any) -> str | None:
+    """What a record's field holds, as the trainer's table types it (None: nothing, any kind goes)."""
+    if value is None:
+        return None
+    if name == "prompt":
+        return pair_shape(value)
+    kinds: tuple[tuple[type | tuple[type, ...], str], ...] = (
+        (bool, "true or false"),
+        (int, "an integer"),
+        (float, "a number with a fraction"),
+        (str, "a string"),
+        (list, "a list"),
+        (dict, "an object"),
+    )
+    return next((said for kind, said in kinds if isinstance(value, kind)), type(value).__name__)
+
+
+def _one_kind_per_field(report: DataReport, wheres: list[str]) -> None:
+    """Each field of a prompt file holds one kind of value in every record (or none): the
+    trainer's table (a `datasets.Dataset`) keeps one type per field, and would stop at a string
+    among integers, or turn every integer of the field into a number with a fraction (which an
+    answer reward would not take)."""
+    first: dict[str, tuple[str, str]] = {}  # field -> (its kind, the record that set it)
+    keep, kept_wheres = [], []
+    for where, sample in zip(wheres, report.samples, strict=True):
+        problem = None
+        for name, value in sample.items():
+            kind = _kind(name, value)
+            said = first.setdefault(name, (kind, where)) if kind is not None else None
+            if said is not None and said[0] != kind:
+                problem = DataProblem(
+                    where,
+                    name,
+                    f"{kind}, but {said[1]}'s is {said[0]}: a field holds one kind of value in every record",
+                )
+                break
+        if problem is not None:
+            report.problems.append(problem)
+            continue
+        keep.append(sample)
+        kept_wheres.append(where)
+    report.samples, wheres[:] = keep, kept_wheres
+
+
+def _check_prompts(
+    report: DataReport, wheres: list[str], tokenizer: PreTrainedTokenizerBase, *, max_length: int, completion: int
+) -> None:
+    """Each prompt counted as the trainer tokenises it (`prompts.prompt_ids`); one longer than
+    what maxLength leaves beside the completion is refused, naming the record. A prompt has no
+    trained token: the completions sampled for it are what is trained."""
+    from jinja2 import TemplateError
+
+    room = max_length - completion
+    keep: list[dict[str, Any]] = []
+    for where, sample in zip(wheres, report.samples, strict=True):
+        try:
+            ids = prompt_ids(sample, tokenizer)
+        except (TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            _sample_problem(where, ("prompt", f"the model's chat template refused these messages: {first}"), report)
+            continue
+        report.counts.append(SampleCount(where, len(ids), 0))
+        report.longest = max(report.longest, len(ids))
+        if len(ids) > room:
+            report.over_length += 1
+            report.problems.append(
+                DataProblem(
+                    where,
+                    "prompt",
+                    f"{len(ids)} tokens, over the {room} that maxLength {max_length} leaves beside "
+                    f"maxCompletionLength {completion}: shorten it, or raise training.maxLength",
+                )
+            )
+            continue
+        keep.append(sample)
+    report.samples = keep

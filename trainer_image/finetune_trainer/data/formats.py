@@ -2,7 +2,8 @@
 turned into one of TRL's shapes.
 
 alpaca and completion become prompt/completion (loss on the answer only); sharegpt and
-messages become conversations rendered with the model's chat template; text stays text.
+messages become conversations rendered with the model's chat template; text stays text;
+preference becomes a pair; prompt stays the record, its prompt checked (GRPO samples the rest).
 Every field problem is returned as (field, message), never raised, so the check pass can
 list all of them in one go.
 """
@@ -220,6 +221,36 @@ def _preference(r: _Reader) -> dict[str, Any] | None:
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
 
 
+# The turns a prompt may end with: the completion sampled for it is the assistant's answer to it.
+PROMPT_ENDS = ("user", "tool")
+
+
+def _prompt(r: _Reader) -> dict[str, Any] | None:
+    """A prompt to sample completions for (GRPO): a string, or messages ending with the turn
+    the completion answers; every other field of the record is kept as it is, for the rewards."""
+    raw = r.record.get("prompt")
+    prompt: str | list[dict[str, str]] | None
+    if raw is None:
+        r.out.problems.append(("prompt", "missing field"))
+        return None
+    if isinstance(raw, str):
+        prompt = r.text("prompt")
+    else:
+        prompt = _message_list(r, "prompt", raw)
+        if prompt is not None and prompt[-1]["role"] not in PROMPT_ENDS:
+            r.out.problems.append(
+                (
+                    "prompt",
+                    f"the last message is the {prompt[-1]['role']}'s: a prompt ends with the turn its completion "
+                    f"answers ({' or '.join(PROMPT_ENDS)})",
+                )
+            )
+            return None
+    if prompt is None:
+        return None
+    return {**r.record, "prompt": prompt}
+
+
 # One parser per format of the API's objectives (finetune_api.objectives.dataset_formats), by its name.
 PARSERS: dict[str, Callable[[_Reader], dict[str, Any] | None]] = {
     "alpaca": _alpaca,
@@ -228,6 +259,7 @@ PARSERS: dict[str, Callable[[_Reader], dict[str, Any] | None]] = {
     "text": _text,
     "completion": _completion,
     "preference": _preference,
+    "prompt": _prompt,
 }
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finetune_api.contract import hub_token_env
+from finetune_api.objectives.grpo import GRPO, GrpoSpec
 from finetune_api.reasons import ExitReason
 from finetune_api.spec import DatasetSource, HubDatasetSource
 from finetune_api.trainer_config import TrainerConfig
@@ -55,6 +56,13 @@ def records_for(config: TrainerConfig, held_out: bool = False) -> Iterator[Recor
     return read_records(Path(path))
 
 
+def _completion_length(config: TrainerConfig) -> int | None:
+    """The tokens a prompt leaves its completion (GRPO's maxCompletionLength); None for the
+    methods that sample nothing."""
+    training = config.spec.training
+    return training.settings_of(GrpoSpec).max_completion_length if training.method == GRPO.name else None
+
+
 def check_dataset(
     config: TrainerConfig,
     tokenizer: PreTrainedTokenizerBase | None,
@@ -75,6 +83,7 @@ def check_dataset(
             max_length=spec.training.max_length,
             packing=spec.training.packing,
             train_on=spec.dataset.train_on,
+            max_completion_length=_completion_length(config),
         )
     except DataSourceError as exc:
         raise TrainerFailure(ExitReason.InvalidData, f"{field}: {exc}") from None

@@ -47,6 +47,11 @@ class LossHead(nn.Module):
         # Set by the loop around a training micro-batch: the loss is cut out of the step's
         # memory phases here (its start, and the gradient reaching the head's input).
         self.probe: PhaseProbe | None = None
+        # Set with `labels` for GRPO: the forward returns (B, T - 1), each labelled position's
+        # log-probability of its label under softmax(logits / temperature), 0 elsewhere (TRL's
+        # per-token log-probabilities), a chunk of tokens at a time as the loss is.
+        self.token_logps = False
+        self.temperature = 1.0
 
     @property
     def weight(self) -> torch.Tensor:
@@ -69,6 +74,32 @@ class LossHead(nn.Module):
         each = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="none")
         out = masks.new_zeros((masks.shape[0], count))
         return out.index_add(1, rows, masks * each.unsqueeze(0))
+
+    def _chunk_logps(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden).float()
+        if self.transform is not None:
+            logits = self.transform(logits)
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        return -F.cross_entropy(logits, labels, reduction="none")
+
+    def _per_token(self, states: torch.Tensor, targets: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+        # Only the labelled positions go through the head: a prompt costs no vocabulary-wide matmul.
+        keep = (targets != IGNORE).nonzero().squeeze(1)
+        out = states.new_zeros(shape[0] * shape[1], dtype=torch.float32)
+        if keep.shape[0] == 0:  # nothing scored (a padding row): zeros with a graph
+            return (out + states.sum() * 0.0).reshape(shape)
+        states, targets = states[keep], targets[keep]
+        size = self.chunk_tokens or states.shape[0]
+        pieces = []
+        for start in range(0, states.shape[0], size):
+            end = start + size
+            if size >= states.shape[0]:
+                pieces.append(self._chunk_logps(states, targets))
+                break
+            piece = checkpoint(self._chunk_logps, states[start:end], targets[start:end], use_reentrant=False)
+            pieces.append(piece)
+        return out.index_put((keep,), torch.cat(pieces)).reshape(shape)
 
     def _per_sequence(self, states: torch.Tensor, targets: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
         count, width = masks.shape[1], masks.shape[2]
@@ -106,6 +137,7 @@ class LossHead(nn.Module):
         if labels is None:
             raise RuntimeError("LossHead: labels were not set before the forward")
         masks, self.labels, self.row_masks = self.row_masks, None, None
+        per_token, self.token_logps = self.token_logps, False
         if self.probe is not None:
             self.probe.loss_starts()
             if hidden.requires_grad:
@@ -115,6 +147,8 @@ class LossHead(nn.Module):
         # Position t predicts token t + 1.
         states = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
         targets = labels.to(hidden.device)[:, 1:].reshape(-1)
+        if per_token:
+            return self._per_token(states, targets, (hidden.shape[0], hidden.shape[1] - 1))
         if masks is not None:
             return self._per_sequence(states, targets, masks)
         size = self.chunk_tokens or states.shape[0]

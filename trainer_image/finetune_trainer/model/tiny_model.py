@@ -221,3 +221,23 @@ def write_preference(path: Path, count: int = 256, seed: int = 0, chat: bool = F
         for record in preference_records(count, seed, chat):
             handle.write(json.dumps(record) + "\n")
     return path
+
+
+def prompt_records(count: int = 256, seed: int = 0, chat: bool = False) -> list[dict[str, Any]]:
+    """Prompts for GRPO (`dataset.format: prompt`) with the field a reward checks: the animal's
+    sound (`answer`). As strings, or (`chat`) as one user message each."""
+    rng = random.Random(seed)
+    out: list[dict[str, Any]] = []
+    for _ in range(count):
+        animal, sound = rng.choice(ANIMALS)
+        prompt = f"What does a {animal} say?"
+        out.append({"prompt": [{"role": "user", "content": prompt}] if chat else prompt, "answer": sound})
+    return out
+
+
+def write_prompts(path: Path, count: int = 256, seed: int = 0, chat: bool = False) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for record in prompt_records(count, seed, chat):
+            handle.write(json.dumps(record) + "\n")
+    return path

@@ -10,6 +10,7 @@ objective.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,30 @@ class TrainingObjective:
 
     def configure(self, spec: FineTuneJobSpec) -> None:
         """Read the objective's own settings from the spec (DPO's `training.dpo`)."""
+
+    # Optimizer steps each step's rows serve (data.batches.Schedule.repeats).
+    repeats: int = 1
+
+    def prepare_step(self, step: int, micro: Sequence[tuple[int, Sequence[Any]]], host: Any) -> None:
+        """Before optimizer step `step`'s first micro-batch on every rank (`micro`: the rank's
+        micro-batches, as the schedule gives them; `host`: the loop): what the step's batches
+        need made first (GRPO's rollouts). Nothing for an objective whose data is fixed."""
+
+    def micro_batch(
+        self, number: int, rows: Sequence[Any], pad_id: int, device: torch.device, packed: bool
+    ) -> dict[str, torch.Tensor]:
+        """Global micro-batch `number`'s tensors, of `rows`: `collate`'s for fixed data."""
+        return self.collate(rows, pad_id, device, packed)
+
+    def tokens_of(self, rows: Sequence[Any], batch: dict[str, torch.Tensor]) -> int:
+        """Tokens micro-batch `batch` put through the model for `rows` (a padding micro-batch's
+        rows are not given): what tokensPerSecond counts."""
+        return sum(r.tokens for r in rows)
+
+    def trained(self, totals: Sequence[float]) -> float:
+        """What the step trained, as progress counts it (`trained_name`): by default the loss's
+        denominator, `counts()[0]`."""
+        return totals[0]
 
     def rows(
         self, samples: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, spec: FineTuneJobSpec
@@ -89,6 +114,10 @@ class TrainingObjective:
     trained_name: str = "trainedTokens"
     # TensorBoard tags of `step_metrics`' figures under train/ (a figure not named: its own name).
     metric_tags: Mapping[str, str] = MappingProxyType({})
+
+    def write_samples(self, step: int, folder: Path) -> None:
+        """On rank 0 after a reported step: what the objective shows of that step in the output
+        folder (GRPO's completions with their rewards). Nothing by default."""
 
     def metrics_text(self, metrics: Mapping[str, float]) -> str | None:
         """The step's figures in a few words, for `kubectl get -o wide` and `ftjob status`."""

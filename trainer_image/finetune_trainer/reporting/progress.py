@@ -72,6 +72,18 @@ class LossSpikes:
         self.average = loss if self.average is None else EMA_WEIGHT * self.average + (1 - EMA_WEIGHT) * loss
 
 
+# What status.progress.metrics holds (its schema's limits): the first figures, by short names.
+STATUS_METRICS = 16
+STATUS_METRIC_NAME = 64
+
+
+def status_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The first STATUS_METRICS figures whose names status can hold, in the objective's order
+    (its most telling first); TensorBoard and summary.json keep every figure."""
+    kept = [(k, v) for k, v in metrics.items() if len(k) <= STATUS_METRIC_NAME]
+    return dict(kept[:STATUS_METRICS])
+
+
 @dataclass(frozen=True)
 class Counting:
     """What the training method's steps count and report beside the loss (its TrainingObjective's
@@ -257,7 +269,7 @@ class Progress:
             "etaSeconds": p["etaSeconds"],
             "tokens": p["tokens"],
             self.counting.trained_name: p[self.counting.trained_name],
-            "metrics": self.reported_metrics or None,
+            "metrics": status_metrics(self.reported_metrics) or None,
             "metricsText": self.counting.metrics_text(self.reported_metrics) if self.reported_metrics else None,
             "loraModules": self.lora["modules"] if self.lora else None,
             "loraLayers": self.lora["layers"] if self.lora else None,

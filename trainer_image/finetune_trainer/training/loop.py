@@ -81,6 +81,11 @@ class Loop:
     # elsewhere no hook is put on the loss head's input).
     probe: PhaseProbe | None = None
 
+    @property
+    def lockstep(self) -> bool:
+        """Whether every rank must run every forward (fsdp)."""
+        return self.mode.sharded
+
     def _padding(self, rows: list[Any]) -> list[Any]:
         return [self.objective.padding(rows[0])]
 
@@ -108,6 +113,7 @@ class Loop:
         world = self.topology.world_size
         slots = self.schedule.slots(step, self.topology.rank)
         micro = [(number, [self.rows[i] for i in ids]) for number, ids in slots]
+        self.objective.prepare_step(step, micro, self)
         totals = sum_figures(self.objective.counts([r for _, rows in micro for r in rows]), world, self.device)
         targets = totals[0]
         scale = 1.0 / max(targets, 1.0)
@@ -126,7 +132,7 @@ class Loop:
                 if chosen or self.mode.sharded:
                     rows = chosen or self._padding(self.rows)
                     torch.manual_seed(micro_seed(self.seed, number))
-                    batch = self.objective.collate(rows, self.pad_id, self.device, self.packed)
+                    batch = self.objective.micro_batch(number, rows, self.pad_id, self.device, self.packed)
                     if self.probe is not None:
                         self.probe.forward_starts()
                     self.head.probe = self.probe
@@ -141,7 +147,7 @@ class Loop:
                     if self.probe is not None:
                         self.probe.backward_done()
                     local_loss += float(total.detach())
-                    local_tokens += sum(r.tokens for r in chosen)
+                    local_tokens += self.objective.tokens_of(chosen, batch)
                 hooks.after_micro(step + 1, index + 1)
                 if stop is not None and index + 1 < len(micro) and self.agree(stop())[0]:
                     figures = self.mode.reduce(
@@ -169,7 +175,8 @@ class Loop:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepFigures(loss=loss, tokens=int(tokens), lr=lr, trained=int(targets), sums=sums)
+        trained = int(self.objective.trained(totals))
+        return StepFigures(loss=loss, tokens=int(tokens), lr=lr, trained=trained, sums=sums)
 
     def held_out(self) -> HeldOutPass:
         """The held-out pass on this loop's model, objective and device (evaluation/passes.py)."""

@@ -185,6 +185,7 @@ def load(run: Run, setup: Setup) -> Loaded:
         seed=training.seed,
         max_steps=training.max_steps,
         epochs=training.epochs,
+        repeats=objective.repeats,
     )
     guard = _guard(model, setup.precision)
     trained = setup.mode.wrap(model, adapter.params, ranks, setup.hardware.on_gpu)

@@ -105,6 +105,8 @@ class Steps:
                 report=report,
                 metrics=run.objective.step_metrics(figures.loss, figures.trained, figures.sums),
             )
+            if report:
+                run.objective.write_samples(step, run.output)
         faults.current().after_step(step)
         by_steps = step % run.spec.checkpoints.every_steps == 0 or step == total
         stopping, by_clock = live.loop.agree(run.stop.requested, self.clock.due())

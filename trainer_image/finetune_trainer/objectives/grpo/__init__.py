@@ -1,8 +1,10 @@
-"""GRPO (issue #55, in progress): group-relative policy optimisation with verifiable rewards.
+"""GRPO (`training.method: grpo`): group-relative policy optimisation with verifiable rewards.
 
-This package holds the parts the objective will call: its settings (settings.py), the loss and
-the group-relative advantages (loss.py) and the rewards. The objective in the loop (rollouts by
-the policy, the API block, the planner's step) comes next; nothing here is reachable from a job yet.
+objective.py is the objective the loop runs (the step's rollouts, rewards and advantages, its
+micro-batches and loss); rollouts.py the rollout engine's seam and the policy's own engine;
+sampling.py the tokens drawn from counter-based noise; batch.py the scored micro-batch;
+figures.py the step's figures; loss.py TRL's loss; rewards/ the rewards; settings.py the settings
+(from the API's `training.grpo`, finetune_api.objectives.grpo).
 """
 
 from .settings import GrpoSettings, LossType, ScaleRewards

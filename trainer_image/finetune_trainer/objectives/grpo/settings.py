@@ -1,8 +1,10 @@
-"""GRPO's settings (`training.grpo`, issue #55): a frozen dataclass until the API block exists.
+"""GRPO's settings as the trainer reads them: the API block `training.grpo`
+(finetune_api.objectives.grpo.GrpoSpec.as_settings) made a frozen dataclass.
 
 Names and defaults mirror TRL 1.16.0's `GRPOConfig` where the two overlap, so a job written with
-TRL's meaning of a setting trains the same here; the API block will carry these under their
-camelCase names (`numGenerations`, `maxCompletionLength`, `lossType`, ...).
+TRL's meaning of a setting trains the same here; the API block carries these under their
+camelCase names (`numGenerations`, `maxCompletionLength`, `lossType`, ...); tests/trainer/test_grpo_api.py
+holds the two to the same names and defaults.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .... import faults
 from .base import Completions, RewardError, one_line
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
@@ -96,6 +97,6 @@ class HttpReward:
                 "completions": list(batch.completions[start:end]),
                 "records": list(batch.records[start:end]),
             }
-            answer = post_json(self.url, payload, self.timeout_seconds)
+            answer = post_json(faults.current().reward_url(self.url), payload, self.timeout_seconds)
             scores.extend(rewards_in(answer, end - start, self.url))
         return scores
