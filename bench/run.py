@@ -45,6 +45,10 @@ process so one's memory never shows in the other's peak:
      with a held-out split and spec.evaluation on; the plan's seconds of the base pass, the tuned
      pass and both models' answers against the trainer's own (evaluation.json), with the ratios
      (bench/evaluation.py): <date>-<gpu>-evaluation.json.
+  14. `grpo` (not in the default list; one GPU): our GRPO through the pod's command against TRL's
+     GRPOTrainer (`use_vllm=False`) with the seed recipe's settings on the slice, the same prompts
+     and reward, one prompt and its 8 completions per step: prompts per second, our peak against
+     our plan, the half tensors, both mean rewards (bench/grpo.py): <date>-<gpu>-grpo.json.
 
     python -m bench.run --shared DIR_WITH_seed_baseline.py [--gpus 1,2] [--phases ...]
 """
@@ -63,6 +67,9 @@ from typing import Any
 
 from bench.evaluation_phase import EvaluationPhase
 from bench.flops import Shape
+from bench.grpo import COMPLETION as GRPO_COMPLETION
+from bench.grpo import LENGTH as GRPO_LENGTH
+from bench.grpo_phase import GrpoPhase
 from bench.plan_phases import PlanPhases
 from bench.report import compare_record, environment_versions, gpu_slug
 from bench.serving_phase import SERVING_SOURCE, ServingPhase
@@ -86,9 +93,12 @@ PHASES = (
     "dpo",
     "serving",
     "evaluation",
+    "grpo",
 )
 # Phases that need no FP32 matmul peak: run alone, they only name the GPU (saves the peak's time).
-NO_PEAK_PHASES = frozenset({"recompute", "parts", "boundary", "long", "heldout", "dpo", "serving", "evaluation"})
+NO_PEAK_PHASES = frozenset(
+    {"recompute", "parts", "boundary", "long", "heldout", "dpo", "serving", "evaluation", "grpo"}
+)
 # What runs without --phases: `multinode` (2 GPUs of their own), `boundary`, `families` and
 # `streamed` are asked for by name.
 DEFAULT_PHASES = ("compare", "nockpt", "large", "layers", "calibration")
@@ -116,6 +126,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--serving-source", type=Path, default=SERVING_SOURCE, help="`serving`: the packed llama.cpp (file or folder)"
     )
+    parser.add_argument(
+        "--grpo-length", type=int, default=GRPO_LENGTH, help="`grpo`: training.maxLength (prompt + completion)"
+    )
+    parser.add_argument(
+        "--grpo-completion", type=int, default=GRPO_COMPLETION, help="`grpo`: training.grpo.maxCompletionLength"
+    )
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=4, help="timed steps after warm-up")
     parser.add_argument("--warm", type=int, default=2)
@@ -131,7 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-class Bench(PlanPhases, ServingPhase, EvaluationPhase):
+class Bench(PlanPhases, ServingPhase, EvaluationPhase, GrpoPhase):
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.started = time.time()
@@ -520,6 +536,7 @@ class Bench(PlanPhases, ServingPhase, EvaluationPhase):
             ("dpo", lambda: self.dpo(peaks, versions)),
             ("serving", lambda: self.serving(peaks, versions)),
             ("evaluation", lambda: self.evaluation(peaks, versions)),
+            ("grpo", lambda: self.grpo(peaks, versions)),
             ("layers", lambda: self.layers(peaks)),
             ("calibration", self.calibration),
         ):

@@ -104,6 +104,12 @@ def completion_record(rng: random.Random, words: int, prompt: int, vocab: int, t
     }
 
 
+def prompt_record(rng: random.Random, words: int, vocab: int, tokenizer: str) -> dict[str, str]:
+    """A GRPO row (`dataset.format: prompt`): a prompt of `words` tokens, BOS before it; its
+    completions are what the rollouts write."""
+    return {"prompt": sample_text(rng, words, vocab, tokenizer)}
+
+
 def spec_for(
     *,
     seq: int,
@@ -121,12 +127,14 @@ def spec_for(
     method: str = "sft",
     data_format: str | None = None,
     evaluation: dict[str, Any] | None = None,
+    grpo: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The FineTuneJob spec of a bench run (`every`: checkpoint steps, default the last step;
     `eval_fraction`: a held-out share evaluated at each checkpoint; `dropout`: LoRA's; `lora`: the
     whole `lora` block instead, for runs of other ranks and targets; `method`: the training
     objective, dpo and orpo reading the preference pairs `prepare` writes; `data_format`: completion
-    for SFT rows with a reference answer (`completion_record`); `evaluation`: spec.evaluation)."""
+    for SFT rows with a reference answer (`completion_record`), prompt for GRPO's rows
+    (`prompt_record`); `evaluation`: spec.evaluation; `grpo`: training.grpo)."""
     data_format = data_format or ("text" if method == "sft" else "preference")
     dataset: dict[str, Any] = {"source": {"pvc": {"claimName": "data", "path": "train.jsonl"}}, "format": data_format}
     if eval_fraction:
@@ -150,6 +158,7 @@ def spec_for(
             "warmupRatio": 0.0,
             "loggingSteps": 1,
             **({} if method == "sft" else {"method": method}),
+            **({} if grpo is None else {"grpo": grpo}),
         },
         "checkpoints": {"everySteps": every or steps, "keep": 2},
         # A preference run writes no sample answers: minutes of generation on the slice's vocabulary;
@@ -188,6 +197,8 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
         for _ in range(spec.get("records") or max(16, spec["steps"] * 2 * spec.get("batch", 1))):
             if data_format == "completion":
                 record = completion_record(rng, words, spec["prompt_words"], config["vocab_size"], kind)
+            elif data_format == "prompt":
+                record = prompt_record(rng, spec["prompt_words"], config["vocab_size"], kind)
             elif method == "sft":
                 record = {"text": sample_text(rng, words, config["vocab_size"], kind)}
             else:
@@ -212,6 +223,7 @@ def prepare(spec: dict[str, Any]) -> tuple[Path, int]:
             method=method,
             data_format=data_format,
             evaluation=spec.get("evaluation"),
+            grpo=spec.get("grpo"),
         ),
         "paths": {"model": str(model), "dataset": str(data), "output": str(work / "output")},
     }
@@ -295,7 +307,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     codes = [p.wait() for p in started]
     code = next((c for c in codes if c != 0), 0)
     progress = [(t, e) for t, e in stamps if e.get("event") == "progress"]
-    warm = 2
+    # A step is timed from the line before it: with "warm" given, the timed steps are exactly the
+    # ones after the warm-up (the last warm-up step's line starts the clock); without it, the
+    # first two lines are dropped, as the records before it were timed.
+    warm = max(0, int(spec["warm"]) - 1) if "warm" in spec else 2
     result: dict[str, Any] = {"exit_code": code, "tokens_per_sample": tokens_per_sample}
     if len(codes) > 1:
         result["node_exit_codes"] = codes
@@ -313,6 +328,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             loss_first=progress[0][1].get("loss"),
             loss_last=progress[-1][1].get("loss"),
         )
+    result.update(step_figures([e for _, e in progress]))
     log = Path(spec["work"]) / "termination-log"
     if log.exists():
         from finetune_api.reasons import parse_termination_message
@@ -321,11 +337,28 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         result["message"] = result["message"][:400]
     result.update(summary_figures(Path(spec["work"]) / "output" / "summary.json"))
     result.update(evaluation_figures(Path(spec["work"]) / "output" / "evaluation.json"))
-    if spec.get("method", "sft") != "sft" and result.get("timed_steps"):
-        # Pairs per optimizer step: batchSize on each process (accumulation 1), over every process.
-        pairs = int(spec.get("batch", 1)) * int(result.get("worldSize") or 1)
-        result["pairs_s"] = round(pairs / result["step_s"], 4)
+    method = spec.get("method", "sft")
+    if method != "sft" and result.get("timed_steps"):
+        # Rows per optimizer step: batchSize on each process (accumulation 1), over every process;
+        # a preference method's rows are pairs, GRPO's prompts (each with its G completions).
+        rows = int(spec.get("batch", 1)) * int(result.get("worldSize") or 1)
+        result["prompts_s" if method == "grpo" else "pairs_s"] = round(rows / result["step_s"], 4)
     return result
+
+
+# What an objective reports beside the loss on each progress line and the bench keeps, step by
+# step (GRPO's mean reward and its completions' mean length; other methods report neither).
+STEP_FIGURES = {"reward": "rewards", "completions/mean_length": "completion_lengths"}
+
+
+def step_figures(progress: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each kept figure of every progress line, in step order (nothing a run did not report)."""
+    out: dict[str, Any] = {}
+    for name, key in STEP_FIGURES.items():
+        values = [line[name] for line in progress if isinstance(line.get(name), int | float)]
+        if values:
+            out[key] = values
+    return out
 
 
 def evaluation_figures(path: Path) -> dict[str, Any]:
@@ -348,6 +381,8 @@ def summary_figures(summary_path: Path) -> dict[str, Any]:
         result["half_tensors"] = sum(guard.get(k, 0) for k in ("halfParameters", "halfBuffers", "halfActivations"))
         memory_plan = summary.get("memoryPlan") or {}
         result["plan"] = memory_plan.get("per_gpu_total_gib")
+        if memory_plan.get("grpo"):
+            result["plan_grpo"] = memory_plan["grpo"]  # the plan's GRPO step: its rollouts, its seconds
         keys = (
             "kept_layers",
             "recomputed_layers",
