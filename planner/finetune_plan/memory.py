@@ -97,6 +97,15 @@ class Recipe:
         return self.batch_size * self.max_length
 
     @property
+    def head_tokens(self) -> int:
+        """Positions the LM head computes logits of in a trained pass: every token, or for GRPO
+        only the completions' (the head's per-token log-probabilities skip the prompt's
+        positions: finetune_trainer/model/loss_head.py `_per_token`)."""
+        if self.grpo is None:
+            return self.tokens
+        return self.batch_size * min(self.grpo.max_completion_length, self.max_length)
+
+    @property
     def rows(self) -> int:
         """Rows of the objective's data per micro-batch: `training.batchSize`."""
         return self.batch_size if self.pair_split else self.batch_size // self.sequences_per_row
@@ -368,12 +377,16 @@ def logits_bytes(shape: ModelShape, recipe: Recipe) -> float:
     loss head chunks the micro-batch's positions flattened, rows one after the other
     (finetune_trainer/model/loss_head.py), so a chunk is `loss_chunk_tokens` positions whatever the
     batch: planned per row, a batch of 4 x 512 tokens with chunks of 512 was planned as a whole
-    loss, 2.1 GiB above its measured peak (bench/results/2026-12-01-h200-boundary.json)."""
+    loss, 2.1 GiB above its measured peak (bench/results/2026-12-01-h200-boundary.json). GRPO's
+    head scores the completions alone (`Recipe.head_tokens`): planned over the whole sequences, the
+    70B slice's GRPO step was planned 5.9 GiB of loss where 0.63 was measured
+    (bench/results/2026-12-07-h100-80gb-hbm3-grpo.json)."""
     copies = cal.LOGITS_COPIES + (cal.SOFTCAP_SAVED_COPIES if shape.logit_softcap else 0.0)
-    if recipe.loss_chunk_tokens and recipe.loss_chunk_tokens < recipe.tokens:
+    tokens = recipe.head_tokens
+    if recipe.loss_chunk_tokens and recipe.loss_chunk_tokens < tokens:
         chunk = recipe.loss_chunk_tokens * shape.vocab * FP32
-        return copies * chunk + recipe.tokens * shape.hidden * FP32
-    return copies * recipe.tokens * shape.vocab * FP32
+        return copies * chunk + tokens * shape.hidden * FP32
+    return copies * tokens * shape.vocab * FP32
 
 
 def logits_block_bytes(shape: ModelShape, recipe: Recipe) -> float:

@@ -509,3 +509,31 @@ def test_the_serving_paragraph_is_its_record() -> None:
         f"the merged GGUF {speeds['merged'][1]} and {speeds['merged'][8]}",
         BENCH_README,
     )
+
+
+def test_the_grpo_benchmark_is_its_record() -> None:
+    """bench/README.md's GRPO paragraph against TRL's GRPOTrainer: each figure from the grpo
+    record, and the issue's bars (1.0x, 0.90-1.00, no half tensor)."""
+    data = json.loads((RESULTS / "2026-12-07-h100-80gb-hbm3-grpo.json").read_text())
+    ours, trl = data["ours"], data["trl"]
+    assert_stated(
+        f"ours {ours['promptsPerS']} prompts per second against TRL's {trl['prompts_s']}, **{data['ratio']:.3f}x**",
+        BENCH_README,
+    )
+    assert_stated(
+        f"our peak {ours['measuredPeakGiB']} GiB against a plan allocated of {ours['planAllocatedGiB']}, "
+        f"{ours['measuredOverPlanAllocated']}; {ours['halfTensors']} half tensors",
+        BENCH_README,
+    )
+    assert data["ratio"] >= 1.0 and 0.90 <= ours["measuredOverPlanAllocated"] <= 1.00 and ours["halfTensors"] == 0
+    assert data["passed"] is True
+
+
+def test_the_evaluation_benchmark_is_its_record() -> None:
+    """bench/README.md's evaluation paragraph: each part's measured and planned seconds and ratio."""
+    data = json.loads((RESULTS / "2026-12-07-h100-80gb-hbm3-evaluation.json").read_text())
+    measured, plan, ratio = data["measured"], data["plan"], data["ratio"]
+    assert_stated(f"took {measured['tuned']} s against {plan['tuned']} planned ({ratio['tuned']})", BENCH_README)
+    assert_stated(f"the base pass {measured['base']} s against {plan['base']} ({ratio['base']})", BENCH_README)
+    assert_stated(f"{measured['total']} s against {plan['total']} ({ratio['total']})", BENCH_README)
+    assert data["withinBand"] is (abs(ratio["total"] - 1.0) <= data["band"])
