@@ -70,7 +70,7 @@ def test_every_example_meant_for_the_demo_cluster_runs_to_succeeded(
     kubectl = binaries.resolve("kubectl")
     assert kubectl is not None, "kubectl is missing: `make cluster-up` builds it"
     examples = demo_examples()
-    assert sorted(examples) == ["dpo-tiny", "orpo-tiny", "tiny", "tiny-gguf"]
+    assert sorted(examples) == ["dpo-tiny", "grpo-tiny", "orpo-tiny", "tiny", "tiny-gguf"]
     for path in examples.values():
         subprocess.run([str(kubectl), "apply", "-n", namespace, "-f", str(path)], check=True, timeout=60)
     names = list(examples)
@@ -87,6 +87,16 @@ def test_every_example_meant_for_the_demo_cluster_runs_to_succeeded(
     assert curve.read_bytes()[:8] == PNG
     summary = json.loads((curve.parent / "summary.json").read_text())
     assert summary["bestEvalLoss"] is not None and summary["bestEvalStep"] in range(1, 101)
+    # GRPO: its figures in status (the mean reward and each reward's, short), every completion
+    # counted, and the completions written beside the adapter with their rewards.
+    grpo = done["grpo-tiny"]["progress"]
+    assert {"reward", "rewards/right-answer/mean", "reward_group_std"} <= set(grpo["metrics"]), grpo
+    assert grpo["metricsText"].startswith("reward "), grpo
+    assert grpo["completions"] == grpo["step"] * 2 * 4, grpo  # batchSize 2 prompts x numGenerations 4
+    lines = in_claim(demo_volumes, done["grpo-tiny"]["output"]["lossCurvePath"]).with_name("completions.jsonl")
+    first = json.loads(lines.read_text().splitlines()[0])
+    assert first["step"] == 1 and len(first["completions"]) == 4
+    assert set(first["completions"][0]["rewards"]) == {"right-answer", "tidy", "short"}
     for entry in done["tiny-gguf"]["output"]["formats"]:
         for key in ("path", "basePath"):
             if entry["format"] == "gguf-lora" and entry.get(key):

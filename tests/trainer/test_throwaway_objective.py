@@ -51,7 +51,7 @@ def _job(**training: object) -> FineTuneJob:
 
 
 def test_without_the_module_the_method_is_refused() -> None:
-    with pytest.raises(ValidationError, match="Input should be 'sft', 'dpo' or 'orpo'"):
+    with pytest.raises(ValidationError, match="Input should be 'sft', 'dpo', 'orpo' or 'grpo'"):
         _job(method="halved")
 
 
