@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from finetune_trainer.model import attention
-from finetune_trainer.model.loss_head import install
+from finetune_trainer.model.loss_head import install, logits_head
 from finetune_trainer.outputs import samples
 
 pytestmark = pytest.mark.trainer
@@ -39,7 +39,7 @@ def test_cached_answers_equal_uncached_ones(tiny_assets: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     device, eos = torch.device("cpu"), tokenizer.eos_token_id
     modes = [m.training for m in model.modules()]
-    with samples._logits_head(head), samples.dropout_off(model):
+    with logits_head(head), samples.dropout_off(model):
         for prompt in PROMPTS:
             ids = tokenizer(prompt)["input_ids"]
             for adapter in (True, False):

@@ -18,3 +18,15 @@ def dropout_off(model: nn.Module) -> Iterator[None]:
     finally:
         for module in dropouts:
             module.train()
+
+
+@contextmanager
+def inference(model: nn.Module) -> Iterator[None]:
+    """The model in eval mode (so the KV cache is kept), each module's own mode put back after."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training

@@ -15,6 +15,8 @@ switched off (`families.take_logit_transform`), or it would soft-cap the summed 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -161,6 +163,15 @@ class LossHead(nn.Module):
             )
             total = total + piece
         return total.reshape(1, 1, 1)
+
+
+@contextmanager
+def logits_head(head: LossHead) -> Iterator[None]:
+    head.last_logits = True
+    try:
+        yield
+    finally:
+        head.last_logits = False
 
 
 def install(model: nn.Module, chunk_tokens: int) -> LossHead:

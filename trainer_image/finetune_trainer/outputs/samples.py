@@ -27,8 +27,6 @@ that path is not the one measured against the loss, so the answers take the eval
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,22 +34,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..model.dropout import dropout_off
-from ..model.loss_head import LossHead
+from ..model.dropout import dropout_off, inference
+from ..model.loss_head import LossHead, logits_head
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 STATUS_CHARS = 240  # what status.sample holds of a prompt or an answer
-
-
-@contextmanager
-def _logits_head(head: LossHead) -> Iterator[None]:
-    head.last_logits = True
-    try:
-        yield
-    finally:
-        head.last_logits = False
 
 
 def prompt_of(sample: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> str | None:
@@ -102,24 +91,12 @@ def _decoded(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     return text
 
 
-@contextmanager
-def _inference(model: nn.Module) -> Iterator[None]:
-    """The model in eval mode (so the KV cache is kept), each module's own mode put back after."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in modes:
-            module.training = training
-
-
 def _cached_greedy(model: nn.Module, ids: list[int], steps: int, eos: int | None, device: torch.device) -> list[int]:
     """Greedy tokens with transformers' KV cache: the prompt once, then each new token alone."""
     tokens = torch.tensor([ids], device=device)
     past: Any = None
     out: list[int] = []
-    with torch.no_grad(), _inference(model):
+    with torch.no_grad(), inference(model):
         for _ in range(steps):
             result = model(input_ids=tokens, cache=past, use_cache=True)
             past = result.cache
@@ -177,7 +154,7 @@ def answer(
     lockstep = runner is not None
     forward = runner if runner is not None else model
     try:
-        with dropout_off(forward), _logits_head(head):
+        with dropout_off(forward), logits_head(head):
             for prompt in prompts:
                 ids = tokenizer(prompt)["input_ids"]
                 tuned = _greedy(forward, ids, max_new_tokens, eos, device, lockstep=lockstep)

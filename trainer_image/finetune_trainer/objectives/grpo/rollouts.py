@@ -18,8 +18,7 @@ dropped.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,8 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ...distributed.gradsync import sum_figures
-from ...model.dropout import dropout_off
-from ...model.loss_head import LossHead
+from ...model.dropout import dropout_off, inference
+from ...model.loss_head import LossHead, logits_head
 from .sampling import sample
 
 
@@ -45,27 +44,6 @@ class RolloutEngine(Protocol):
     def generate(self, prompts: Sequence[list[int]], keys: Sequence[torch.Tensor]) -> list[list[list[int]]]:
         """For each prompt, one completion (token ids) per key of its `keys` entry."""
         ...
-
-
-@contextmanager
-def _logits_head(head: LossHead) -> Iterator[None]:
-    head.last_logits = True
-    try:
-        yield
-    finally:
-        head.last_logits = False
-
-
-@contextmanager
-def _inference(model: nn.Module) -> Iterator[None]:
-    """The model in eval mode (so the KV cache is kept), each module's own mode put back after."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in modes:
-            module.training = training
 
 
 def _trimmed(tokens: list[int], end_ids: frozenset[int]) -> list[int]:
@@ -90,7 +68,7 @@ class PolicyRollouts:
         if self.lockstep:  # every rank runs as many groups as the rank with the most
             groups = most(groups, self.world_size, self.device)
         out: list[list[list[int]]] = []
-        with dropout_off(self.model), _logits_head(self.head):
+        with dropout_off(self.model), logits_head(self.head):
             for index in range(groups):
                 if index < len(prompts):
                     out.append(self._group(prompts[index], keys[index]))
@@ -114,7 +92,7 @@ class PolicyRollouts:
         ended = torch.zeros(tokens.shape[0], dtype=torch.bool, device=self.device)
         out: list[torch.Tensor] = []
         past: Any = None
-        with torch.no_grad(), _inference(self.model):
+        with torch.no_grad(), inference(self.model):
             for position in range(settings.max_new_tokens):
                 result = self.model(input_ids=tokens, cache=past, use_cache=True)
                 past = result.cache
